@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs the project's Go benchmarks and prints one line per figure:
+#
+#   bench: NAME VALUE UNIT
+#   bench: NAME-ratio R
+#
+# NAME is the benchmark's name without the "Benchmark" prefix (SelectorMatch/resclass).
+# Within one benchmark, a sub-benchmark named baseline-* is the baseline measured in
+# the same run; every sibling gets a ratio line, ours / baseline in ns/op, so a
+# ratio below 1 means faster than the baseline.
+#
+#   hack/bench.sh               every benchmark
+#   hack/bench.sh SelectorMatch one benchmark (with its sub-benchmarks)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+name=${1:-}
+pattern=.
+[ -n "$name" ] && pattern="^Benchmark${name%%/*}\$"
+
+pkgs=$(grep -rl --include='*_test.go' -E "^func Benchmark${name%%/*}" . | xargs -r -n1 dirname | sort -u)
+[ -n "$pkgs" ] || { echo "no benchmark named ${name:-*}" >&2; exit 1; }
+
+raw=$(mktemp)
+trap 'rm -f "$raw"' EXIT
+# shellcheck disable=SC2086
+go test -run='^$' -bench="$pattern" -benchmem -count=1 $pkgs | tee "$raw" | grep -E '^(FAIL|panic|---)' >&2 || true
+grep -q '^FAIL' "$raw" && exit 1
+
+awk '
+/^Benchmark/ {
+  n = $1; sub(/^Benchmark/, "", n); sub(/-[0-9]+$/, "", n)
+  for (i = 3; i < NF; i += 2) {
+    printf "bench: %s %s %s\n", n, $i, $(i+1)
+    if ($(i+1) == "ns/op") ns[n] = $i
+  }
+  order[++count] = n
+}
+END {
+  for (k = 1; k <= count; k++) {
+    n = order[k]; parent = n; sub(/\/[^\/]*$/, "", parent)
+    if (parent == n || n ~ /\/baseline-/) continue
+    for (j = 1; j <= count; j++) {
+      b = order[j]
+      if (index(b, parent "/baseline-") == 1 && ns[b] > 0)
+        printf "bench: %s-ratio %.4f\n", n, ns[n] / ns[b]
+    }
+  }
+}' "$raw"

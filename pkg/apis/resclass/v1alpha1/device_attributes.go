@@ -1,0 +1,117 @@
+package v1alpha1
+
+// Device kinds the node agent publishes.
+const (
+	DeviceKindNvidiaGPU = "nvidia-gpu"
+	DeviceKindNIC       = "nic"
+	DeviceKindHugePages = "huge-pages"
+)
+
+// AttributeType is the type of a DeviceAttribute, which decides how selectors
+// compare it.
+type AttributeType string
+
+// The attribute types; each matches one field of DeviceAttribute.
+const (
+	AttributeTypeString    AttributeType = "string"
+	AttributeTypeInt       AttributeType = "int"
+	AttributeTypeBool      AttributeType = "bool"
+	AttributeTypeQuantity  AttributeType = "quantity"
+	AttributeTypeBandwidth AttributeType = "bandwidth"
+	AttributeTypeVersion   AttributeType = "version"
+)
+
+// Well-known attribute names: the contract between the node agent, which publishes
+// them with the type given in WellKnownAttributes, and ResourceClass selectors,
+// whose values for these keys are checked against that type when the class is
+// created. Any other key is allowed too; its values are then compared with
+// whatever type the device publishes.
+const (
+	AttributeMemory            = "memory"            // GPU memory (quantity)
+	AttributeProduct           = "product"           // e.g. "NVIDIA A100-SXM4-40GB"
+	AttributeBrand             = "brand"             // e.g. "Nvidia", "Tesla"
+	AttributeArchitecture      = "architecture"      // e.g. "Ampere"
+	AttributeComputeCapability = "computeCapability" // e.g. "8.0"
+	AttributeDriverVersion     = "driverVersion"     // e.g. "550.54.15"
+	AttributeCUDADriverVersion = "cudaDriverVersion" // e.g. "12.4"
+	AttributeMIGEnabled        = "migEnabled"
+	AttributeIndex             = "index"
+	AttributeMinor             = "minor"
+	AttributePCIAddress        = "pciAddress" // e.g. "0000:3b:00.0"
+	AttributeNUMANode          = "numaNode"
+	AttributeVendorID          = "vendorID" // PCI vendor id, e.g. "10de"
+	AttributeDeviceID          = "deviceID" // PCI device id
+	AttributeVendor            = "vendor"
+	AttributeDriver            = "driver"
+	AttributeInterface         = "interface" // NIC interface name
+	AttributeMAC               = "mac"
+	AttributeSpeed             = "speed" // NIC link speed (bandwidth)
+	AttributeLinkUp            = "linkUp"
+	AttributeMTU               = "mtu"
+	AttributeSRIOVTotalVFs     = "sriovTotalVFs"
+	AttributeSRIOVNumVFs       = "sriovNumVFs"
+	AttributePhysicalFunction  = "physicalFunction" // PCI address of a VF's PF
+	AttributeSize              = "size"             // hugepage size (quantity)
+	AttributePagesTotal        = "pagesTotal"
+	AttributePagesFree         = "pagesFree"
+)
+
+// WellKnownAttributes gives the type of every well-known attribute.
+var WellKnownAttributes = map[string]AttributeType{
+	AttributeMemory:            AttributeTypeQuantity,
+	AttributeProduct:           AttributeTypeString,
+	AttributeBrand:             AttributeTypeString,
+	AttributeArchitecture:      AttributeTypeString,
+	AttributeComputeCapability: AttributeTypeVersion,
+	AttributeDriverVersion:     AttributeTypeVersion,
+	AttributeCUDADriverVersion: AttributeTypeVersion,
+	AttributeMIGEnabled:        AttributeTypeBool,
+	AttributeIndex:             AttributeTypeInt,
+	AttributeMinor:             AttributeTypeInt,
+	AttributePCIAddress:        AttributeTypeString,
+	AttributeNUMANode:          AttributeTypeInt,
+	AttributeVendorID:          AttributeTypeString,
+	AttributeDeviceID:          AttributeTypeString,
+	AttributeVendor:            AttributeTypeString,
+	AttributeDriver:            AttributeTypeString,
+	AttributeInterface:         AttributeTypeString,
+	AttributeMAC:               AttributeTypeString,
+	AttributeSpeed:             AttributeTypeBandwidth,
+	AttributeLinkUp:            AttributeTypeBool,
+	AttributeMTU:               AttributeTypeInt,
+	AttributeSRIOVTotalVFs:     AttributeTypeInt,
+	AttributeSRIOVNumVFs:       AttributeTypeInt,
+	AttributePhysicalFunction:  AttributeTypeString,
+	AttributeSize:              AttributeTypeQuantity,
+	AttributePagesTotal:        AttributeTypeInt,
+	AttributePagesFree:         AttributeTypeInt,
+}
+
+// Type reports which field of the attribute is set, or "" when none or more than
+// one is (which the API schema forbids).
+func (a DeviceAttribute) Type() AttributeType {
+	var t AttributeType
+	n := 0
+	if a.StringValue != nil {
+		t, n = AttributeTypeString, n+1
+	}
+	if a.IntValue != nil {
+		t, n = AttributeTypeInt, n+1
+	}
+	if a.BoolValue != nil {
+		t, n = AttributeTypeBool, n+1
+	}
+	if a.QuantityValue != nil {
+		t, n = AttributeTypeQuantity, n+1
+	}
+	if a.BandwidthValue != nil {
+		t, n = AttributeTypeBandwidth, n+1
+	}
+	if a.VersionValue != nil {
+		t, n = AttributeTypeVersion, n+1
+	}
+	if n != 1 {
+		return ""
+	}
+	return t
+}

@@ -1,0 +1,141 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// Annotations the ResourceDistribution controller puts on every copy it makes.
+const (
+	// AnnotationDistributedBy names the distribution a copy belongs to,
+	// "resource-distribution:<name>".
+	AnnotationDistributedBy = "resclass.io/resource-distributed-by"
+	// AnnotationDistributedTime is when the copy was last written (RFC 3339).
+	AnnotationDistributedTime = "resclass.io/resource-distributed-time"
+	// AnnotationContentHash is a hash of the distributed content, to decide
+	// whether a copy needs an update.
+	AnnotationContentHash = "resclass.io/resource-content-hash"
+)
+
+// ResourceDistribution copies one Secret or ConfigMap into many namespaces and keeps
+// the copies in sync (OpenKruise's proposal, under resclass.io).
+//
+// +genclient
+// +genclient:nonNamespaced
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=distributor;rd,categories=resclass
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=`.spec.resource.kind`
+// +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resource.metadata.name`
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.status.desired`
+// +kubebuilder:printcolumn:name="Succeeded",type=integer,JSONPath=`.status.succeeded`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ResourceDistribution struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is what to distribute and where.
+	// +required
+	Spec ResourceDistributionSpec `json:"spec"`
+
+	// Status is written by the controller.
+	// +optional
+	Status ResourceDistributionStatus `json:"status,omitempty"`
+}
+
+// ResourceDistributionSpec is what to distribute and where.
+type ResourceDistributionSpec struct {
+	// Resource is the complete Secret or ConfigMap to distribute. Its apiVersion, kind
+	// and name cannot change after creation.
+	// +required
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:EmbeddedResource
+	// +kubebuilder:validation:XValidation:rule="has(self.apiVersion) && self.apiVersion == 'v1' && has(self.kind) && self.kind in ['Secret', 'ConfigMap']",message="resource must be a v1 Secret or ConfigMap"
+	// +kubebuilder:validation:XValidation:rule="has(self.metadata) && has(self.metadata.name) && size(self.metadata.name) > 0",message="resource.metadata.name is required"
+	// +kubebuilder:validation:XValidation:rule="self.apiVersion == oldSelf.apiVersion && self.kind == oldSelf.kind && self.metadata.name == oldSelf.metadata.name",message="resource apiVersion, kind and metadata.name are immutable"
+	Resource runtime.RawExtension `json:"resource"`
+
+	// Targets selects the namespaces. With no option set, every namespace but
+	// kube-system and kube-public; with several, the intersection of their results.
+	// +optional
+	Targets ResourceDistributionTargets `json:"targets,omitempty"`
+}
+
+// ResourceDistributionTargets selects namespaces. kube-system and kube-public are
+// never targeted.
+type ResourceDistributionTargets struct {
+	// ExcludedNamespaces: every namespace except these.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	ExcludedNamespaces []ResourceDistributionNamespace `json:"excludedNamespaces,omitempty"`
+
+	// IncludedNamespaces: only these namespaces.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	IncludedNamespaces []ResourceDistributionNamespace `json:"includedNamespaces,omitempty"`
+
+	// NamespaceLabelSelector: the namespaces whose labels match.
+	// +optional
+	NamespaceLabelSelector *metav1.LabelSelector `json:"namespaceLabelSelector,omitempty"`
+}
+
+// ResourceDistributionNamespace names a namespace.
+type ResourceDistributionNamespace struct {
+	// Name of the namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+}
+
+// ResourceDistributionStatus is what the controller observed and did.
+type ResourceDistributionStatus struct {
+	// ObservedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Description says, in a sentence, how the distribution stands.
+	// +optional
+	Description string `json:"description,omitempty"`
+
+	// Desired is the number of target namespaces.
+	// +optional
+	Desired int32 `json:"desired,omitempty"`
+
+	// Succeeded is the number of target namespaces holding an up-to-date copy.
+	// +optional
+	Succeeded int32 `json:"succeeded,omitempty"`
+
+	// DistributedResources maps each namespace holding a copy to the copy's
+	// resourceVersion.
+	// +optional
+	DistributedResources map[string]string `json:"distributedResources,omitempty"`
+
+	// ConflictingNamespaces hold a same-named object this distribution does not own;
+	// it is left untouched there.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	ConflictingNamespaces []ResourceDistributionNamespace `json:"conflictingNamespaces,omitempty"`
+
+	// Conditions of the distribution.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ResourceDistributionList is a list of ResourceDistributions.
+//
+// +kubebuilder:object:root=true
+type ResourceDistributionList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ResourceDistribution `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ResourceDistribution{}, &ResourceDistributionList{})
+}

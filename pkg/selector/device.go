@@ -1,0 +1,161 @@
+package selector
+
+import (
+	"fmt"
+	"sort"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// typed is one decoded value of a known type: a device attribute, or one reading of
+// a selector value.
+type typed struct {
+	typ v1alpha1.AttributeType
+	s   string // string
+	i   int64  // int
+	b   bool   // bool
+	q   resource.Quantity
+	v   Version
+}
+
+// attribute is a device attribute as the selector sees it. err is set when the
+// device published a value that cannot be decoded (or a well-known attribute with
+// the wrong type): the attribute then exists but matches no comparison.
+type attribute struct {
+	typed
+	err error
+}
+
+// Device is a device prepared for matching: its attributes decoded once, so that
+// evaluating any number of classes against it does not parse or allocate. Build it
+// with NewDevice whenever the published device changes.
+type Device struct {
+	ID      string
+	Kind    string
+	Healthy bool
+	attrs   map[string]attribute
+}
+
+// NewDevice decodes d's attributes. It never fails: an attribute that cannot be
+// decoded is kept and reported by Problems, and no comparison against it matches.
+func NewDevice(d *v1alpha1.Device) *Device {
+	dev := &Device{ID: d.ID, Kind: d.Kind, Healthy: d.Healthy, attrs: make(map[string]attribute, len(d.Attributes))}
+	for name, a := range d.Attributes {
+		dev.attrs[name] = decodeAttribute(name, a)
+	}
+	return dev
+}
+
+func decodeAttribute(name string, a v1alpha1.DeviceAttribute) attribute {
+	t := a.Type()
+	if t == "" {
+		return attribute{err: fmt.Errorf("attribute %q: exactly one of string, int, bool, quantity, bandwidth, version must be set", name)}
+	}
+	if want, ok := v1alpha1.WellKnownAttributes[name]; ok && want != t {
+		return attribute{err: fmt.Errorf("attribute %q: published as %s, but it is a %s", name, t, want)}
+	}
+	var out attribute
+	out.typ = t
+	switch t {
+	case v1alpha1.AttributeTypeString:
+		out.s = *a.StringValue
+	case v1alpha1.AttributeTypeInt:
+		out.i = *a.IntValue
+	case v1alpha1.AttributeTypeBool:
+		out.b = *a.BoolValue
+	case v1alpha1.AttributeTypeQuantity:
+		out.q = *a.QuantityValue
+	case v1alpha1.AttributeTypeBandwidth:
+		q, err := ParseBandwidth(*a.BandwidthValue)
+		if err != nil {
+			return attribute{err: fmt.Errorf("attribute %q: %w", name, err)}
+		}
+		out.q = q
+	case v1alpha1.AttributeTypeVersion:
+		v, err := ParseVersion(*a.VersionValue)
+		if err != nil {
+			return attribute{err: fmt.Errorf("attribute %q: %w", name, err)}
+		}
+		out.v = v
+	}
+	return out
+}
+
+// Problems lists the attributes of the device that could not be decoded, sorted.
+func (d *Device) Problems() []error {
+	var names []string
+	for name, a := range d.attrs {
+		if a.err != nil {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	errs := make([]error, 0, len(names))
+	for _, name := range names {
+		errs = append(errs, d.attrs[name].err)
+	}
+	return errs
+}
+
+// String renders a decoded value for messages.
+func (t typed) String() string {
+	switch t.typ {
+	case v1alpha1.AttributeTypeString:
+		return fmt.Sprintf("%q", t.s)
+	case v1alpha1.AttributeTypeInt:
+		return fmt.Sprint(t.i)
+	case v1alpha1.AttributeTypeBool:
+		return fmt.Sprint(t.b)
+	case v1alpha1.AttributeTypeQuantity:
+		return t.q.String()
+	case v1alpha1.AttributeTypeBandwidth:
+		if v, ok := t.q.AsInt64(); ok {
+			return FormatBandwidth(v)
+		}
+		return t.q.String() + "bps"
+	case v1alpha1.AttributeTypeVersion:
+		return t.v.String()
+	}
+	return "<invalid>"
+}
+
+// compare orders two values of the same type: -1, 0, +1. ok is false when the type
+// has no order (string, bool) — those only compare for equality.
+func compare(a, b *typed) (c int, ordered bool) {
+	switch a.typ {
+	case v1alpha1.AttributeTypeInt:
+		switch {
+		case a.i < b.i:
+			return -1, true
+		case a.i > b.i:
+			return 1, true
+		}
+		return 0, true
+	case v1alpha1.AttributeTypeQuantity, v1alpha1.AttributeTypeBandwidth:
+		return a.q.Cmp(b.q), true
+	case v1alpha1.AttributeTypeVersion:
+		return a.v.Compare(b.v), true
+	}
+	return 0, false
+}
+
+func equal(a, b *typed) bool {
+	switch a.typ {
+	case v1alpha1.AttributeTypeString:
+		return a.s == b.s
+	case v1alpha1.AttributeTypeBool:
+		return a.b == b.b
+	}
+	c, _ := compare(a, b)
+	return c == 0
+}
+
+func isOrdered(t v1alpha1.AttributeType) bool {
+	switch t {
+	case v1alpha1.AttributeTypeInt, v1alpha1.AttributeTypeQuantity, v1alpha1.AttributeTypeBandwidth, v1alpha1.AttributeTypeVersion:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,166 @@
+package selector
+
+import (
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+var fuzzOperators = []v1alpha1.ResourceSelectorOperator{"In", "NotIn", "Eq", "Exists", "DoesNotExist", "Gt", "GtEq", "Lt", "LtEq", "Bogus"}
+
+// FuzzCompile feeds arbitrary requirements to Compile: it must never panic, a
+// compiled class must evaluate every device without panicking, and Matches must
+// agree with Explain.
+func FuzzCompile(f *testing.F) {
+	f.Add("memory", uint8(6), "30G", "", 2)
+	f.Add("Kind", uint8(0), "nvidia-gpu", "nic", 2)
+	f.Add("speed", uint8(5), "40GBPS", "", 1)
+	f.Add("computeCapability", uint8(7), "8.6", "", 1)
+	f.Add("custom", uint8(1), "3", "x", 2)
+	f.Add("", uint8(9), "", "", 0)
+	devices := append(allSeeds, dev("nvidia-gpu", "GPU-odd").str("memory", "a lot").int("custom", 3).ver("firmware", "1.2"))
+	f.Fuzz(func(t *testing.T, key string, opIndex uint8, v1, v2 string, nValues int) {
+		values := []string{v1, v2}[:max(0, min(nValues, 2))]
+		s := spec(all(requirement(key, fuzzOperators[int(opIndex)%len(fuzzOperators)], values...)))
+		c, errs := Compile(s, field.NewPath("spec"))
+		if (c == nil) == (len(errs) == 0) {
+			t.Fatalf("Compile returned class=%v with %d errors", c != nil, len(errs))
+		}
+		if c == nil {
+			return
+		}
+		for _, d := range devices {
+			p := d.prepared()
+			m := c.Matches(p)
+			if ok, why := c.Explain(p); ok != m || (!ok && len(why) == 0) {
+				t.Fatalf("%s: Matches=%v but Explain=%v %q", d.d.ID, m, ok, why)
+			}
+		}
+	})
+}
+
+// FuzzMatch publishes an arbitrary attribute value of every type and checks the
+// ordered operators against each other: exactly one of Lt, Eq, Gt holds whenever
+// both sides are readable as the attribute's type.
+func FuzzMatch(f *testing.F) {
+	f.Add(uint8(3), "40Gi", "30G")
+	f.Add(uint8(4), "100Gbps", "40GBPS")
+	f.Add(uint8(5), "535.104.05", "535.86")
+	f.Add(uint8(1), "-5", "7")
+	f.Add(uint8(0), "a", "b")
+	f.Add(uint8(2), "true", "TRUE")
+	f.Fuzz(func(t *testing.T, typeIndex uint8, published, wanted string) {
+		attr := v1alpha1.DeviceAttribute{}
+		typ := valueTypes[int(typeIndex)%len(valueTypes)]
+		switch typ {
+		case v1alpha1.AttributeTypeString:
+			attr.StringValue = &published
+		case v1alpha1.AttributeTypeInt:
+			i, err := parseInt(published)
+			if err != nil {
+				return
+			}
+			attr.IntValue = &i
+		case v1alpha1.AttributeTypeBool:
+			b, err := parseBool(published)
+			if err != nil {
+				return
+			}
+			attr.BoolValue = &b
+		case v1alpha1.AttributeTypeQuantity:
+			q, err := resource.ParseQuantity(published)
+			if err != nil {
+				return
+			}
+			attr.QuantityValue = &q
+		case v1alpha1.AttributeTypeBandwidth:
+			attr.BandwidthValue = &published
+		case v1alpha1.AttributeTypeVersion:
+			attr.VersionValue = &published
+		}
+		d := dev("thing", "x").raw("custom", attr).prepared()
+		results := map[v1alpha1.ResourceSelectorOperator]bool{}
+		for _, op := range []v1alpha1.ResourceSelectorOperator{"Lt", "Eq", "Gt", "LtEq", "GtEq", "In", "NotIn"} {
+			c, errs := Compile(spec(all(requirement("custom", op, wanted))), field.NewPath("spec"))
+			if len(errs) > 0 {
+				return // the value reads as no ordered type: a validation error, as it should be
+			}
+			results[op] = c.Matches(d)
+		}
+		if results["Eq"] != results["In"] {
+			t.Fatalf("Eq=%v but In=%v", results["Eq"], results["In"])
+		}
+		_, err := parseAs(wanted, typ)
+		if len(d.Problems()) > 0 || err != nil || !isOrdered(typ) {
+			if results["Lt"] || results["Gt"] || results["LtEq"] || results["GtEq"] {
+				t.Fatalf("ordered comparison matched for %s %q vs %q: %v", typ, published, wanted, results)
+			}
+			return
+		}
+		n := 0
+		for _, op := range []v1alpha1.ResourceSelectorOperator{"Lt", "Eq", "Gt"} {
+			if results[op] {
+				n++
+			}
+		}
+		if n != 1 || results["LtEq"] != (results["Lt"] || results["Eq"]) || results["GtEq"] != (results["Gt"] || results["Eq"]) || results["NotIn"] == results["In"] {
+			t.Fatalf("inconsistent comparisons for %s %q vs %q: %v", typ, published, wanted, results)
+		}
+	})
+}
+
+func FuzzParseBandwidth(f *testing.F) {
+	for _, s := range []string{"40Gbps", "40GBPS", "100G", "25000Mbps", "2.5Gbps", "1", "bps", "9999999999999999999Pbps"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		q, err := ParseBandwidth(s)
+		if err != nil {
+			return
+		}
+		if q.Sign() < 0 {
+			t.Fatalf("%q parsed to a negative rate %s", s, q.String())
+		}
+		if bps, ok := q.AsInt64(); ok {
+			back, err := ParseBandwidth(FormatBandwidth(bps))
+			if err != nil || back.Cmp(q) != 0 {
+				t.Fatalf("%q -> %d -> %q -> %v, %v", s, bps, FormatBandwidth(bps), back.String(), err)
+			}
+		}
+	})
+}
+
+func FuzzParseVersion(f *testing.F) {
+	for _, s := range []string{"8.0", "535.104.05", "v12.4", "1.2.3.4.5.6.7.8", "", "8..0"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, err := ParseVersion(s)
+		if err != nil {
+			return
+		}
+		back, err := ParseVersion(v.String())
+		if err != nil || back.Compare(v) != 0 {
+			t.Fatalf("%q -> %q -> %v, %v", s, v.String(), back, err)
+		}
+	})
+}
+
+func FuzzParseQuantity(f *testing.F) {
+	for _, s := range []string{"30G", "30GiB", "80GB", "1G", "B", "iB", "1EB"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		q, err := ParseQuantity(s)
+		if err != nil {
+			return
+		}
+		back, err := ParseQuantity(q.String())
+		if err != nil || back.Cmp(q) != 0 {
+			t.Fatalf("%q -> %q -> %v, %v", s, q.String(), back.String(), err)
+		}
+	})
+}
