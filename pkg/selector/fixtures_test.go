@@ -73,7 +73,7 @@ func gpu(id, product string, memoryBytes int64, cc string) *deviceBuilder {
 const mib = 1 << 20
 
 var (
-	teslaT4  = gpu("GPU-t4", "Tesla T4", 15360*mib, "7.5")                 // sold as 16GB
+	teslaT4  = gpu("GPU-t4", "Tesla T4", 15360*mib, "7.5")                   // sold as 16GB
 	a100x80  = gpu("GPU-a100-80", "NVIDIA A100-SXM4-80GB", 81920*mib, "8.0") // sold as 80GB
 	h100x80  = gpu("GPU-h100", "NVIDIA H100 80GB HBM3", 81559*mib, "9.0")    // sold as 80GB, reports less than 80GiB
 	nic100G  = dev(v1alpha1.DeviceKindNIC, "0000:3b:00.0").bw(v1alpha1.AttributeSpeed, "100Gbps").str(v1alpha1.AttributeDriver, "mlx5_core").int(v1alpha1.AttributeMTU, 9000)

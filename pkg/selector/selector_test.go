@@ -231,9 +231,9 @@ func TestBadDeviceAttributes(t *testing.T) {
 	q := resource.MustParse("40Gi")
 	one := int64(1)
 	d := dev("nvidia-gpu", "GPU-bad").
-		str("memory", "40GB").                                                   // well known, wrong type
-		bw("speed", "fast").                                                     // unparsable bandwidth
-		ver("firmware", "1.x").                                                  // unparsable version
+		str("memory", "40GB").                                                         // well known, wrong type
+		bw("speed", "fast").                                                           // unparsable bandwidth
+		ver("firmware", "1.x").                                                        // unparsable version
 		raw("twoValues", v1alpha1.DeviceAttribute{QuantityValue: &q, IntValue: &one}). // schema forbids it
 		raw("noValue", v1alpha1.DeviceAttribute{}).
 		prepared()
