@@ -64,7 +64,7 @@ func (b *deviceBuilder) prepared() *Device { return NewDevice(&b.d) }
 func gpu(id, product string, memoryBytes int64, cc string) *deviceBuilder {
 	return dev(v1alpha1.DeviceKindNvidiaGPU, id).
 		str(v1alpha1.AttributeProduct, product).
-		qty(v1alpha1.AttributeMemory, fmt.Sprint(memoryBytes)).
+		qty(v1alpha1.AttributeMemory, resource.NewQuantity(memoryBytes, resource.BinarySI).String()).
 		ver(v1alpha1.AttributeComputeCapability, cc).
 		ver(v1alpha1.AttributeDriverVersion, "550.54.15").
 		int(v1alpha1.AttributeNUMANode, 0)

@@ -271,7 +271,7 @@ func TestExplain(t *testing.T) {
 	))
 	ok, why := c.Explain(teslaT4.prepared())
 	want := []string{
-		"resourceSelector[0]: memory is 16106127360, not GtEq 30G",
+		"resourceSelector[0]: memory is 15Gi, not GtEq 30G",
 		`resourceSelector[1]: the device has no "architecture" attribute (Exists )`,
 	}
 	if ok || !slices.Equal(why, want) {

@@ -66,7 +66,7 @@ type ResourcePropertySelector struct {
 // strings. See docs/resource-classes.md for the rules.
 //
 // +kubebuilder:validation:XValidation:rule="self.operator in ['Exists', 'DoesNotExist'] ? !has(self.values) || size(self.values) == 0 : has(self.values) && size(self.values) > 0",message="In and NotIn need at least one value, Eq, Gt, GtEq, Lt and LtEq exactly one, Exists and DoesNotExist none"
-// +kubebuilder:validation:XValidation:rule="!(self.operator in ['Eq', 'Gt', 'GtEq', 'Lt', 'LtEq']) || size(self.values) == 1",message="Eq, Gt, GtEq, Lt and LtEq take exactly one value"
+// +kubebuilder:validation:XValidation:rule="!(self.operator in ['Eq', 'Gt', 'GtEq', 'Lt', 'LtEq']) || !has(self.values) || size(self.values) == 1",message="Eq, Gt, GtEq, Lt and LtEq take exactly one value"
 type ResourceSelectorRequirement struct {
 	// Key names the device attribute, e.g. "memory", "speed", "size".
 	// "kind" (or "Kind", as the original proposal writes it) is the device kind and

@@ -51,7 +51,7 @@ type ResourceDistributionSpec struct {
 	// +kubebuilder:pruning:PreserveUnknownFields
 	// +kubebuilder:validation:EmbeddedResource
 	// +kubebuilder:validation:XValidation:rule="has(self.apiVersion) && self.apiVersion == 'v1' && has(self.kind) && self.kind in ['Secret', 'ConfigMap']",message="resource must be a v1 Secret or ConfigMap"
-	// +kubebuilder:validation:XValidation:rule="has(self.metadata) && has(self.metadata.name) && size(self.metadata.name) > 0",message="resource.metadata.name is required"
+	// +kubebuilder:validation:XValidation:rule="has(self.metadata) && has(self.metadata.name) && size(self.metadata.name) > 0 && size(self.metadata.name) <= 253 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="resource.metadata.name is required and must be a DNS subdomain (lower case, digits, '-' and '.')"
 	// +kubebuilder:validation:XValidation:rule="self.apiVersion == oldSelf.apiVersion && self.kind == oldSelf.kind && self.metadata.name == oldSelf.metadata.name",message="resource apiVersion, kind and metadata.name are immutable"
 	Resource runtime.RawExtension `json:"resource"`
 
