@@ -48,7 +48,6 @@ require (
 	k8s.io/component-base v0.36.3
 	k8s.io/dynamic-resource-allocation v0.36.3
 	k8s.io/kubernetes v1.36.3
-	sigs.k8s.io/controller-runtime v0.24.1
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730
 	sigs.k8s.io/yaml v1.6.0
 )

@@ -2,6 +2,9 @@ package crds
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,6 +20,7 @@ import (
 	structuralpruning "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/pruning"
 	apiservervalidation "k8s.io/apiextensions-apiserver/pkg/apiserver/validation"
 	metavalidation "k8s.io/apimachinery/pkg/api/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
@@ -637,5 +641,54 @@ func TestAllIsStrict(t *testing.T) {
 				t.Logf("rejected: %v", err)
 			}
 		})
+	}
+}
+
+// TestShippedObjectsAreValid admits every example and simulated node profile the
+// repository ships as the apiserver would: classes and distributions by create,
+// NodeDevices by a status write after create, as the node agent does it.
+func TestShippedObjectsAreValid(t *testing.T) {
+	files, err := filepath.Glob("../examples/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	profiles, err := filepath.Glob("../../e2e/profiles/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, profiles...)
+	if len(files) < 2 {
+		t.Fatalf("found only %v", files)
+	}
+	cases := map[string][]crCase{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, doc := range strings.Split(string(data), "\n---\n") {
+			var meta metav1.TypeMeta
+			if err := yaml.Unmarshal([]byte(doc), &meta); err != nil || meta.Kind == "" {
+				t.Fatalf("%s document %d: no kind (%v)", f, i, err)
+			}
+			c := crCase{name: fmt.Sprintf("%s#%d", filepath.Base(f), i), obj: doc}
+			if meta.Kind == "NodeDevices" {
+				var obj metav1.PartialObjectMetadata
+				if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+					t.Fatal(err)
+				}
+				c.old = fmt.Sprintf("apiVersion: %s\nkind: NodeDevices\nmetadata: {name: %s, resourceVersion: \"1\"}\n", meta.APIVersion, obj.Name)
+				c.status = true
+			}
+			cases[meta.Kind] = append(cases[meta.Kind], c)
+		}
+	}
+	for _, kind := range []string{"ResourceClass", "NodeDevices"} {
+		if len(cases[kind]) == 0 {
+			t.Errorf("no shipped %s to check", kind)
+		}
+	}
+	for kind, cs := range cases {
+		runCRCases(t, kind, cs)
 	}
 }

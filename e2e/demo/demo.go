@@ -66,7 +66,8 @@ func run(w io.Writer, root string) error {
 
 	p.section("2. Which devices each class selects (healthy / all)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "  CLASS\t%s\tCLUSTER\n", strings.Join(nodeNames(nodes), "\t"))
+	table := &printer{w: tw}
+	table.line("  CLASS\t%s\tCLUSTER", strings.Join(nodeNames(nodes), "\t"))
 	for _, c := range classes {
 		row := []string{c.name}
 		total, healthy := 0, 0
@@ -84,9 +85,9 @@ func run(w io.Writer, root string) error {
 			row = append(row, fmt.Sprintf("%d/%d", h, a))
 		}
 		row = append(row, fmt.Sprintf("%d/%d", healthy, total))
-		fmt.Fprintf(tw, "  %s\n", strings.Join(row, "\t"))
+		table.line("  %s", strings.Join(row, "\t"))
 	}
-	if err := tw.Flush(); err != nil {
+	if err := errors.Join(table.err, tw.Flush()); err != nil {
 		return err
 	}
 
@@ -177,7 +178,7 @@ func run(w io.Writer, root string) error {
 
 	p.section("Done")
 	p.line("Next: `make test` runs every test; `make bench` compares the selector with DRA's CEL selectors.")
-	return nil
+	return p.err
 }
 
 func loadClasses(path string) ([]class, error) {
@@ -202,8 +203,11 @@ func loadClasses(path string) ([]class, error) {
 
 func loadNodes(dir string) ([]node, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	if err != nil || len(files) == 0 {
-		return nil, fmt.Errorf("no node profiles in %s: %v", dir, err)
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no node profiles in %s", dir)
 	}
 	sort.Strings(files)
 	var out []node
@@ -230,12 +234,11 @@ func loadNodes(dir string) ([]node, error) {
 }
 
 func readYAMLDocuments(path string) ([][]byte, error) {
-	f, err := os.Open(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	r := utilyaml.NewYAMLReader(bufio.NewReader(f))
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var docs [][]byte
 	for {
 		doc, err := r.Read()
@@ -303,8 +306,17 @@ func findDevice(nodes []node, nodeName, kind string) *selector.Device {
 	panic("no " + kind + " on " + nodeName)
 }
 
-type printer struct{ w io.Writer }
+// printer writes lines and keeps the first write error, so the walk-through reads
+// as a script and fails once, at the end, if the output went nowhere.
+type printer struct {
+	w   io.Writer
+	err error
+}
 
-func (p *printer) section(title string) { fmt.Fprintf(p.w, "\n== %s\n", title) }
+func (p *printer) section(title string) { p.line("\n== %s", title) }
 
-func (p *printer) line(format string, args ...any) { fmt.Fprintf(p.w, format+"\n", args...) }
+func (p *printer) line(format string, args ...any) {
+	if p.err == nil {
+		_, p.err = fmt.Fprintf(p.w, format+"\n", args...)
+	}
+}

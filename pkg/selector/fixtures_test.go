@@ -55,8 +55,6 @@ func (b *deviceBuilder) raw(k string, a v1alpha1.DeviceAttribute) *deviceBuilder
 	return b
 }
 
-func (b *deviceBuilder) obj() *v1alpha1.Device { return &b.d }
-
 func (b *deviceBuilder) prepared() *Device { return NewDevice(&b.d) }
 
 // gpu describes a GPU the way the node agent publishes it, from the figures NVML

@@ -382,5 +382,5 @@ func (e *expression) describe(o outcome, d *Device) string {
 	case unreadableValue:
 		return fmt.Sprintf("%s is a %s, and %q is not (%s)", e.key, a.typ, vals[0], want)
 	}
-	return fmt.Sprintf("%s is %s, not %s", e.key, a.typed.String(), want)
+	return fmt.Sprintf("%s is %s, not %s", e.key, a.String(), want)
 }

@@ -138,7 +138,3 @@ type NodeDevicesList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []NodeDevices `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&NodeDevices{}, &NodeDevicesList{})
-}

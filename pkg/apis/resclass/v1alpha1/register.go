@@ -1,8 +1,9 @@
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 // GroupName is the API group of every resclass kind.
@@ -12,8 +13,9 @@ var (
 	// GroupVersion is the group and version of this package's kinds.
 	GroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1alpha1"}
 
-	// SchemeBuilder registers this package's kinds with a scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	// SchemeBuilder registers this package's kinds with a scheme. It depends on
+	// apimachinery only, so that clients can import the API cheaply.
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 
 	// AddToScheme adds this package's kinds to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
@@ -22,4 +24,14 @@ var (
 // Resource qualifies an unqualified resource name with this group.
 func Resource(resource string) schema.GroupResource {
 	return GroupVersion.WithResource(resource).GroupResource()
+}
+
+func addKnownTypes(scheme *runtime.Scheme) error {
+	scheme.AddKnownTypes(GroupVersion,
+		&ResourceClass{}, &ResourceClassList{},
+		&NodeDevices{}, &NodeDevicesList{},
+		&ResourceDistribution{}, &ResourceDistributionList{},
+	)
+	metav1.AddToGroupVersion(scheme, GroupVersion)
+	return nil
 }

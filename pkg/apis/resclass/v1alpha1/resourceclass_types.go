@@ -156,7 +156,3 @@ type ResourceClassList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []ResourceClass `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&ResourceClass{}, &ResourceClassList{})
-}

@@ -135,7 +135,3 @@ type ResourceDistributionList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []ResourceDistribution `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&ResourceDistribution{}, &ResourceDistributionList{})
-}
