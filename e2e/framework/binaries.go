@@ -1,0 +1,63 @@
+package framework
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// binaries are the executables a cluster runs.
+type binaries struct {
+	etcd, apiserver, controllerManager, kubelet string // from the pinned Kubernetes release
+	scheduler, node                             string // resclass's
+}
+
+// findBinaries looks for every binary in dir, by default _output/bin of the
+// repository, and says how to build them if one is missing.
+func findBinaries(dir string) (binaries, error) {
+	if dir == "" {
+		root, err := RepoRoot()
+		if err != nil {
+			return binaries{}, err
+		}
+		dir = filepath.Join(root, "_output", "bin")
+	}
+	b := binaries{
+		etcd:              filepath.Join(dir, "etcd"),
+		apiserver:         filepath.Join(dir, "kube-apiserver"),
+		controllerManager: filepath.Join(dir, "kube-controller-manager"),
+		kubelet:           filepath.Join(dir, "kubelet"),
+		scheduler:         filepath.Join(dir, "scheduler"),
+		node:              filepath.Join(dir, "e2e-node"),
+	}
+	var missing []string
+	for _, p := range []string{b.etcd, b.apiserver, b.controllerManager, b.kubelet, b.scheduler, b.node} {
+		if _, err := os.Stat(p); err != nil {
+			missing = append(missing, filepath.Base(p))
+		}
+	}
+	if len(missing) > 0 {
+		return binaries{}, fmt.Errorf("missing %v in %s: run `make e2e-binaries` (the first build takes a few minutes)", missing, dir)
+	}
+	return b, nil
+}
+
+// RepoRoot is the directory of the repository's go.mod, found from the working
+// directory upwards.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("not inside the resclass repository (no go.mod above the working directory)")
+		}
+		dir = parent
+	}
+}

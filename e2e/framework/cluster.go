@@ -1,0 +1,502 @@
+// Package framework runs an embedded Kubernetes cluster made of the real parts, for
+// resclass's e2e tests, benchmarks and demo: etcd, kube-apiserver,
+// kube-controller-manager and kubelets built from the pinned Kubernetes release, and
+// resclass's own binaries. Everything listens on loopback on free ports and lives
+// in one directory that the cluster owns and removes.
+//
+// The binaries are built once by `make e2e-binaries` into _output/bin (see
+// BinDir); the tests only start them.
+package framework
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/resclass/resclass/deploy/crds"
+)
+
+// Options configure a cluster.
+type Options struct {
+	// BinDir holds the binaries; empty means _output/bin of the repository.
+	BinDir string
+	// Progress, if set, receives one line per step, for people watching.
+	Progress func(format string, args ...any)
+	// Scheduler starts resclass's scheduler binary as the cluster's only scheduler.
+	Scheduler bool
+}
+
+// Cluster is a running embedded cluster.
+type Cluster struct {
+	// Dir holds everything the cluster writes; Stop removes it.
+	Dir string
+	// Kubeconfig is an admin kubeconfig for kubectl and clients.
+	Kubeconfig string
+	// Config and Client are admin clients.
+	Config *rest.Config
+	Client kubernetes.Interface
+
+	bins     binaries
+	pki      *pki
+	progress func(format string, args ...any)
+
+	mu        sync.Mutex
+	processes []*process // in start order
+	nodes     map[string]*KubeletNode
+	apiserver string // https://127.0.0.1:port
+	saKey     string // service account signing key
+}
+
+// Start starts etcd, kube-apiserver and kube-controller-manager, installs the
+// resclass CRDs, and, if asked, starts the scheduler. On error everything started
+// is stopped again, and the error includes the logs that explain it.
+func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
+	bins, err := findBinaries(opts.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "resclass-e2e-")
+	if err != nil {
+		return nil, err
+	}
+	c = &Cluster{Dir: dir, bins: bins, progress: opts.Progress, nodes: map[string]*KubeletNode{}}
+	if c.progress == nil {
+		c.progress = func(string, ...any) {}
+	}
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("%w\n%s", err, c.diagnostics())
+			_ = c.Stop()
+		}
+	}()
+	if c.pki, err = newPKI(filepath.Join(dir, "pki")); err != nil {
+		return c, err
+	}
+	if err := c.startEtcdAndAPIServer(ctx); err != nil {
+		return c, err
+	}
+	if err := c.installCRDs(ctx); err != nil {
+		return c, err
+	}
+	if err := c.startControllerManager(ctx); err != nil {
+		return c, err
+	}
+	if opts.Scheduler {
+		if err := c.startScheduler(ctx); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+func (c *Cluster) startEtcdAndAPIServer(ctx context.Context) error {
+	clientPort, peerPort, apiPort, err := freePort3()
+	if err != nil {
+		return err
+	}
+	etcdURL := "http://127.0.0.1:" + strconv.Itoa(clientPort)
+	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
+	c.progress("starting etcd")
+	if _, err := c.start("etcd", c.bins.etcd, nil,
+		"--data-dir="+filepath.Join(c.Dir, "etcd"),
+		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=default="+peerURL,
+		"--unsafe-no-fsync", "--log-level=warn",
+	); err != nil {
+		return err
+	}
+	if err := waitHTTP(ctx, etcdURL+"/health", nil, 60*time.Second); err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+
+	servingCert, servingKey, err := c.pki.issue("apiserver", "kube-apiserver", nil,
+		[]string{"127.0.0.1", "localhost", "10.0.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc"})
+	if err != nil {
+		return err
+	}
+	kubeletClientCert, kubeletClientKey, err := c.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", nil, nil)
+	if err != nil {
+		return err
+	}
+	saKey, saPub, err := c.pki.serviceAccountKey()
+	c.saKey = saKey
+	if err != nil {
+		return err
+	}
+	token := "admin-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	tokenFile := filepath.Join(c.Dir, "pki", "tokens.csv")
+	if err := os.WriteFile(tokenFile, []byte(token+",admin,admin-uid,system:masters\n"), 0o600); err != nil {
+		return err
+	}
+
+	c.apiserver = "https://127.0.0.1:" + strconv.Itoa(apiPort)
+	c.progress("starting kube-apiserver on %s", c.apiserver)
+	if _, err := c.start("kube-apiserver", c.bins.apiserver, nil,
+		"--etcd-servers="+etcdURL,
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
+		"--advertise-address=127.0.0.1",
+		"--tls-cert-file="+servingCert, "--tls-private-key-file="+servingKey,
+		"--client-ca-file="+c.pki.CAFile,
+		"--token-auth-file="+tokenFile,
+		// Delegated authentication in the scheduler and controller manager reads
+		// these; nothing sends front-proxy requests.
+		"--requestheader-client-ca-file="+c.pki.CAFile,
+		"--requestheader-allowed-names=front-proxy-client",
+		"--requestheader-username-headers=X-Remote-User",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--kubelet-client-certificate="+kubeletClientCert, "--kubelet-client-key="+kubeletClientKey,
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file="+saPub, "--service-account-signing-key-file="+saKey,
+		"--service-cluster-ip-range=10.0.0.0/24",
+		// The kubernetes Service cannot point at a loopback address; nothing in the
+		// cluster has a network to reach it by anyway.
+		"--endpoint-reconciler-type=none",
+		"--authorization-mode=Node,RBAC",
+		// The default plugins, plus NodeRestriction as kubeadm enables it. All of
+		// them work here: the controllers they rely on run (see
+		// startControllerManager).
+		"--enable-admission-plugins=NodeRestriction",
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--v=1",
+	); err != nil {
+		return err
+	}
+
+	c.Config = &rest.Config{
+		Host:            c.apiserver,
+		BearerToken:     token,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: c.pki.CAFile},
+		QPS:             200,
+		Burst:           400,
+	}
+	c.Kubeconfig = filepath.Join(c.Dir, "kubeconfig")
+	if err := writeKubeconfig(c.Kubeconfig, c.apiserver, c.pki.CAFile, &clientcmdapi.AuthInfo{Token: token}); err != nil {
+		return err
+	}
+	if c.Client, err = kubernetes.NewForConfig(c.Config); err != nil {
+		return err
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := c.alive("kube-apiserver"); err != nil {
+			return false, err
+		}
+		body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil && string(body) == "ok", nil
+	})
+	if err != nil {
+		return fmt.Errorf("kube-apiserver not ready: %w", err)
+	}
+	c.progress("kube-apiserver ready")
+	return nil
+}
+
+// installCRDs creates the resclass CRDs and waits until they are served.
+func (c *Cluster) installCRDs(ctx context.Context) error {
+	all, err := crds.All()
+	if err != nil {
+		return err
+	}
+	client, err := apiextensionsclient.NewForConfig(c.Config)
+	if err != nil {
+		return err
+	}
+	for _, crd := range all {
+		if _, err := client.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
+		}
+	}
+	for _, crd := range all {
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, err := client.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			for _, cond := range got.Status.Conditions {
+				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			return fmt.Errorf("CRD %s not established: %w", crd.Name, err)
+		}
+	}
+	c.progress("installed %d resclass CRDs", len(all))
+	return nil
+}
+
+// controllers are the kube-controller-manager controllers the cluster runs: what
+// the tests rely on (garbage collection, namespace deletion) and what the default
+// admission plugins need to work as on a real cluster (ServiceAccount needs
+// service accounts and the root CA ConfigMap in every namespace;
+// TaintNodesByCondition needs node-lifecycle to lift the not-ready taint).
+var controllers = []string{
+	"garbage-collector-controller",
+	"namespace-controller",
+	"serviceaccount-controller",
+	"root-ca-certificate-publisher-controller",
+	"node-lifecycle-controller",
+}
+
+func (c *Cluster) startControllerManager(ctx context.Context) error {
+	kubeconfig, err := c.componentKubeconfig("kube-controller-manager", "system:kube-controller-manager", nil)
+	if err != nil {
+		return err
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	c.progress("starting kube-controller-manager (%s)", strings.Join(controllers, ", "))
+	if _, err := c.start("kube-controller-manager", c.bins.controllerManager, nil,
+		"--kubeconfig="+kubeconfig,
+		"--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
+		"--controllers="+strings.Join(controllers, ","),
+		"--root-ca-file="+c.pki.CAFile,
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port),
+		"--leader-elect=false",
+		// Each controller with its own service account and RBAC role, as kubeadm
+		// runs it.
+		"--use-service-account-credentials=true",
+		"--service-account-private-key-file="+c.saKey,
+		"--v=1",
+	); err != nil {
+		return err
+	}
+	return c.waitHealthy(ctx, "kube-controller-manager", port)
+}
+
+func (c *Cluster) startScheduler(ctx context.Context) error {
+	kubeconfig, err := c.componentKubeconfig("scheduler", "system:kube-scheduler", nil)
+	if err != nil {
+		return err
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	config := filepath.Join(c.Dir, "scheduler-config.yaml")
+	// Client QPS as scheduler_perf sets it: the default 50 caps binding at ~55 pods/s.
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: false
+clientConnection:
+  kubeconfig: %s
+  qps: 5000
+  burst: 5000
+`, kubeconfig)), 0o644); err != nil {
+		return err
+	}
+	c.progress("starting the resclass scheduler")
+	if _, err := c.start("scheduler", c.bins.scheduler, nil,
+		"--config="+config,
+		"--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port),
+		"--v=2",
+	); err != nil {
+		return err
+	}
+	return c.waitHealthy(ctx, "scheduler", port)
+}
+
+// componentKubeconfig writes a kubeconfig with a client certificate for user in
+// groups.
+func (c *Cluster) componentKubeconfig(name, user string, groups []string) (string, error) {
+	cert, key, err := c.pki.issue(name, user, groups, nil)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(c.Dir, name+".kubeconfig")
+	return path, writeKubeconfig(path, c.apiserver, c.pki.CAFile, &clientcmdapi.AuthInfo{ClientCertificate: cert, ClientKey: key})
+}
+
+func (c *Cluster) start(name, bin string, attr *syscall.SysProcAttr, args ...string) (*process, error) {
+	p, err := startProcess(name, filepath.Join(c.Dir, name+".log"), bin, args, attr)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.processes = append(c.processes, p)
+	c.mu.Unlock()
+	return p, nil
+}
+
+// alive returns an error if the named component has exited.
+func (c *Cluster) alive(name string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.processes {
+		if p.name == name {
+			if done, err := p.exited(); done {
+				return fmt.Errorf("%s exited: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) waitHealthy(ctx context.Context, name string, port int) error {
+	url := fmt.Sprintf("https://127.0.0.1:%d/healthz", port)
+	// Components serve /healthz with a self-signed certificate of their own.
+	insecure := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // loopback health check of a self-signed component
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := c.alive(name); err != nil {
+			return false, err
+		}
+		return waitHTTP(ctx, url, insecure, 0) == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s not healthy: %w", name, err)
+	}
+	c.progress("%s healthy", name)
+	return nil
+}
+
+// Stop stops every component, newest first, and removes the cluster's directory.
+// It reports components that had died or would not stop.
+func (c *Cluster) Stop() error {
+	c.mu.Lock()
+	procs := append([]*process(nil), c.processes...)
+	c.processes = nil
+	c.mu.Unlock()
+	var errs []error
+	for i := len(procs) - 1; i >= 0; i-- {
+		if err := procs[i].stop(20 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.RemoveAll(c.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Processes returns the process ids of every running component, nodes included.
+func (c *Cluster) Processes() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var pids []int
+	for _, p := range c.processes {
+		pids = append(pids, p.cmd.Process.Pid)
+	}
+	return pids
+}
+
+// diagnostics is the tail of every component's log, for failure messages.
+func (c *Cluster) diagnostics() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var b strings.Builder
+	for _, p := range c.processes {
+		state := "running"
+		if done, err := p.exited(); done {
+			state = fmt.Sprintf("exited: %v", err)
+		}
+		fmt.Fprintf(&b, "--- %s (%s), last lines of %s:\n%s", p.name, state, p.logPath, p.tail(15))
+	}
+	return b.String()
+}
+
+// Diagnostics is the tail of every component's log: print it when a test fails.
+func (c *Cluster) Diagnostics() string { return c.diagnostics() }
+
+func writeKubeconfig(path, server, caFile string, user *clientcmdapi.AuthInfo) error {
+	ca, err := os.ReadFile(caFile)
+	if err != nil {
+		return err
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["resclass-e2e"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
+	kc.AuthInfos["user"] = user
+	kc.Contexts["resclass-e2e"] = &clientcmdapi.Context{Cluster: "resclass-e2e", AuthInfo: "user"}
+	kc.CurrentContext = "resclass-e2e"
+	return clientcmd.WriteToFile(*kc, path)
+}
+
+// waitHTTP GETs url until it answers 200 (once, when timeout is 0).
+func waitHTTP(ctx context.Context, url string, client *http.Client, timeout time.Duration) error {
+	if client == nil {
+		client = &http.Client{Timeout: 2 * time.Second}
+	}
+	try := func() error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", url, resp.Status)
+		}
+		return nil
+	}
+	if timeout == 0 {
+		return try()
+	}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		last = try()
+		return last == nil, nil
+	})
+	if err != nil && last != nil {
+		return fmt.Errorf("%w (last: %w)", err, last)
+	}
+	return err
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// freePort3 returns three distinct free ports, held open together so they differ.
+func freePort3() (int, int, int, error) {
+	var ports [3]int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		ls = append(ls, l)
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	return ports[0], ports[1], ports[2], nil
+}

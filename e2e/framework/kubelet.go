@@ -1,0 +1,126 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/resclass/resclass/e2e/framework/cri"
+	"github.com/resclass/resclass/e2e/framework/exampleplugin"
+	"github.com/resclass/resclass/e2e/framework/node"
+)
+
+// NodeOptions describe a kubelet node.
+type NodeOptions struct {
+	Name   string
+	Labels map[string]string
+	// ExampleDevices, if positive, runs the example device plugin with this many
+	// devices of exampleplugin.ResourceName on the node.
+	ExampleDevices int
+}
+
+// KubeletNode is a real kubelet with the recording runtime, in its own mount
+// namespace.
+type KubeletNode struct {
+	Name string
+	Dir  string
+	proc *process
+}
+
+// AddKubeletNode starts a kubelet node and waits until it is Ready (and, with
+// example devices, advertises them).
+func (c *Cluster) AddKubeletNode(ctx context.Context, opts NodeOptions) (*KubeletNode, error) {
+	dir := filepath.Join(c.Dir, "nodes", opts.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	// The kubelet authenticates as system:node:<name>, so the Node authorizer and
+	// NodeRestriction admission limit it as on a real cluster.
+	kubeconfig, err := c.componentKubeconfig("node-"+opts.Name, "system:node:"+opts.Name, []string{"system:nodes"})
+	if err != nil {
+		return nil, err
+	}
+	kubeletPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	healthzPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	var labels []string
+	for k, v := range opts.Labels {
+		labels = append(labels, k+"="+v)
+	}
+	c.progress("starting kubelet node %s", opts.Name)
+	p, err := c.start("node-"+opts.Name, c.bins.node,
+		// A mount namespace of its own: see package node.
+		&syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS},
+		"--dir="+dir, "--name="+opts.Name, "--kubeconfig="+kubeconfig,
+		"--kubelet="+c.bins.kubelet,
+		"--kubelet-port="+strconv.Itoa(kubeletPort), "--healthz-port="+strconv.Itoa(healthzPort),
+		"--client-ca-file="+c.pki.CAFile,
+		"--labels="+strings.Join(labels, ","),
+		"--example-devices="+strconv.Itoa(opts.ExampleDevices),
+	)
+	if err != nil {
+		return nil, err
+	}
+	n := &KubeletNode{Name: opts.Name, Dir: dir, proc: p}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		if done, err := p.exited(); done {
+			return false, fmt.Errorf("node %s exited: %w\n%s\nkubelet log:\n%s", opts.Name, err, p.tail(10), tailFile(filepath.Join(dir, node.KubeletLog), 20))
+		}
+		got, err := c.Client.CoreV1().Nodes().Get(ctx, opts.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		if !nodeReady(got) {
+			return false, nil
+		}
+		if opts.ExampleDevices > 0 {
+			q := got.Status.Allocatable[exampleplugin.ResourceName]
+			return q.Value() == int64(opts.ExampleDevices), nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node %s not ready: %w\nkubelet log:\n%s", opts.Name, err, tailFile(filepath.Join(dir, node.KubeletLog), 30))
+	}
+	c.mu.Lock()
+	c.nodes[opts.Name] = n
+	c.mu.Unlock()
+	c.progress("node %s ready", opts.Name)
+	return n, nil
+}
+
+// Records returns the CreateContainer requests the node's runtime received.
+func (n *KubeletNode) Records() ([]cri.Record, error) {
+	return cri.ReadRecords(filepath.Join(n.Dir, node.RecordsFile))
+}
+
+// Pid is the process id of the node's launcher, whose mount namespace the kubelet
+// and the node's device plugins share.
+func (n *KubeletNode) Pid() int { return n.proc.cmd.Process.Pid }
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func tailFile(path string, n int) string {
+	return (&process{logPath: path}).tail(n)
+}
