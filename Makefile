@@ -56,8 +56,9 @@ e2e-binaries:
 bench:
 	hack/bench.sh $(BENCH)
 
+# DEMO_KEEP=1 keeps the cluster up for kubectl until Ctrl-C.
 .PHONY: demo
-demo:
+demo: e2e-binaries
 	go run ./e2e/demo
 
 .PHONY: generate

@@ -2,27 +2,35 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 )
 
-// TestDemo runs the demo on the example classes and node profiles that ship with the
-// repository and checks the answers it prints, so the README's `make demo` and the
-// examples stay true.
+// TestDemo runs the whole demo on the embedded cluster with the example classes and
+// node profiles that ship with the repository, and checks the answers it prints,
+// so that the README's `make demo` and the examples stay true.
 func TestDemo(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(&out, "../.."); err != nil {
+	if err := run(context.Background(), &out, options{root: "../.."}); err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out.String())
 	}
 	text := out.String()
 	for _, want := range []string{
+		// kubectl get nodedevices: GPUs, NICs, hugepage pools, unhealthy
+		"dgx-a100      8     2     2              0",
+		"t4-inference  2     1     1              1",
 		// healthy/all per node: dgx-a100, nic-gateway, t4-inference, cluster
 		"nvidia.high.mem  8/8       0/0          0/0           8/8",
 		"hugepages-1gig   2/2       1/1          0/0           3/3",
 		"fast.nic         2/2       2/2          0/0           4/4",
 		"inference.gpu    8/8       0/0          1/2           9/10",
+		"Eq, Gt, GtEq, Lt and LtEq take exactly one value",
+		"spec is immutable",
 		"memory is 15Gi, not GtEq 30G",
 		`spec.resourceSelector[0].matchExpressions[1].values[0]: Invalid value: "40000"`,
+		"Scheduled to dgx-a100 and Running.",
+		"env EXAMPLE_DEVICES=example-",
 		"resclass.io/assignment: {\"node\":\"dgx-a100\"",
 		"A corrupt assignment is refused",
 	} {

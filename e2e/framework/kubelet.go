@@ -26,6 +26,9 @@ type NodeOptions struct {
 	// ExampleDevices, if positive, runs the example device plugin with this many
 	// devices of exampleplugin.ResourceName on the node.
 	ExampleDevices int
+	// Profile, if set, names the simulated hardware (e2e/profiles) whose
+	// NodeDevices the harness publishes for the node, as its node agent will.
+	Profile string
 }
 
 // KubeletNode is a real kubelet with the recording runtime, in its own mount
@@ -95,6 +98,15 @@ func (c *Cluster) AddKubeletNode(ctx context.Context, opts NodeOptions) (*Kubele
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node %s not ready: %w\nkubelet log:\n%s", opts.Name, err, tailFile(filepath.Join(dir, node.KubeletLog), 30))
+	}
+	if opts.Profile != "" {
+		status, err := LoadProfile(opts.Profile)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.PublishNodeDevices(ctx, opts.Name, status); err != nil {
+			return nil, err
+		}
 	}
 	c.mu.Lock()
 	c.nodes[opts.Name] = n
