@@ -51,6 +51,11 @@ e2e-binaries:
 		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
 		k8s.io/kubernetes/cmd/kubelet ./cmd/scheduler ./e2e/cmd/e2e-node
 	go build -o $(E2E_BIN)/etcd go.etcd.io/etcd/server/v3
+	go build -C hack/tools -o $(E2E_BIN)/kwok sigs.k8s.io/kwok/cmd/kwok
+	kwok=$$(go list -C hack/tools -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage; \
+	for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+		pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do \
+		echo ---; cat $$kwok/$$f; done > $(E2E_BIN)/kwok-stages.yaml
 
 .PHONY: bench
 bench:
@@ -71,8 +76,9 @@ generate: $(CONTROLLER_GEN)
 verify: generate
 	hack/update-k8s-replaces.sh $(patsubst v%,%,$(KUBERNETES_VERSION)) 2>/dev/null
 	go mod tidy
-	@if ! git diff --quiet --exit-code -- go.mod go.sum pkg/apis deploy/crds || [ -n "$$(git status --porcelain -- go.mod go.sum pkg/apis deploy/crds)" ]; then \
-		git status --short -- go.mod go.sum pkg/apis deploy/crds; { git diff -- go.mod go.sum pkg/apis deploy/crds | head -50 || true; }; \
+	go -C hack/tools mod tidy
+	@if ! git diff --quiet --exit-code -- go.mod go.sum hack/tools pkg/apis deploy/crds || [ -n "$$(git status --porcelain -- go.mod go.sum hack/tools pkg/apis deploy/crds)" ]; then \
+		git status --short -- go.mod go.sum hack/tools pkg/apis deploy/crds; { git diff -- go.mod go.sum hack/tools pkg/apis deploy/crds | head -50 || true; }; \
 		echo "generated files or go.mod are stale: run 'make generate' and 'go mod tidy', then commit" >&2; exit 1; \
 	fi
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then \

@@ -11,6 +11,7 @@ import (
 type binaries struct {
 	etcd, apiserver, controllerManager, kubelet string // from the pinned Kubernetes release
 	scheduler, node                             string // resclass's
+	kwok, kwokStages                            string // simulated nodes (hack/tools) and the stages it plays
 }
 
 // findBinaries looks for every binary in dir, by default _output/bin of the
@@ -30,9 +31,11 @@ func findBinaries(dir string) (binaries, error) {
 		kubelet:           filepath.Join(dir, "kubelet"),
 		scheduler:         filepath.Join(dir, "scheduler"),
 		node:              filepath.Join(dir, "e2e-node"),
+		kwok:              filepath.Join(dir, "kwok"),
+		kwokStages:        filepath.Join(dir, "kwok-stages.yaml"),
 	}
 	var missing []string
-	for _, p := range []string{b.etcd, b.apiserver, b.controllerManager, b.kubelet, b.scheduler, b.node} {
+	for _, p := range []string{b.etcd, b.apiserver, b.controllerManager, b.kubelet, b.scheduler, b.node, b.kwok, b.kwokStages} {
 		if _, err := os.Stat(p); err != nil {
 			missing = append(missing, filepath.Base(p))
 		}

@@ -64,6 +64,8 @@ type Cluster struct {
 	nodes     map[string]*KubeletNode
 	apiserver string // https://127.0.0.1:port
 	saKey     string // service account signing key
+
+	kwokStarted bool
 }
 
 // Start starts etcd, kube-apiserver and kube-controller-manager, installs the

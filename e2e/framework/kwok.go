@@ -1,0 +1,173 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// Simulated nodes are managed by kwok, which plays their kubelets: it keeps them
+// Ready with leases and heartbeats and moves pods bound to them to Running. They
+// carry this annotation and label.
+const (
+	SimulatedNodeAnnotation = "kwok.x-k8s.io/node"
+	SimulatedNodeLabel      = "resclass.io/simulated"
+)
+
+// SimulatedNodes describes a batch of kwok nodes.
+type SimulatedNodes struct {
+	// Prefix names the nodes Prefix-0 ... Prefix-(Count-1).
+	Prefix string
+	Count  int
+	// Profile, if set, names the simulated hardware (e2e/profiles) published as
+	// each node's NodeDevices.
+	Profile string
+	Labels  map[string]string
+}
+
+// AddSimulatedNodes creates kwok nodes, publishes their NodeDevices and waits until
+// all are Ready. It returns their names.
+func (c *Cluster) AddSimulatedNodes(ctx context.Context, opts SimulatedNodes) ([]string, error) {
+	if err := c.startKwok(ctx); err != nil {
+		return nil, err
+	}
+	var devices *v1alpha1.NodeDevicesStatus
+	if opts.Profile != "" {
+		status, err := LoadProfile(opts.Profile)
+		if err != nil {
+			return nil, err
+		}
+		devices = &status
+	}
+	names := make([]string, opts.Count)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", opts.Prefix, i)
+	}
+	c.progress("creating %d simulated nodes %s-*", opts.Count, opts.Prefix)
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("64"),
+		corev1.ResourceMemory: resource.MustParse("512Gi"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+	}
+	err := parallel(ctx, names, 16, func(ctx context.Context, name string) error {
+		labels := map[string]string{SimulatedNodeLabel: "true", corev1.LabelHostname: name}
+		for k, v := range opts.Labels {
+			labels[k] = v
+		}
+		n := &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: map[string]string{SimulatedNodeAnnotation: "fake"}},
+			Status:     corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
+		}
+		if _, err := c.Client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating node %s: %w", name, err)
+		}
+		if devices != nil {
+			return c.PublishNodeDevices(ctx, name, *devices)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 120*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := c.alive("kwok"); err != nil {
+			return false, err
+		}
+		list, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: SimulatedNodeLabel + "=true"})
+		if err != nil {
+			return false, nil
+		}
+		ready := map[string]bool{}
+		for i := range list.Items {
+			ready[list.Items[i].Name] = nodeReady(&list.Items[i]) && !hasNotReadyTaint(&list.Items[i])
+		}
+		for _, name := range names {
+			if !ready[name] {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("simulated nodes %s-* not ready: %w", opts.Prefix, err)
+	}
+	c.progress("%d simulated nodes ready", opts.Count)
+	return names, nil
+}
+
+func (c *Cluster) startKwok(ctx context.Context) error {
+	c.mu.Lock()
+	started := c.kwokStarted
+	c.kwokStarted = true
+	c.mu.Unlock()
+	if started {
+		return nil
+	}
+	c.progress("starting kwok for simulated nodes")
+	_, err := c.start("kwok", c.bins.kwok, nil,
+		// kwok plays many kubelets at once, so it acts as an admin rather than as
+		// one system:node identity.
+		"--kubeconfig="+c.Kubeconfig,
+		"--config="+c.bins.kwokStages,
+		"--manage-all-nodes=false",
+		"--manage-nodes-with-annotation-selector="+SimulatedNodeAnnotation+"=fake",
+		"--node-lease-duration-seconds=40",
+		"--cidr=10.128.0.0/16",
+	)
+	if err != nil {
+		return err
+	}
+	// kwok has no health endpoint unless it serves the kubelet API; its first
+	// managed node becoming Ready is the proof that it works.
+	return c.alive("kwok")
+}
+
+func hasNotReadyTaint(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == corev1.TaintNodeNotReady || t.Key == corev1.TaintNodeUnreachable {
+			return true
+		}
+	}
+	return false
+}
+
+// parallel runs fn for every item with at most workers at once. The first error
+// cancels the rest and is returned.
+func parallel(ctx context.Context, items []string, workers int, fn func(context.Context, string) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	work := make(chan string)
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for item := range work {
+				if err := fn(ctx, item); err != nil {
+					once.Do(func() { first = err; cancel() })
+				}
+			}
+		}()
+	}
+	for _, item := range items {
+		select {
+		case work <- item:
+		case <-ctx.Done():
+		}
+	}
+	close(work)
+	wg.Wait()
+	return first
+}
