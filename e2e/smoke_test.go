@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -274,5 +275,30 @@ func TestWebhookIsCalled(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Contains(seen, "deny-me") || !slices.Contains(seen, "allow-me") {
 		t.Errorf("webhook saw %v, want deny-me and allow-me", seen)
+	}
+}
+
+// TestNodeAgentSlot: a node agent runs in its node's mount namespace, with its
+// node's name, and sees the kubelet's device-plugin directory.
+func TestNodeAgentSlot(t *testing.T) {
+	diagnoseOnFailure(t, cluster)
+	ctx := context.Background()
+	out := filepath.Join(cluster.Dir, "nodes", "agent-node", "agent-saw")
+	_, err := cluster.AddKubeletNode(ctx, framework.NodeOptions{
+		Name: "agent-node",
+		Agent: []string{"/bin/sh", "-c", `{ echo "$NODE_NAME"; ls "$0"; } > "$1.tmp" && mv "$1.tmp" "$1" && exec sleep 3600`,
+			"/var/lib/kubelet/device-plugins", out},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var saw []byte
+	poll(t, ctx, 10*time.Second, "agent output", func(context.Context) (bool, error) {
+		saw, err = os.ReadFile(out)
+		return err == nil, nil
+	})
+	lines := strings.Fields(string(saw))
+	if len(lines) < 2 || lines[0] != "agent-node" || !slices.Contains(lines, "kubelet.sock") {
+		t.Errorf("the agent saw %q, want its node name and the kubelet's kubelet.sock", lines)
 	}
 }

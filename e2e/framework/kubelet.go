@@ -29,6 +29,9 @@ type NodeOptions struct {
 	// Profile, if set, names the simulated hardware (e2e/profiles) whose
 	// NodeDevices the harness publishes for the node, as its node agent will.
 	Profile string
+	// Agent, if set, is a node agent's command line, run in the node's mount
+	// namespace (see node.Config.Agent).
+	Agent []string
 }
 
 // KubeletNode is a real kubelet with the recording runtime, in its own mount
@@ -64,17 +67,18 @@ func (c *Cluster) AddKubeletNode(ctx context.Context, opts NodeOptions) (*Kubele
 	for k, v := range opts.Labels {
 		labels = append(labels, k+"="+v)
 	}
+	args := []string{
+		"--dir=" + dir, "--name=" + opts.Name, "--kubeconfig=" + kubeconfig,
+		"--kubelet=" + c.bins.kubelet,
+		"--kubelet-port=" + strconv.Itoa(kubeletPort), "--healthz-port=" + strconv.Itoa(healthzPort),
+		"--client-ca-file=" + c.pki.CAFile,
+		"--labels=" + strings.Join(labels, ","),
+		"--example-devices=" + strconv.Itoa(opts.ExampleDevices),
+		"--",
+	}
 	c.progress("starting kubelet node %s", opts.Name)
-	p, err := c.start("node-"+opts.Name, c.bins.node,
-		// A mount namespace of its own: see package node.
-		&syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS},
-		"--dir="+dir, "--name="+opts.Name, "--kubeconfig="+kubeconfig,
-		"--kubelet="+c.bins.kubelet,
-		"--kubelet-port="+strconv.Itoa(kubeletPort), "--healthz-port="+strconv.Itoa(healthzPort),
-		"--client-ca-file="+c.pki.CAFile,
-		"--labels="+strings.Join(labels, ","),
-		"--example-devices="+strconv.Itoa(opts.ExampleDevices),
-	)
+	// A mount namespace of its own: see package node.
+	p, err := c.start("node-"+opts.Name, c.bins.node, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}, append(args, opts.Agent...)...)
 	if err != nil {
 		return nil, err
 	}

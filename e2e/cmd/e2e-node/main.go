@@ -26,6 +26,8 @@ func main() {
 	flag.IntVar(&cfg.ExampleDevices, "example-devices", 0, "serve the example device plugin with this many devices")
 	flag.IntVar(&cfg.Verbosity, "v", 2, "kubelet log verbosity")
 	flag.Parse()
+	// Everything after the flags is the node agent's command line: e2e-node [flags] -- agent args...
+	cfg.Agent = flag.Args()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -34,6 +34,7 @@ const DevicePluginDir = "/var/lib/kubelet/device-plugins"
 const (
 	RecordsFile   = "create-container.jsonl" // cri.Record per CreateContainer
 	KubeletLog    = "kubelet.log"
+	AgentLog      = "agent.log"
 	ReadyFile     = "ready" // written once the kubelet serves device plugins
 	KubeletConfig = "kubelet-config.yaml"
 )
@@ -49,7 +50,12 @@ type Config struct {
 	ClientCAFile   string // CA of the clients the kubelet accepts (the apiserver's kubelet client cert)
 	Labels         string // node labels, k=v,k=v
 	ExampleDevices int    // serve exampleplugin with this many devices (0: none)
-	Verbosity      int
+	// Agent, if set, is the node agent's command line. It runs in the node's mount
+	// namespace (so it shares the kubelet's device-plugin directory) once the
+	// kubelet serves device plugins, with NODE_NAME and KUBECONFIG set, and stops
+	// with the node. Its output goes to AgentLog.
+	Agent     []string
+	Verbosity int
 }
 
 // Run runs the node until ctx is done, then stops the kubelet. Run it as root.
@@ -95,6 +101,17 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("example device plugin: %w", err)
 		}
 		defer p.Stop()
+	}
+	if len(cfg.Agent) > 0 {
+		agent, err := startAgent(cfg)
+		if err != nil {
+			_ = stopKubelet()
+			return err
+		}
+		defer func() {
+			_ = agent.Process.Signal(syscall.SIGTERM)
+			_ = agent.Wait()
+		}()
 	}
 	if err := os.WriteFile(filepath.Join(cfg.Dir, ReadyFile), nil, 0o644); err != nil {
 		_ = stopKubelet()
@@ -197,6 +214,22 @@ func startKubelet(cfg Config) (*exec.Cmd, error) {
 	if err := cmd.Start(); err != nil {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("starting the kubelet: %w", err)
+	}
+	return cmd, nil
+}
+
+func startAgent(cfg Config) (*exec.Cmd, error) {
+	logFile, err := os.Create(filepath.Join(cfg.Dir, AgentLog))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(cfg.Agent[0], cfg.Agent[1:]...)
+	cmd.Env = append(os.Environ(), "NODE_NAME="+cfg.Name, "KUBECONFIG="+cfg.Kubeconfig)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = logFile.Close()
+		return nil, fmt.Errorf("starting the node agent: %w", err)
 	}
 	return cmd, nil
 }
