@@ -41,21 +41,11 @@ build:
 test: e2e-binaries
 	go test $(TEST_FLAGS) ./...
 
-# The real Kubernetes parts (pinned by go.mod's tool block) and our binaries the
-# embedded cluster runs. One `go build` so that packages are compiled once; `go
-# build` leaves an up-to-date binary alone, so a warm run takes seconds.
+# The real Kubernetes parts (pinned by go.mod's tool block and hack/tools) and our
+# binaries the embedded cluster runs, built once into _output/bin and reused.
 .PHONY: e2e-binaries
 e2e-binaries:
-	@echo ">> building the embedded cluster's binaries into _output/bin (the first build takes several minutes)"
-	go build -ldflags '$(K8S_VERSION_LDFLAGS)' -o $(E2E_BIN)/ \
-		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-		k8s.io/kubernetes/cmd/kubelet ./cmd/scheduler ./e2e/cmd/e2e-node
-	go build -o $(E2E_BIN)/etcd go.etcd.io/etcd/server/v3
-	go build -C hack/tools -o $(E2E_BIN)/kwok sigs.k8s.io/kwok/cmd/kwok
-	kwok=$$(go list -C hack/tools -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage; \
-	for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-		pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do \
-		echo ---; cat $$kwok/$$f; done > $(E2E_BIN)/kwok-stages.yaml
+	@hack/build-e2e-binaries.sh "$(K8S_VERSION_LDFLAGS)"
 
 .PHONY: bench
 bench:
