@@ -86,7 +86,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	defer func() {
 		if err != nil {
-			err = fmt.Errorf("%w\n%s", err, c.diagnostics())
+			err = fmt.Errorf("%w\n%s", err, c.Diagnostics())
 			_ = c.Stop()
 		}
 	}()
@@ -409,8 +409,8 @@ func (c *Cluster) Processes() []int {
 	return pids
 }
 
-// diagnostics is the tail of every component's log, for failure messages.
-func (c *Cluster) diagnostics() string {
+// Diagnostics is the tail of every component's log: print it when a test fails.
+func (c *Cluster) Diagnostics() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var b strings.Builder
@@ -423,9 +423,6 @@ func (c *Cluster) diagnostics() string {
 	}
 	return b.String()
 }
-
-// Diagnostics is the tail of every component's log: print it when a test fails.
-func (c *Cluster) Diagnostics() string { return c.diagnostics() }
 
 func writeKubeconfig(path, server, caFile string, user *clientcmdapi.AuthInfo) error {
 	ca, err := os.ReadFile(caFile)

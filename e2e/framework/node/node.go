@@ -35,7 +35,6 @@ const (
 	RecordsFile   = "create-container.jsonl" // cri.Record per CreateContainer
 	KubeletLog    = "kubelet.log"
 	AgentLog      = "agent.log"
-	ReadyFile     = "ready" // written once the kubelet serves device plugins
 	KubeletConfig = "kubelet-config.yaml"
 )
 
@@ -66,11 +65,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := isolate(cfg.Dir); err != nil {
 		return fmt.Errorf("isolating the node: %w", err)
 	}
-	runtime, err := cri.Start(filepath.Join(cfg.Dir, "cri.sock"), filepath.Join(cfg.Dir, RecordsFile))
+	containerRuntime, err := cri.Start(filepath.Join(cfg.Dir, "cri.sock"), filepath.Join(cfg.Dir, RecordsFile))
 	if err != nil {
 		return fmt.Errorf("container runtime: %w", err)
 	}
-	defer runtime.Stop()
+	defer containerRuntime.Stop()
 
 	kubelet, err := startKubelet(cfg)
 	if err != nil {
@@ -79,7 +78,7 @@ func Run(ctx context.Context, cfg Config) error {
 	exited := make(chan struct{})
 	var exitErr error
 	go func() { exitErr = kubelet.Wait(); close(exited) }()
-	stopKubelet := func() error {
+	stopKubelet := func() {
 		_ = kubelet.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
@@ -87,17 +86,16 @@ func Run(ctx context.Context, cfg Config) error {
 			_ = kubelet.Process.Kill()
 			<-exited
 		}
-		return nil
 	}
 
 	if err := waitForFile(ctx, filepath.Join(DevicePluginDir, "kubelet.sock"), exited); err != nil {
-		_ = stopKubelet()
+		stopKubelet()
 		return fmt.Errorf("kubelet did not start its device manager (see %s): %w", filepath.Join(cfg.Dir, KubeletLog), err)
 	}
 	if cfg.ExampleDevices > 0 {
 		p, err := exampleplugin.Start(ctx, DevicePluginDir, cfg.ExampleDevices)
 		if err != nil {
-			_ = stopKubelet()
+			stopKubelet()
 			return fmt.Errorf("example device plugin: %w", err)
 		}
 		defer p.Stop()
@@ -105,7 +103,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(cfg.Agent) > 0 {
 		agent, err := startAgent(cfg)
 		if err != nil {
-			_ = stopKubelet()
+			stopKubelet()
 			return err
 		}
 		defer func() {
@@ -113,14 +111,10 @@ func Run(ctx context.Context, cfg Config) error {
 			_ = agent.Wait()
 		}()
 	}
-	if err := os.WriteFile(filepath.Join(cfg.Dir, ReadyFile), nil, 0o644); err != nil {
-		_ = stopKubelet()
-		return err
-	}
-
 	select {
 	case <-ctx.Done():
-		return stopKubelet()
+		stopKubelet()
+		return nil
 	case <-exited:
 		return fmt.Errorf("kubelet exited (see %s): %w", filepath.Join(cfg.Dir, KubeletLog), exitErr)
 	}
