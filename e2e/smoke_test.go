@@ -22,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	certutil "k8s.io/client-go/util/cert"
 
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/e2e/framework/cri"
@@ -190,16 +189,16 @@ func TestGarbageCollectionAndNamespaceDeletion(t *testing.T) {
 	})
 }
 
-// TestWebhookIsCalled: the apiserver calls an admission webhook over TLS and
-// enforces its answer.
+// TestWebhookIsCalled: the apiserver calls an admission webhook over TLS, with a
+// serving certificate from the cluster's CA, and enforces its answer.
 func TestWebhookIsCalled(t *testing.T) {
 	diagnoseOnFailure(t, cluster)
 	ctx := context.Background()
-	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.ParseIP("127.0.0.1")}, nil)
+	certFile, keyFile, caBundle, err := cluster.ServingCert("e2e-webhook")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +238,7 @@ func TestWebhookIsCalled(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
 			Name:                    "configmaps.e2e.resclass.io",
-			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: certPEM},
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caBundle},
 			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}}}},
 			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"e2e-webhook": "on"}},
 			FailurePolicy:           &fail,

@@ -499,3 +499,15 @@ func freePort3() (int, int, int, error) {
 	}
 	return ports[0], ports[1], ports[2], nil
 }
+
+// ServingCert issues a certificate for a server on 127.0.0.1 (a webhook, say),
+// signed by the cluster's CA, and returns the CA bundle to register it with (e.g.
+// a webhook configuration's clientConfig.caBundle).
+func (c *Cluster) ServingCert(name string) (certFile, keyFile string, caBundle []byte, err error) {
+	certFile, keyFile, err = c.pki.issue("serving-"+name, name, nil, []string{"127.0.0.1", "localhost"})
+	if err != nil {
+		return "", "", nil, err
+	}
+	caBundle, err = os.ReadFile(c.pki.CAFile)
+	return certFile, keyFile, caBundle, err
+}
