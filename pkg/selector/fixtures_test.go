@@ -1,15 +1,14 @@
 package selector
 
 import (
-	"fmt"
 	"testing"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 )
 
 // deviceBuilder builds v1alpha1.Devices for tests: dev("nic", "0000:3b:00.0").bw("speed", "100Gbps").obj().
@@ -82,29 +81,21 @@ var (
 	allSeeds = []*deviceBuilder{teslaT4, a100x80, h100x80, nic100G, nic25G, nic10G, pages1G, pages2M}
 )
 
-// mockDGXA100GPUs reads the eight GPUs of go-nvml's DGX A100 mock through the NVML
-// API, as the node agent will, and describes them as it publishes them.
+// mockDGXA100GPUs describes the eight GPUs of go-nvml's DGX A100 mock as the node
+// agent's GPU discovery does.
 func mockDGXA100GPUs(t testing.TB) []*deviceBuilder {
 	t.Helper()
-	var lib nvml.Interface = dgxa100.New()
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		t.Fatalf("mock NVML init: %v", ret)
+	d, err := nvmldiscovery.Open(dgxa100.New(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
 	}
-	n, ret := lib.DeviceGetCount()
-	if ret != nvml.SUCCESS || n == 0 {
-		t.Fatalf("mock NVML device count: %d, %v", n, ret)
+	gpus, err := d.Discover()
+	if err != nil {
+		t.Fatal(err)
 	}
-	var out []*deviceBuilder
-	for i := range n {
-		d, ret := lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			t.Fatalf("device %d: %v", i, ret)
-		}
-		uuid, _ := d.GetUUID()
-		name, _ := d.GetName()
-		mem, _ := d.GetMemoryInfo()
-		major, minor, _ := d.GetCudaComputeCapability()
-		out = append(out, gpu(uuid, name, int64(mem.Total), fmt.Sprintf("%d.%d", major, minor)))
+	out := make([]*deviceBuilder, 0, len(gpus))
+	for _, g := range gpus {
+		out = append(out, &deviceBuilder{d: g})
 	}
 	return out
 }

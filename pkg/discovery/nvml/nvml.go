@@ -1,0 +1,267 @@
+// Package nvml discovers NVIDIA GPUs through NVML and describes them as
+// v1alpha1.Devices of kind nvidia-gpu, with the well-known attributes resource
+// classes select on.
+//
+// NVML is initialised once (Open) and its device handles are kept for the life of
+// the Discoverer; Discover only reads through them, so nothing on a hot path loads
+// the library or enumerates the bus. A node without the NVML library (no driver,
+// or no GPU) is not an error storm: Open returns ErrUnavailable once, and the
+// caller reports it as a condition.
+package nvml
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// ErrUnavailable means NVML cannot be used on this node: the library is missing or
+// the driver is not loaded. It is the normal state of a node without GPUs.
+var ErrUnavailable = errors.New("NVML is not available")
+
+// AttributeDevicePath is the GPU's device node, e.g. /dev/nvidia3.
+const AttributeDevicePath = "devicePath"
+
+// Discoverer enumerates the GPUs of one node.
+type Discoverer struct {
+	lib      lib.Interface
+	hostRoot string
+
+	driverVersion     string
+	cudaDriverVersion string
+	devices           []lib.Device
+}
+
+// Open initialises NVML through l (lib.New() on a node; a mock in tests) and keeps
+// a handle per GPU. hostRoot prefixes the sysfs paths read for NUMA affinity ("/"
+// on a node). Close releases NVML.
+func Open(l lib.Interface, hostRoot string) (*Discoverer, error) {
+	if ret := l.Init(); ret != lib.SUCCESS {
+		if ret == lib.ERROR_LIBRARY_NOT_FOUND || ret == lib.ERROR_DRIVER_NOT_LOADED || ret == lib.ERROR_NO_PERMISSION {
+			return nil, fmt.Errorf("%w: %s", ErrUnavailable, ret.Error())
+		}
+		return nil, fmt.Errorf("initialising NVML: %s", ret.Error())
+	}
+	d := &Discoverer{lib: l, hostRoot: hostRoot}
+	fail := func(what string, ret lib.Return) (*Discoverer, error) {
+		_ = l.Shutdown()
+		return nil, fmt.Errorf("NVML %s: %s", what, ret.Error())
+	}
+	var ret lib.Return
+	if d.driverVersion, ret = l.SystemGetDriverVersion(); ret != lib.SUCCESS {
+		return fail("driver version", ret)
+	}
+	cuda, ret := l.SystemGetCudaDriverVersion()
+	if ret != lib.SUCCESS {
+		return fail("CUDA driver version", ret)
+	}
+	// NVML encodes CUDA 12.4 as 12040.
+	d.cudaDriverVersion = fmt.Sprintf("%d.%d", cuda/1000, cuda%1000/10)
+	n, ret := l.DeviceGetCount()
+	if ret != lib.SUCCESS {
+		return fail("device count", ret)
+	}
+	for i := range n {
+		dev, ret := l.DeviceGetHandleByIndex(i)
+		if ret != lib.SUCCESS {
+			return fail(fmt.Sprintf("device %d", i), ret)
+		}
+		d.devices = append(d.devices, dev)
+	}
+	return d, nil
+}
+
+// Close shuts NVML down.
+func (d *Discoverer) Close() error {
+	if ret := d.lib.Shutdown(); ret != lib.SUCCESS {
+		return fmt.Errorf("NVML shutdown: %s", ret.Error())
+	}
+	return nil
+}
+
+// Discover describes every GPU. A GPU that NVML cannot describe (it fell off the
+// bus, say) is still listed, by the UUID it had, as unhealthy with the reason;
+// one whose UUID cannot be read is an error, because it cannot be named.
+func (d *Discoverer) Discover() ([]v1alpha1.Device, error) {
+	out := make([]v1alpha1.Device, 0, len(d.devices))
+	for i, dev := range d.devices {
+		gpu, err := d.describe(dev)
+		if err != nil {
+			return nil, fmt.Errorf("GPU %d: %w", i, err)
+		}
+		out = append(out, gpu)
+	}
+	return out, nil
+}
+
+func (d *Discoverer) describe(dev lib.Device) (v1alpha1.Device, error) {
+	uuid, ret := dev.GetUUID()
+	if ret != lib.SUCCESS {
+		return v1alpha1.Device{}, fmt.Errorf("UUID: %s", ret.Error())
+	}
+	gpu := v1alpha1.Device{ID: uuid, Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
+	attrs := attributes(gpu.Attributes)
+	// Each attribute is read on its own: one that this GPU or driver does not
+	// support is left out rather than failing the GPU.
+	var problems []string
+	check := func(what string, ret lib.Return) bool {
+		switch ret {
+		case lib.SUCCESS:
+			return true
+		case lib.ERROR_NOT_SUPPORTED:
+		default:
+			problems = append(problems, fmt.Sprintf("%s: %s", what, ret.Error()))
+		}
+		return false
+	}
+
+	attrs.version(v1alpha1.AttributeDriverVersion, d.driverVersion)
+	attrs.version(v1alpha1.AttributeCUDADriverVersion, d.cudaDriverVersion)
+	if name, ret := dev.GetName(); check("name", ret) {
+		attrs.str(v1alpha1.AttributeProduct, name)
+	}
+	if brand, ret := dev.GetBrand(); check("brand", ret) {
+		attrs.str(v1alpha1.AttributeBrand, brandName(brand))
+	}
+	if arch, ret := dev.GetArchitecture(); check("architecture", ret) {
+		attrs.str(v1alpha1.AttributeArchitecture, architectureName(arch))
+	}
+	if mem, ret := dev.GetMemoryInfo(); check("memory", ret) {
+		attrs.quantity(v1alpha1.AttributeMemory, resource.NewQuantity(int64(mem.Total), resource.BinarySI))
+	}
+	if major, minor, ret := dev.GetCudaComputeCapability(); check("compute capability", ret) {
+		attrs.version(v1alpha1.AttributeComputeCapability, fmt.Sprintf("%d.%d", major, minor))
+	}
+	if current, _, ret := dev.GetMigMode(); check("MIG mode", ret) {
+		attrs.boolean(v1alpha1.AttributeMIGEnabled, current == lib.DEVICE_MIG_ENABLE)
+	} else if ret == lib.ERROR_NOT_SUPPORTED {
+		attrs.boolean(v1alpha1.AttributeMIGEnabled, false)
+	}
+	if index, ret := dev.GetIndex(); check("index", ret) {
+		attrs.integer(v1alpha1.AttributeIndex, int64(index))
+	}
+	if minor, ret := dev.GetMinorNumber(); check("minor number", ret) {
+		attrs.integer(v1alpha1.AttributeMinor, int64(minor))
+		attrs.str(AttributeDevicePath, "/dev/nvidia"+strconv.Itoa(minor))
+	}
+	if pci, ret := dev.GetPciInfo(); check("PCI info", ret) {
+		if busID := pciBusID(pci); busID != "" {
+			attrs.str(v1alpha1.AttributePCIAddress, busID)
+			if numa, ok := d.numaNode(busID); ok {
+				attrs.integer(v1alpha1.AttributeNUMANode, numa)
+			}
+		}
+	}
+	if len(problems) > 0 {
+		gpu.Healthy = false
+		gpu.Reason = "NVML: " + strings.Join(problems, "; ")
+	}
+	return gpu, nil
+}
+
+// pciBusID returns the domain:bus:device.function address in the lower-case form
+// sysfs and lspci use ("0000:3b:00.0"); NVML reports "00000000:3B:00.0". Anything
+// but hex digits, ':' and '.' means the id is unusable, and "" is returned.
+func pciBusID(pci lib.PciInfo) string {
+	var b []byte
+	for _, c := range pci.BusId {
+		switch {
+		case c == 0:
+			return normalizeBusID(string(b))
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f', c == ':', c == '.':
+			b = append(b, c)
+		case c >= 'A' && c <= 'F':
+			b = append(b, c+'a'-'A')
+		default:
+			return ""
+		}
+	}
+	return normalizeBusID(string(b))
+}
+
+// normalizeBusID shortens NVML's 8-digit PCI domain to the 4 digits sysfs uses.
+func normalizeBusID(id string) string {
+	if parts := strings.SplitN(id, ":", 2); len(parts) == 2 && len(parts[0]) > 4 {
+		return parts[0][len(parts[0])-4:] + ":" + parts[1]
+	}
+	return id
+}
+
+// numaNode reads the GPU's NUMA node from sysfs; the kernel reports -1 where the
+// platform has none, which is not a node.
+func (d *Discoverer) numaNode(busID string) (int64, bool) {
+	data, err := os.ReadFile(filepath.Join(d.hostRoot, "sys/bus/pci/devices", busID, "numa_node"))
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
+}
+
+func brandName(b lib.BrandType) string {
+	switch b {
+	case lib.BRAND_NVIDIA:
+		return "Nvidia"
+	case lib.BRAND_TESLA:
+		return "Tesla"
+	case lib.BRAND_QUADRO:
+		return "Quadro"
+	case lib.BRAND_GEFORCE:
+		return "GeForce"
+	case lib.BRAND_TITAN:
+		return "Titan"
+	case lib.BRAND_NVIDIA_RTX:
+		return "NvidiaRTX"
+	case lib.BRAND_GRID:
+		return "Grid"
+	}
+	return "Unknown"
+}
+
+func architectureName(a lib.DeviceArchitecture) string {
+	switch a {
+	case lib.DEVICE_ARCH_KEPLER:
+		return "Kepler"
+	case lib.DEVICE_ARCH_MAXWELL:
+		return "Maxwell"
+	case lib.DEVICE_ARCH_PASCAL:
+		return "Pascal"
+	case lib.DEVICE_ARCH_VOLTA:
+		return "Volta"
+	case lib.DEVICE_ARCH_TURING:
+		return "Turing"
+	case lib.DEVICE_ARCH_AMPERE:
+		return "Ampere"
+	case lib.DEVICE_ARCH_ADA:
+		return "Ada"
+	case lib.DEVICE_ARCH_HOPPER:
+		return "Hopper"
+	}
+	return "Unknown"
+}
+
+// attributes writes typed attributes into a device's map.
+type attributes map[string]v1alpha1.DeviceAttribute
+
+func (a attributes) str(name, v string) { a[name] = v1alpha1.DeviceAttribute{StringValue: &v} }
+
+func (a attributes) version(name, v string) { a[name] = v1alpha1.DeviceAttribute{VersionValue: &v} }
+
+func (a attributes) integer(name string, v int64) { a[name] = v1alpha1.DeviceAttribute{IntValue: &v} }
+
+func (a attributes) boolean(name string, v bool) { a[name] = v1alpha1.DeviceAttribute{BoolValue: &v} }
+
+func (a attributes) quantity(name string, q *resource.Quantity) {
+	a[name] = v1alpha1.DeviceAttribute{QuantityValue: q}
+}

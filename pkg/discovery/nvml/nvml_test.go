@@ -1,0 +1,238 @@
+package nvml
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// dgx returns go-nvml's DGX A100 mock with the PCI bus ids its devices have but its
+// GetPciInfo does not report, and a sysfs tree under root that puts GPUs 0-3 on NUMA
+// node 0 and 4-7 on node 1.
+func dgx(t *testing.T) (*dgxa100.Server, string) {
+	t.Helper()
+	server := dgxa100.New()
+	root := t.TempDir()
+	for i, d := range server.Devices {
+		dev := d.(*dgxa100.Device)
+		busID := dev.PciBusID
+		dev.GetPciInfoFunc = func() (lib.PciInfo, lib.Return) {
+			var p lib.PciInfo
+			// NVML's form: an 8-digit domain, upper case.
+			for j, c := range "0000" + strings.ToUpper(busID) {
+				p.BusId[j] = uint8(c)
+			}
+			return p, lib.SUCCESS
+		}
+		dir := filepath.Join(root, "sys/bus/pci/devices", busID)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte([]string{"0\n", "1\n"}[i/4]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return server, root
+}
+
+func TestDiscoverDGXA100(t *testing.T) {
+	server, root := dgx(t)
+	d, err := Open(server, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Close() }()
+	gpus, err := d.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gpus) != 8 {
+		t.Fatalf("found %d GPUs, want 8", len(gpus))
+	}
+	seen := map[string]bool{}
+	for i, g := range gpus {
+		if g.Kind != v1alpha1.DeviceKindNvidiaGPU || !strings.HasPrefix(g.ID, "GPU-") || seen[g.ID] || !g.Healthy {
+			t.Errorf("GPU %d: %+v", i, g)
+		}
+		seen[g.ID] = true
+	}
+	g := gpus[5]
+	want := map[string]string{
+		v1alpha1.AttributeProduct:           "Mock NVIDIA A100-SXM4-40GB",
+		v1alpha1.AttributeBrand:             "Nvidia",
+		v1alpha1.AttributeArchitecture:      "Ampere",
+		v1alpha1.AttributeMemory:            "40Gi",
+		v1alpha1.AttributeComputeCapability: "8.0",
+		v1alpha1.AttributeDriverVersion:     "550.54.15",
+		v1alpha1.AttributeCUDADriverVersion: "12.4",
+		v1alpha1.AttributeMIGEnabled:        "false",
+		v1alpha1.AttributeIndex:             "5",
+		v1alpha1.AttributeMinor:             "5",
+		AttributeDevicePath:                 "/dev/nvidia5",
+		v1alpha1.AttributePCIAddress:        "0000:05:00.0",
+		v1alpha1.AttributeNUMANode:          "1",
+	}
+	for name, w := range want {
+		if got := render(g.Attributes[name]); got != w {
+			t.Errorf("%s = %q, want %q", name, got, w)
+		}
+	}
+	if len(g.Attributes) != len(want) {
+		t.Errorf("%d attributes, want %d: %v", len(g.Attributes), len(want), g.Attributes)
+	}
+	for name, a := range g.Attributes {
+		if wk, ok := v1alpha1.WellKnownAttributes[name]; ok && a.Type() != wk {
+			t.Errorf("%s published as %s, the contract says %s", name, a.Type(), wk)
+		}
+	}
+}
+
+func TestMIGModeIsReported(t *testing.T) {
+	server, root := dgx(t)
+	server.Devices[2].(*dgxa100.Device).MigMode = lib.DEVICE_MIG_ENABLE
+	d, err := Open(server, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus, err := d.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range gpus {
+		if got, want := *g.Attributes[v1alpha1.AttributeMIGEnabled].BoolValue, i == 2; got != want {
+			t.Errorf("GPU %d migEnabled = %v, want %v", i, got, want)
+		}
+	}
+}
+
+func TestNoNVML(t *testing.T) {
+	for _, ret := range []lib.Return{lib.ERROR_LIBRARY_NOT_FOUND, lib.ERROR_DRIVER_NOT_LOADED} {
+		l := &mock.Interface{InitFunc: func() lib.Return { return ret }}
+		if _, err := Open(l, "/"); !errors.Is(err, ErrUnavailable) {
+			t.Errorf("Init -> %v: err = %v, want ErrUnavailable", ret, err)
+		}
+	}
+	l := &mock.Interface{InitFunc: func() lib.Return { return lib.ERROR_UNKNOWN }}
+	if _, err := Open(l, "/"); err == nil || errors.Is(err, ErrUnavailable) {
+		t.Errorf("Init -> ERROR_UNKNOWN: err = %v, want a plain error", err)
+	}
+}
+
+// TestThisMachine runs against the real NVML library: on a machine without it
+// (CI, this project's build machines) that is ErrUnavailable, cleanly.
+func TestThisMachine(t *testing.T) {
+	d, err := Open(lib.New(), "/")
+	if errors.Is(err, ErrUnavailable) {
+		t.Logf("no NVML here: %v", err)
+		return
+	}
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer func() { _ = d.Close() }()
+	gpus, err := d.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d GPUs", len(gpus))
+}
+
+func TestAttributeFailureMarksTheGPUUnhealthy(t *testing.T) {
+	server, root := dgx(t)
+	server.Devices[1].(*dgxa100.Device).GetMemoryInfoFunc = func() (lib.Memory, lib.Return) {
+		return lib.Memory{}, lib.ERROR_GPU_IS_LOST
+	}
+	server.Devices[3].(*dgxa100.Device).GetArchitectureFunc = func() (lib.DeviceArchitecture, lib.Return) {
+		return 0, lib.ERROR_NOT_SUPPORTED
+	}
+	d, err := Open(server, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus, err := d.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := gpus[1]; g.Healthy || !strings.Contains(g.Reason, "memory") {
+		t.Errorf("GPU 1: healthy=%v reason=%q, want unhealthy because of memory", g.Healthy, g.Reason)
+	}
+	if _, ok := gpus[1].Attributes[v1alpha1.AttributeMemory]; ok {
+		t.Errorf("GPU 1 has a memory attribute although NVML could not read it")
+	}
+	// Not supported is not a fault: the attribute is left out.
+	if g := gpus[3]; !g.Healthy {
+		t.Errorf("GPU 3 unhealthy: %s", g.Reason)
+	}
+	if _, ok := gpus[3].Attributes[v1alpha1.AttributeArchitecture]; ok {
+		t.Errorf("GPU 3 has an architecture although NVML does not support it")
+	}
+}
+
+func TestPCIBusID(t *testing.T) {
+	for in, want := range map[string]string{
+		"00000000:3B:00.0": "0000:3b:00.0",
+		"0000:3b:00.0":     "0000:3b:00.0",
+		"00000001:AF:00.1": "0001:af:00.1",
+		"":                 "",
+		"0000:3b:00.0 ":    "",
+		"0000:3b:\xff0.0":  "",
+	} {
+		var p lib.PciInfo
+		for i, c := range in {
+			p.BusId[i] = uint8(c)
+		}
+		if got := pciBusID(p); got != want {
+			t.Errorf("pciBusID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func render(a v1alpha1.DeviceAttribute) string {
+	switch {
+	case a.StringValue != nil:
+		return *a.StringValue
+	case a.VersionValue != nil:
+		return *a.VersionValue
+	case a.QuantityValue != nil:
+		return a.QuantityValue.String()
+	case a.IntValue != nil:
+		return strconv.FormatInt(*a.IntValue, 10)
+	case a.BoolValue != nil:
+		return strconv.FormatBool(*a.BoolValue)
+	}
+	return "<unset>"
+}
+
+// FuzzPCIBusID: any bytes NVML might put in BusId give a lower-case address without
+// NULs, and an address already in sysfs form is kept.
+func FuzzPCIBusID(f *testing.F) {
+	for _, s := range []string{"00000000:3B:00.0", "0000:3b:00.0", "", "00000001:AF:00.1\x00junk", ":::"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var p lib.PciInfo
+		copy(p.BusId[:], s)
+		got := pciBusID(p)
+		if strings.ContainsRune(got, 0) || got != strings.ToLower(got) {
+			t.Fatalf("pciBusID(%q) = %q", s, got)
+		}
+		if again := pciBusID(busID(got)); again != got {
+			t.Fatalf("not stable: %q -> %q -> %q", s, got, again)
+		}
+	})
+}
+
+func busID(s string) lib.PciInfo {
+	var p lib.PciInfo
+	copy(p.BusId[:], s)
+	return p
+}
