@@ -1,0 +1,90 @@
+package nodeagent
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/yaml"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+func mockStatus(t *testing.T) v1alpha1.NodeDevicesStatus {
+	t.Helper()
+	gpus, err := discoverGPUs(dgxa100.New(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v1alpha1.NodeDevicesStatus{Devices: gpus, Summary: Summarize(gpus)}
+}
+
+func TestOutputFormats(t *testing.T) {
+	status := mockStatus(t)
+	if status.Summary.GPUs != 8 {
+		t.Fatalf("summary %+v, want 8 GPUs", status.Summary)
+	}
+	for _, format := range []string{"yaml", "json"} {
+		t.Run(format, func(t *testing.T) {
+			var out bytes.Buffer
+			if err := write(&out, status, format); err != nil {
+				t.Fatal(err)
+			}
+			var back v1alpha1.NodeDevicesStatus
+			var err error
+			if format == "json" {
+				err = json.Unmarshal(out.Bytes(), &back)
+			} else {
+				err = yaml.UnmarshalStrict(out.Bytes(), &back)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(back.Summary, status.Summary) || len(back.Devices) != 8 || back.Devices[3].ID != status.Devices[3].ID {
+				t.Errorf("%s output does not read back as the status", format)
+			}
+		})
+	}
+	var out bytes.Buffer
+	if err := write(&out, status, "table"); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 9 || !strings.HasPrefix(lines[0], "ID") || !strings.Contains(lines[1], "memory=40Gi") || !strings.Contains(lines[1], "nvidia-gpu  yes") {
+		t.Errorf("table:\n%s", out.String())
+	}
+	if err := write(&out, status, "xml"); err == nil || !strings.Contains(err.Error(), "use table, yaml or json") {
+		t.Errorf("unknown format: err = %v", err)
+	}
+}
+
+// TestDiscoverThisMachine runs discovery as `node-agent discover` does. Without
+// NVML (CI), the GPU source reports itself unavailable instead of failing.
+func TestDiscoverThisMachine(t *testing.T) {
+	status := discover(discoverOptions{hostRoot: "/"})
+	c := meta.FindStatusCondition(status.Conditions, ConditionNVML)
+	if c == nil {
+		t.Fatalf("no %s condition: %+v", ConditionNVML, status.Conditions)
+	}
+	t.Logf("%s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message)
+	if c.Status == "False" && (c.Reason != "Unavailable" || status.Summary.GPUs != 0) {
+		t.Errorf("without NVML: reason %q and %d GPUs, want Unavailable and none", c.Reason, status.Summary.GPUs)
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	got := Summarize([]v1alpha1.Device{
+		{Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true},
+		{Kind: v1alpha1.DeviceKindNvidiaGPU},
+		{Kind: v1alpha1.DeviceKindNIC, Healthy: true},
+		{Kind: v1alpha1.DeviceKindHugePages, Healthy: true},
+		{Kind: "fpga", Healthy: true},
+	})
+	if want := (v1alpha1.DeviceSummary{GPUs: 2, NICs: 1, HugePagePools: 1, Unhealthy: 1}); got != want {
+		t.Errorf("Summarize = %+v, want %+v", got, want)
+	}
+}
