@@ -51,9 +51,11 @@ e2e-binaries:
 bench:
 	hack/bench.sh $(BENCH)
 
-# DEMO_KEEP=1 keeps the cluster up for kubectl until Ctrl-C.
+# DEMO_KEEP=1 keeps the cluster up for kubectl until Ctrl-C. The demo needs no
+# simulated nodes, so it skips building kwok.
 .PHONY: demo
-demo: e2e-binaries
+demo:
+	@hack/build-e2e-binaries.sh "$(K8S_VERSION_LDFLAGS)" --no-kwok
 	go run ./e2e/demo
 
 .PHONY: generate

@@ -1,46 +1,64 @@
 #!/usr/bin/env bash
 # Builds the binaries of the embedded cluster (e2e tests, `make demo`) into
-# _output/bin, one line of progress per binary. Versions come from go.mod's tool
-# block and hack/tools/go.mod; go build leaves an up-to-date binary alone, so a
-# warm run takes seconds.
+# _output/bin. Versions come from go.mod's tool block and hack/tools/go.mod; go
+# build leaves an up-to-date binary alone, so a warm run takes seconds.
 #
-#   hack/build-e2e-binaries.sh LDFLAGS
+#   hack/build-e2e-binaries.sh LDFLAGS            every binary
+#   hack/build-e2e-binaries.sh LDFLAGS --no-kwok  all but kwok (make demo needs no simulated nodes)
+#
+# The main module's binaries are built by one `go build`, so that shared packages
+# compile once and one binary links while the next compiles; a line every 20s
+# says which are done, so a cold build (minutes) is not silent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ldflags=${1:-}
+with_kwok=true
+[ "${2:-}" = --no-kwok ] && with_kwok=false
 out=_output/bin
 mkdir -p "$out"
+start=$SECONDS
 
-steps=(
+main_module=(
   "kube-apiserver|k8s.io/kubernetes/cmd/kube-apiserver"
   "kube-controller-manager|k8s.io/kubernetes/cmd/kube-controller-manager"
   "kubelet|k8s.io/kubernetes/cmd/kubelet"
-  "etcd|go.etcd.io/etcd/server/v3"
   "scheduler|./cmd/scheduler"
   "e2e-node|./e2e/cmd/e2e-node"
-  "kwok|sigs.k8s.io/kwok/cmd/kwok"
 )
-n=${#steps[@]}
-i=0
-start=$SECONDS
-for step in "${steps[@]}"; do
-  i=$((i + 1))
-  name=${step%%|*} pkg=${step#*|}
-  t=$SECONDS
-  printf '>> [%d/%d] %-24s' "$i" "$n" "$name"
-  if [ "$name" = kwok ]; then
-    go build -C hack/tools -o "$PWD/$out/$name" "$pkg"
-  else
-    go build -ldflags "$ldflags" -o "$out/$name" "$pkg"
-  fi
-  echo "$((SECONDS - t))s"
+names=() pkgs=()
+for step in "${main_module[@]}"; do
+  names+=("${step%%|*}")
+  pkgs+=("${step#*|}")
 done
 
-# The stages kwok plays for simulated nodes and their pods.
-stages=$(go list -C hack/tools -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
-for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-  pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
-  echo ---
-  cat "$stages/$f"
-done >"$out/kwok-stages.yaml"
+marker=$(mktemp)
+trap 'rm -f "$marker"' EXIT
+echo ">> building ${names[*]}"
+go build -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" &
+build=$!
+while kill -0 "$build" 2>/dev/null; do
+  for _ in $(seq 20); do
+    kill -0 "$build" 2>/dev/null || break 2
+    sleep 1
+  done
+  done_names=()
+  for n in "${names[@]}"; do [ "$out/$n" -nt "$marker" ] && done_names+=("$n"); done
+  echo ">>   $((SECONDS - start))s: ${#done_names[@]}/${#names[@]} linked ${done_names[*]:-}"
+done
+wait "$build"
+
+echo ">> building etcd ($((SECONDS - start))s)"
+go build -o "$out/etcd" go.etcd.io/etcd/server/v3
+
+if $with_kwok; then
+  echo ">> building kwok ($((SECONDS - start))s)"
+  go build -C hack/tools -o "$PWD/$out/kwok" sigs.k8s.io/kwok/cmd/kwok
+  # The stages kwok plays for simulated nodes and their pods.
+  stages=$(go list -C hack/tools -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    echo ---
+    cat "$stages/$f"
+  done >"$out/kwok-stages.yaml"
+fi
 echo ">> embedded cluster binaries ready in $out ($((SECONDS - start))s)"

@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -110,6 +111,11 @@ func (c *Cluster) startKwok(ctx context.Context) error {
 	c.mu.Unlock()
 	if started {
 		return nil
+	}
+	for _, f := range []string{c.bins.kwok, c.bins.kwokStages} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("simulated nodes need %s: run `make e2e-binaries`", f)
+		}
 	}
 	c.progress("starting kwok for simulated nodes")
 	_, err := c.start("kwok", c.bins.kwok, nil,
