@@ -19,11 +19,17 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	nicdiscovery "github.com/resclass/resclass/pkg/discovery/nic"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 )
 
-// ConditionNVML reports whether GPU discovery through NVML works on the node.
-const ConditionNVML = "NVMLAvailable"
+// Conditions, one per discovery source.
+const (
+	// ConditionNVML reports whether GPU discovery through NVML works on the node.
+	ConditionNVML = "NVMLAvailable"
+	// ConditionNICs reports whether NIC discovery works on the node.
+	ConditionNICs = "NICsDiscovered"
+)
 
 // NewCommand returns the node-agent command.
 func NewCommand() *cobra.Command {
@@ -35,8 +41,8 @@ NICs (PCI/sysfs) and hugepage pools (sysfs), publishes them as the NodeDevices
 object named after the node, and registers one kubelet device plugin per
 ResourceClass that selects at least one local device.
 
-Today it discovers GPUs ("node-agent discover"); publishing and the device-plugin
-servers land with their issues.`,
+Today it discovers GPUs and NICs ("node-agent discover"); hugepage pools,
+publishing and the device-plugin servers land with their issues.`,
 		SilenceUsage: true,
 		RunE: func(*cobra.Command, []string) error {
 			return errors.New("serving is not implemented yet; try `node-agent discover`")
@@ -47,9 +53,10 @@ servers land with their issues.`,
 }
 
 type discoverOptions struct {
-	hostRoot    string
-	output      string
-	nvmlLibrary string
+	hostRoot       string
+	output         string
+	nvmlLibrary    string
+	includeVirtual bool
 }
 
 func newDiscoverCommand() *cobra.Command {
@@ -74,6 +81,7 @@ needs no cluster: run it first on a new node.
 	cmd.Flags().StringVar(&o.hostRoot, "host-root", "/", "where the host's root filesystem is mounted; sysfs is read below it")
 	cmd.Flags().StringVarP(&o.output, "output", "o", "table", "output format: table, yaml or json")
 	cmd.Flags().StringVar(&o.nvmlLibrary, "nvml-library", "", "path of libnvidia-ml.so.1 (default: the dynamic linker's search path)")
+	cmd.Flags().BoolVar(&o.includeVirtual, "include-virtual-nics", false, "also list interfaces without hardware behind them (loopback, veth, bridges)")
 	return cmd
 }
 
@@ -95,6 +103,14 @@ func discover(o discoverOptions) v1alpha1.NodeDevicesStatus {
 	}
 	meta.SetStatusCondition(&status.Conditions, cond)
 	status.Devices = append(status.Devices, gpus...)
+
+	nics, err := nicdiscovery.Discover(nicdiscovery.Options{HostRoot: o.hostRoot, IncludeVirtual: o.includeVirtual})
+	cond = metav1.Condition{Type: ConditionNICs, Status: metav1.ConditionTrue, Reason: "Discovered", Message: fmt.Sprintf("%d NICs", len(nics))}
+	if err != nil {
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Failed", err.Error()
+	}
+	meta.SetStatusCondition(&status.Conditions, cond)
+	status.Devices = append(status.Devices, nics...)
 	sort.Slice(status.Devices, func(i, j int) bool { return status.Devices[i].ID < status.Devices[j].ID })
 	status.Summary = Summarize(status.Devices)
 	return status

@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -73,6 +74,13 @@ func TestDiscoverThisMachine(t *testing.T) {
 	t.Logf("%s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message)
 	if c.Status == "False" && (c.Reason != "Unavailable" || status.Summary.GPUs != 0) {
 		t.Errorf("without NVML: reason %q and %d GPUs, want Unavailable and none", c.Reason, status.Summary.GPUs)
+	}
+	nics := meta.FindStatusCondition(status.Conditions, ConditionNICs)
+	if nics == nil || nics.Status != "True" {
+		t.Fatalf("%s condition: %+v", ConditionNICs, nics)
+	}
+	if want := fmt.Sprintf("%d NICs", status.Summary.NICs); nics.Message != want {
+		t.Errorf("%s says %q, the summary counts %q", ConditionNICs, nics.Message, want)
 	}
 }
 

@@ -1,0 +1,192 @@
+// Package nic discovers network interfaces with jaypipes/ghw and sysfs and
+// describes them as v1alpha1.Devices of kind nic.
+//
+// A NIC's id is its PCI address, stable across reboots and renames. A virtio NIC's
+// net device hangs off a virtio device, so its PCI address is that of the nearest
+// PCI ancestor. Virtual interfaces (loopback, veth, bridges, tunnels) have no
+// hardware behind them and are left out unless asked for; their id is then
+// "virtual:<interface>".
+package nic
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jaypipes/ghw"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/selector"
+)
+
+// Options of a discovery.
+type Options struct {
+	// HostRoot is where the host's / is mounted ("/" on the node itself).
+	HostRoot string
+	// IncludeVirtual also lists interfaces without hardware behind them.
+	IncludeVirtual bool
+}
+
+var pciAddress = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
+
+// Discover lists the NICs under opts.HostRoot, sorted by id.
+func Discover(opts Options) ([]v1alpha1.Device, error) {
+	root := opts.HostRoot
+	if root == "" {
+		root = "/"
+	}
+	// ghw would run ethtool for capabilities we do not publish: keep discovery to
+	// file reads.
+	info, err := ghw.Network(ghw.WithChroot(root), ghw.WithDisableTools(), ghw.WithNullAlerter())
+	if err != nil {
+		return nil, fmt.Errorf("listing network interfaces: %w", err)
+	}
+	classNet := filepath.Join(root, "sys/class/net")
+	var out []v1alpha1.Device
+	for _, n := range info.NICs {
+		if n.IsVirtual && !opts.IncludeVirtual {
+			continue
+		}
+		out = append(out, describe(classNet, n))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+func describe(classNet string, n *ghw.NIC) v1alpha1.Device {
+	netDir := filepath.Join(classNet, n.Name)
+	devDir := filepath.Join(netDir, "device")
+	d := v1alpha1.Device{Kind: v1alpha1.DeviceKindNIC, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
+	a := attributes(d.Attributes)
+
+	// The PCI device behind the interface: its device directory itself for a
+	// PCI NIC, an ancestor for virtio, none for a virtual interface.
+	pciDir := ""
+	if !n.IsVirtual {
+		pciDir = pciAncestor(devDir)
+	}
+	switch {
+	case n.PCIAddress != nil:
+		d.ID = *n.PCIAddress
+	case pciDir != "":
+		d.ID = filepath.Base(pciDir)
+	}
+	if d.ID == "" {
+		d.ID = "virtual:" + n.Name
+	} else {
+		a.str(v1alpha1.AttributePCIAddress, d.ID)
+	}
+	a.str(v1alpha1.AttributeInterface, n.Name)
+	if n.MACAddress != "" {
+		a.str(v1alpha1.AttributeMAC, n.MACAddress)
+	}
+	// sysfs reports the speed in Mbit/s, and -1 or nothing without a link.
+	if mbps, ok := ParseSysfsInt(n.Speed); ok && mbps > 0 && mbps < 1<<40 {
+		a.bandwidth(v1alpha1.AttributeSpeed, selector.FormatBandwidth(mbps*1_000_000))
+	}
+	if mtu, ok := readInt(filepath.Join(netDir, "mtu")); ok {
+		a.integer(v1alpha1.AttributeMTU, mtu)
+	}
+	state := readString(filepath.Join(netDir, "operstate"))
+	up := state == "up"
+	a.boolean(v1alpha1.AttributeLinkUp, up)
+	if !up {
+		d.Healthy = false
+		d.Reason = "link " + orUnknown(state)
+	}
+	if driver, err := os.Readlink(filepath.Join(devDir, "driver")); err == nil {
+		a.str(v1alpha1.AttributeDriver, filepath.Base(driver))
+	}
+	if pciDir == "" {
+		return d
+	}
+	// NUMA and PCI identity belong to the PCI device (for virtio, an ancestor).
+	if numa, ok := readInt(filepath.Join(pciDir, "numa_node")); ok && numa >= 0 {
+		a.integer(v1alpha1.AttributeNUMANode, numa)
+	}
+	if v := strings.TrimPrefix(readString(filepath.Join(pciDir, "vendor")), "0x"); v != "" {
+		a.str(v1alpha1.AttributeVendorID, v)
+	}
+	if v := strings.TrimPrefix(readString(filepath.Join(pciDir, "device")), "0x"); v != "" {
+		a.str(v1alpha1.AttributeDeviceID, v)
+	}
+	if vfs, ok := readInt(filepath.Join(pciDir, "sriov_totalvfs")); ok {
+		a.integer(v1alpha1.AttributeSRIOVTotalVFs, vfs)
+		if num, ok := readInt(filepath.Join(pciDir, "sriov_numvfs")); ok {
+			a.integer(v1alpha1.AttributeSRIOVNumVFs, num)
+		}
+	}
+	if pf, err := os.Readlink(filepath.Join(pciDir, "physfn")); err == nil {
+		a.str(v1alpha1.AttributePhysicalFunction, filepath.Base(pf))
+	}
+	return d
+}
+
+// pciAncestor returns the directory of the nearest PCI device at or above the net
+// device's backing device, or "".
+func pciAncestor(devDir string) string {
+	for p := resolve(devDir); p != "" && p != "/" && p != "."; p = filepath.Dir(p) {
+		if pciAddress.MatchString(filepath.Base(p)) {
+			return p
+		}
+	}
+	return ""
+}
+
+// resolve follows symlinks; "" if path does not exist.
+func resolve(path string) string {
+	p, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return ""
+	}
+	return p
+}
+
+// ParseSysfsInt reads an integer as sysfs writes one: decimal, or hex with 0x,
+// surrounded by whitespace. Anything else, including an empty file, is not a
+// number.
+func ParseSysfsInt(s string) (int64, bool) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, false
+	}
+	base := 10
+	if t, ok := strings.CutPrefix(s, "0x"); ok {
+		s, base = t, 16
+	}
+	n, err := strconv.ParseInt(s, base, 64)
+	return n, err == nil
+}
+
+func readString(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(data))
+}
+
+func readInt(path string) (int64, bool) {
+	return ParseSysfsInt(readString(path))
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "state unknown"
+	}
+	return s
+}
+
+type attributes map[string]v1alpha1.DeviceAttribute
+
+func (a attributes) str(name, v string) { a[name] = v1alpha1.DeviceAttribute{StringValue: &v} }
+
+func (a attributes) integer(name string, v int64) { a[name] = v1alpha1.DeviceAttribute{IntValue: &v} }
+
+func (a attributes) boolean(name string, v bool) { a[name] = v1alpha1.DeviceAttribute{BoolValue: &v} }
+
+func (a attributes) bandwidth(name, v string) { a[name] = v1alpha1.DeviceAttribute{BandwidthValue: &v} }
