@@ -194,25 +194,7 @@ func attributeSummary(attrs map[string]v1alpha1.DeviceAttribute) string {
 	sort.Strings(names)
 	parts := make([]string, 0, len(names))
 	for _, name := range names {
-		parts = append(parts, name+"="+attributeString(attrs[name]))
+		parts = append(parts, name+"="+attrs[name].String())
 	}
 	return strings.Join(parts, " ")
-}
-
-func attributeString(a v1alpha1.DeviceAttribute) string {
-	switch {
-	case a.StringValue != nil:
-		return *a.StringValue
-	case a.IntValue != nil:
-		return fmt.Sprint(*a.IntValue)
-	case a.BoolValue != nil:
-		return fmt.Sprint(*a.BoolValue)
-	case a.QuantityValue != nil:
-		return a.QuantityValue.String()
-	case a.BandwidthValue != nil:
-		return *a.BandwidthValue
-	case a.VersionValue != nil:
-		return *a.VersionValue
-	}
-	return "?"
 }

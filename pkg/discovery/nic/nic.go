@@ -61,7 +61,7 @@ func describe(classNet string, n *ghw.NIC) v1alpha1.Device {
 	netDir := filepath.Join(classNet, n.Name)
 	devDir := filepath.Join(netDir, "device")
 	d := v1alpha1.Device{Kind: v1alpha1.DeviceKindNIC, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
-	a := attributes(d.Attributes)
+	a := d.Attributes
 
 	// The PCI device behind the interface: its device directory itself for a
 	// PCI NIC, an ancestor for virtio, none for a virtual interface.
@@ -78,50 +78,50 @@ func describe(classNet string, n *ghw.NIC) v1alpha1.Device {
 	if d.ID == "" {
 		d.ID = "virtual:" + n.Name
 	} else {
-		a.str(v1alpha1.AttributePCIAddress, d.ID)
+		a[v1alpha1.AttributePCIAddress] = v1alpha1.StringAttribute(d.ID)
 	}
-	a.str(v1alpha1.AttributeInterface, n.Name)
+	a[v1alpha1.AttributeInterface] = v1alpha1.StringAttribute(n.Name)
 	if n.MACAddress != "" {
-		a.str(v1alpha1.AttributeMAC, n.MACAddress)
+		a[v1alpha1.AttributeMAC] = v1alpha1.StringAttribute(n.MACAddress)
 	}
 	// sysfs reports the speed in Mbit/s, and -1 or nothing without a link.
 	if mbps, ok := ParseSysfsInt(n.Speed); ok && mbps > 0 && mbps < 1<<40 {
-		a.bandwidth(v1alpha1.AttributeSpeed, selector.FormatBandwidth(mbps*1_000_000))
+		a[v1alpha1.AttributeSpeed] = v1alpha1.BandwidthAttribute(selector.FormatBandwidth(mbps * 1_000_000))
 	}
 	if mtu, ok := readInt(filepath.Join(netDir, "mtu")); ok {
-		a.integer(v1alpha1.AttributeMTU, mtu)
+		a[v1alpha1.AttributeMTU] = v1alpha1.IntAttribute(mtu)
 	}
 	state := readString(filepath.Join(netDir, "operstate"))
 	up := state == "up"
-	a.boolean(v1alpha1.AttributeLinkUp, up)
+	a[v1alpha1.AttributeLinkUp] = v1alpha1.BoolAttribute(up)
 	if !up {
 		d.Healthy = false
 		d.Reason = "link " + orUnknown(state)
 	}
 	if driver, err := os.Readlink(filepath.Join(devDir, "driver")); err == nil {
-		a.str(v1alpha1.AttributeDriver, filepath.Base(driver))
+		a[v1alpha1.AttributeDriver] = v1alpha1.StringAttribute(filepath.Base(driver))
 	}
 	if pciDir == "" {
 		return d
 	}
 	// NUMA and PCI identity belong to the PCI device (for virtio, an ancestor).
 	if numa, ok := readInt(filepath.Join(pciDir, "numa_node")); ok && numa >= 0 {
-		a.integer(v1alpha1.AttributeNUMANode, numa)
+		a[v1alpha1.AttributeNUMANode] = v1alpha1.IntAttribute(numa)
 	}
 	if v := strings.TrimPrefix(readString(filepath.Join(pciDir, "vendor")), "0x"); v != "" {
-		a.str(v1alpha1.AttributeVendorID, v)
+		a[v1alpha1.AttributeVendorID] = v1alpha1.StringAttribute(v)
 	}
 	if v := strings.TrimPrefix(readString(filepath.Join(pciDir, "device")), "0x"); v != "" {
-		a.str(v1alpha1.AttributeDeviceID, v)
+		a[v1alpha1.AttributeDeviceID] = v1alpha1.StringAttribute(v)
 	}
 	if vfs, ok := readInt(filepath.Join(pciDir, "sriov_totalvfs")); ok {
-		a.integer(v1alpha1.AttributeSRIOVTotalVFs, vfs)
+		a[v1alpha1.AttributeSRIOVTotalVFs] = v1alpha1.IntAttribute(vfs)
 		if num, ok := readInt(filepath.Join(pciDir, "sriov_numvfs")); ok {
-			a.integer(v1alpha1.AttributeSRIOVNumVFs, num)
+			a[v1alpha1.AttributeSRIOVNumVFs] = v1alpha1.IntAttribute(num)
 		}
 	}
 	if pf, err := os.Readlink(filepath.Join(pciDir, "physfn")); err == nil {
-		a.str(v1alpha1.AttributePhysicalFunction, filepath.Base(pf))
+		a[v1alpha1.AttributePhysicalFunction] = v1alpha1.StringAttribute(filepath.Base(pf))
 	}
 	return d
 }
@@ -180,13 +180,3 @@ func orUnknown(s string) string {
 	}
 	return s
 }
-
-type attributes map[string]v1alpha1.DeviceAttribute
-
-func (a attributes) str(name, v string) { a[name] = v1alpha1.DeviceAttribute{StringValue: &v} }
-
-func (a attributes) integer(name string, v int64) { a[name] = v1alpha1.DeviceAttribute{IntValue: &v} }
-
-func (a attributes) boolean(name string, v bool) { a[name] = v1alpha1.DeviceAttribute{BoolValue: &v} }
-
-func (a attributes) bandwidth(name, v string) { a[name] = v1alpha1.DeviceAttribute{BandwidthValue: &v} }

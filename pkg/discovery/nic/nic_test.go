@@ -84,20 +84,10 @@ func fixture(t *testing.T) string {
 }
 
 func str(d v1alpha1.Device, name string) string {
-	a, ok := d.Attributes[name]
-	switch {
-	case !ok:
-		return "<none>"
-	case a.StringValue != nil:
-		return *a.StringValue
-	case a.BandwidthValue != nil:
-		return *a.BandwidthValue
-	case a.IntValue != nil:
-		return strconv.FormatInt(*a.IntValue, 10)
-	case a.BoolValue != nil:
-		return strconv.FormatBool(*a.BoolValue)
+	if a, ok := d.Attributes[name]; ok {
+		return a.String()
 	}
-	return "<?>"
+	return "<none>"
 }
 
 func TestDiscoverFixture(t *testing.T) {

@@ -108,7 +108,7 @@ func (d *Discoverer) describe(dev lib.Device) (v1alpha1.Device, error) {
 		return v1alpha1.Device{}, fmt.Errorf("UUID: %s", ret.Error())
 	}
 	gpu := v1alpha1.Device{ID: uuid, Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
-	attrs := attributes(gpu.Attributes)
+	attrs := gpu.Attributes
 	// Each attribute is read on its own: one that this GPU or driver does not
 	// support is left out rather than failing the GPU.
 	var problems []string
@@ -123,40 +123,40 @@ func (d *Discoverer) describe(dev lib.Device) (v1alpha1.Device, error) {
 		return false
 	}
 
-	attrs.version(v1alpha1.AttributeDriverVersion, d.driverVersion)
-	attrs.version(v1alpha1.AttributeCUDADriverVersion, d.cudaDriverVersion)
+	attrs[v1alpha1.AttributeDriverVersion] = v1alpha1.VersionAttribute(d.driverVersion)
+	attrs[v1alpha1.AttributeCUDADriverVersion] = v1alpha1.VersionAttribute(d.cudaDriverVersion)
 	if name, ret := dev.GetName(); check("name", ret) {
-		attrs.str(v1alpha1.AttributeProduct, name)
+		attrs[v1alpha1.AttributeProduct] = v1alpha1.StringAttribute(name)
 	}
 	if brand, ret := dev.GetBrand(); check("brand", ret) {
-		attrs.str(v1alpha1.AttributeBrand, brandName(brand))
+		attrs[v1alpha1.AttributeBrand] = v1alpha1.StringAttribute(brandName(brand))
 	}
 	if arch, ret := dev.GetArchitecture(); check("architecture", ret) {
-		attrs.str(v1alpha1.AttributeArchitecture, architectureName(arch))
+		attrs[v1alpha1.AttributeArchitecture] = v1alpha1.StringAttribute(architectureName(arch))
 	}
 	if mem, ret := dev.GetMemoryInfo(); check("memory", ret) {
-		attrs.quantity(v1alpha1.AttributeMemory, resource.NewQuantity(int64(mem.Total), resource.BinarySI))
+		attrs[v1alpha1.AttributeMemory] = v1alpha1.QuantityAttribute(*resource.NewQuantity(int64(mem.Total), resource.BinarySI))
 	}
 	if major, minor, ret := dev.GetCudaComputeCapability(); check("compute capability", ret) {
-		attrs.version(v1alpha1.AttributeComputeCapability, fmt.Sprintf("%d.%d", major, minor))
+		attrs[v1alpha1.AttributeComputeCapability] = v1alpha1.VersionAttribute(fmt.Sprintf("%d.%d", major, minor))
 	}
 	if current, _, ret := dev.GetMigMode(); check("MIG mode", ret) {
-		attrs.boolean(v1alpha1.AttributeMIGEnabled, current == lib.DEVICE_MIG_ENABLE)
+		attrs[v1alpha1.AttributeMIGEnabled] = v1alpha1.BoolAttribute(current == lib.DEVICE_MIG_ENABLE)
 	} else if ret == lib.ERROR_NOT_SUPPORTED {
-		attrs.boolean(v1alpha1.AttributeMIGEnabled, false)
+		attrs[v1alpha1.AttributeMIGEnabled] = v1alpha1.BoolAttribute(false)
 	}
 	if index, ret := dev.GetIndex(); check("index", ret) {
-		attrs.integer(v1alpha1.AttributeIndex, int64(index))
+		attrs[v1alpha1.AttributeIndex] = v1alpha1.IntAttribute(int64(index))
 	}
 	if minor, ret := dev.GetMinorNumber(); check("minor number", ret) {
-		attrs.integer(v1alpha1.AttributeMinor, int64(minor))
-		attrs.str(AttributeDevicePath, "/dev/nvidia"+strconv.Itoa(minor))
+		attrs[v1alpha1.AttributeMinor] = v1alpha1.IntAttribute(int64(minor))
+		attrs[AttributeDevicePath] = v1alpha1.StringAttribute("/dev/nvidia" + strconv.Itoa(minor))
 	}
 	if pci, ret := dev.GetPciInfo(); check("PCI info", ret) {
 		if busID := pciBusID(pci); busID != "" {
-			attrs.str(v1alpha1.AttributePCIAddress, busID)
+			attrs[v1alpha1.AttributePCIAddress] = v1alpha1.StringAttribute(busID)
 			if numa, ok := d.numaNode(busID); ok {
-				attrs.integer(v1alpha1.AttributeNUMANode, numa)
+				attrs[v1alpha1.AttributeNUMANode] = v1alpha1.IntAttribute(numa)
 			}
 		}
 	}
@@ -249,19 +249,4 @@ func architectureName(a lib.DeviceArchitecture) string {
 		return "Hopper"
 	}
 	return "Unknown"
-}
-
-// attributes writes typed attributes into a device's map.
-type attributes map[string]v1alpha1.DeviceAttribute
-
-func (a attributes) str(name, v string) { a[name] = v1alpha1.DeviceAttribute{StringValue: &v} }
-
-func (a attributes) version(name, v string) { a[name] = v1alpha1.DeviceAttribute{VersionValue: &v} }
-
-func (a attributes) integer(name string, v int64) { a[name] = v1alpha1.DeviceAttribute{IntValue: &v} }
-
-func (a attributes) boolean(name string, v bool) { a[name] = v1alpha1.DeviceAttribute{BoolValue: &v} }
-
-func (a attributes) quantity(name string, q *resource.Quantity) {
-	a[name] = v1alpha1.DeviceAttribute{QuantityValue: q}
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -82,7 +81,7 @@ func TestDiscoverDGXA100(t *testing.T) {
 		v1alpha1.AttributeNUMANode:          "1",
 	}
 	for name, w := range want {
-		if got := render(g.Attributes[name]); got != w {
+		if got := g.Attributes[name].String(); got != w {
 			t.Errorf("%s = %q, want %q", name, got, w)
 		}
 	}
@@ -194,22 +193,6 @@ func TestPCIBusID(t *testing.T) {
 			t.Errorf("pciBusID(%q) = %q, want %q", in, got, want)
 		}
 	}
-}
-
-func render(a v1alpha1.DeviceAttribute) string {
-	switch {
-	case a.StringValue != nil:
-		return *a.StringValue
-	case a.VersionValue != nil:
-		return *a.VersionValue
-	case a.QuantityValue != nil:
-		return a.QuantityValue.String()
-	case a.IntValue != nil:
-		return strconv.FormatInt(*a.IntValue, 10)
-	case a.BoolValue != nil:
-		return strconv.FormatBool(*a.BoolValue)
-	}
-	return "<unset>"
 }
 
 // FuzzPCIBusID: any bytes NVML might put in BusId give a lower-case address without

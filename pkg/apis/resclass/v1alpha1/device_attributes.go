@@ -1,5 +1,11 @@
 package v1alpha1
 
+import (
+	"strconv"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
 // Device kinds the node agent publishes.
 const (
 	DeviceKindNvidiaGPU = "nvidia-gpu"
@@ -114,4 +120,44 @@ func (a DeviceAttribute) Type() AttributeType {
 		return ""
 	}
 	return t
+}
+
+// StringAttribute, IntAttribute, BoolAttribute, QuantityAttribute,
+// BandwidthAttribute and VersionAttribute build a DeviceAttribute of one type.
+func StringAttribute(v string) DeviceAttribute { return DeviceAttribute{StringValue: &v} }
+
+// IntAttribute builds an int DeviceAttribute.
+func IntAttribute(v int64) DeviceAttribute { return DeviceAttribute{IntValue: &v} }
+
+// BoolAttribute builds a bool DeviceAttribute.
+func BoolAttribute(v bool) DeviceAttribute { return DeviceAttribute{BoolValue: &v} }
+
+// QuantityAttribute builds a quantity DeviceAttribute.
+func QuantityAttribute(v resource.Quantity) DeviceAttribute {
+	return DeviceAttribute{QuantityValue: &v}
+}
+
+// BandwidthAttribute builds a bandwidth DeviceAttribute, e.g. "100Gbps".
+func BandwidthAttribute(v string) DeviceAttribute { return DeviceAttribute{BandwidthValue: &v} }
+
+// VersionAttribute builds a version DeviceAttribute, e.g. "8.0".
+func VersionAttribute(v string) DeviceAttribute { return DeviceAttribute{VersionValue: &v} }
+
+// String renders the value as it is written in YAML, for tables and messages.
+func (a DeviceAttribute) String() string {
+	switch a.Type() {
+	case AttributeTypeString:
+		return *a.StringValue
+	case AttributeTypeInt:
+		return strconv.FormatInt(*a.IntValue, 10)
+	case AttributeTypeBool:
+		return strconv.FormatBool(*a.BoolValue)
+	case AttributeTypeQuantity:
+		return a.QuantityValue.String()
+	case AttributeTypeBandwidth:
+		return *a.BandwidthValue
+	case AttributeTypeVersion:
+		return *a.VersionValue
+	}
+	return "<invalid>"
 }

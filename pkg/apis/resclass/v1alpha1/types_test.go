@@ -56,4 +56,15 @@ func TestDeviceAttributeType(t *testing.T) {
 			t.Errorf("%+v: Type() = %q, want %q", tc.attr, got, tc.want)
 		}
 	}
+	for attr, want := range map[*DeviceAttribute]string{
+		ptr(StringAttribute("x")): "x", ptr(IntAttribute(-3)): "-3", ptr(BoolAttribute(true)): "true",
+		ptr(QuantityAttribute(resource.MustParse("40Gi"))): "40Gi", ptr(BandwidthAttribute("100Gbps")): "100Gbps",
+		ptr(VersionAttribute("8.0")): "8.0", {}: "<invalid>",
+	} {
+		if got := attr.String(); got != want {
+			t.Errorf("String() = %q, want %q", got, want)
+		}
+	}
 }
+
+func ptr(a DeviceAttribute) *DeviceAttribute { return &a }
