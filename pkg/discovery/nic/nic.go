@@ -14,12 +14,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/jaypipes/ghw"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/discovery/sysfs"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -85,13 +85,13 @@ func describe(classNet string, n *ghw.NIC) v1alpha1.Device {
 		a[v1alpha1.AttributeMAC] = v1alpha1.StringAttribute(n.MACAddress)
 	}
 	// sysfs reports the speed in Mbit/s, and -1 or nothing without a link.
-	if mbps, ok := ParseSysfsInt(n.Speed); ok && mbps > 0 && mbps < 1<<40 {
+	if mbps, ok := sysfs.ParseInt(n.Speed); ok && mbps > 0 && mbps < 1<<40 {
 		a[v1alpha1.AttributeSpeed] = v1alpha1.BandwidthAttribute(selector.FormatBandwidth(mbps * 1_000_000))
 	}
-	if mtu, ok := readInt(filepath.Join(netDir, "mtu")); ok {
+	if mtu, ok := sysfs.ReadInt(filepath.Join(netDir, "mtu")); ok {
 		a[v1alpha1.AttributeMTU] = v1alpha1.IntAttribute(mtu)
 	}
-	state := readString(filepath.Join(netDir, "operstate"))
+	state := sysfs.ReadString(filepath.Join(netDir, "operstate"))
 	up := state == "up"
 	a[v1alpha1.AttributeLinkUp] = v1alpha1.BoolAttribute(up)
 	if !up {
@@ -105,18 +105,18 @@ func describe(classNet string, n *ghw.NIC) v1alpha1.Device {
 		return d
 	}
 	// NUMA and PCI identity belong to the PCI device (for virtio, an ancestor).
-	if numa, ok := readInt(filepath.Join(pciDir, "numa_node")); ok && numa >= 0 {
+	if numa, ok := sysfs.ReadInt(filepath.Join(pciDir, "numa_node")); ok && numa >= 0 {
 		a[v1alpha1.AttributeNUMANode] = v1alpha1.IntAttribute(numa)
 	}
-	if v := strings.TrimPrefix(readString(filepath.Join(pciDir, "vendor")), "0x"); v != "" {
+	if v := strings.TrimPrefix(sysfs.ReadString(filepath.Join(pciDir, "vendor")), "0x"); v != "" {
 		a[v1alpha1.AttributeVendorID] = v1alpha1.StringAttribute(v)
 	}
-	if v := strings.TrimPrefix(readString(filepath.Join(pciDir, "device")), "0x"); v != "" {
+	if v := strings.TrimPrefix(sysfs.ReadString(filepath.Join(pciDir, "device")), "0x"); v != "" {
 		a[v1alpha1.AttributeDeviceID] = v1alpha1.StringAttribute(v)
 	}
-	if vfs, ok := readInt(filepath.Join(pciDir, "sriov_totalvfs")); ok {
+	if vfs, ok := sysfs.ReadInt(filepath.Join(pciDir, "sriov_totalvfs")); ok {
 		a[v1alpha1.AttributeSRIOVTotalVFs] = v1alpha1.IntAttribute(vfs)
-		if num, ok := readInt(filepath.Join(pciDir, "sriov_numvfs")); ok {
+		if num, ok := sysfs.ReadInt(filepath.Join(pciDir, "sriov_numvfs")); ok {
 			a[v1alpha1.AttributeSRIOVNumVFs] = v1alpha1.IntAttribute(num)
 		}
 	}
@@ -144,34 +144,6 @@ func resolve(path string) string {
 		return ""
 	}
 	return p
-}
-
-// ParseSysfsInt reads an integer as sysfs writes one: decimal, or hex with 0x,
-// surrounded by whitespace. Anything else, including an empty file, is not a
-// number.
-func ParseSysfsInt(s string) (int64, bool) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return 0, false
-	}
-	base := 10
-	if t, ok := strings.CutPrefix(s, "0x"); ok {
-		s, base = t, 16
-	}
-	n, err := strconv.ParseInt(s, base, 64)
-	return n, err == nil
-}
-
-func readString(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(data))
-}
-
-func readInt(path string) (int64, bool) {
-	return ParseSysfsInt(readString(path))
 }
 
 func orUnknown(s string) string {

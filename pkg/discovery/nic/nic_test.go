@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -173,34 +172,4 @@ func TestDiscoverFixture(t *testing.T) {
 	if len(all) != 4 || all[3].ID != "virtual:veth0" || str(all[3], "pciAddress") != "<none>" || str(all[3], "speed") != "10Gbps" {
 		t.Errorf("with virtual interfaces: %d devices, last %+v", len(all), all[len(all)-1])
 	}
-}
-
-func TestParseSysfsInt(t *testing.T) {
-	for in, want := range map[string]int64{"100000\n": 100000, " -1 ": -1, "0x15b3": 0x15b3, "8": 8} {
-		if got, ok := ParseSysfsInt(in); !ok || got != want {
-			t.Errorf("ParseSysfsInt(%q) = %d, %v; want %d", in, got, ok, want)
-		}
-	}
-	for _, bad := range []string{"", "\n", "unknown", "1e3", "0x", "12 34", "99999999999999999999"} {
-		if _, ok := ParseSysfsInt(bad); ok {
-			t.Errorf("ParseSysfsInt(%q) accepted", bad)
-		}
-	}
-}
-
-// FuzzParseSysfsInt: truncated or garbage sysfs files never panic, and what is
-// accepted is what strconv reads.
-func FuzzParseSysfsInt(f *testing.F) {
-	for _, s := range []string{"100000\n", "-1", "0x15b3", "", "0x", " 1 \n", "unknown"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		n, ok := ParseSysfsInt(s)
-		if !ok {
-			return
-		}
-		if again, ok2 := ParseSysfsInt(strconv.FormatInt(n, 10)); !ok2 || again != n {
-			t.Fatalf("%q -> %d does not read back", s, n)
-		}
-	})
 }

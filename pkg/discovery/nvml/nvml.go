@@ -12,7 +12,6 @@ package nvml
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/discovery/sysfs"
 )
 
 // ErrUnavailable means NVML cannot be used on this node: the library is missing or
@@ -198,15 +198,8 @@ func normalizeBusID(id string) string {
 // numaNode reads the GPU's NUMA node from sysfs; the kernel reports -1 where the
 // platform has none, which is not a node.
 func (d *Discoverer) numaNode(busID string) (int64, bool) {
-	data, err := os.ReadFile(filepath.Join(d.hostRoot, "sys/bus/pci/devices", busID, "numa_node"))
-	if err != nil {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-	if err != nil || n < 0 {
-		return 0, false
-	}
-	return n, true
+	n, ok := sysfs.ReadInt(filepath.Join(d.hostRoot, "sys/bus/pci/devices", busID, "numa_node"))
+	return n, ok && n >= 0
 }
 
 func brandName(b lib.BrandType) string {

@@ -43,17 +43,24 @@ func dgx(t *testing.T) (*dgxa100.Server, string) {
 	return server, root
 }
 
-func TestDiscoverDGXA100(t *testing.T) {
-	server, root := dgx(t)
+// discover opens NVML on server and describes its GPUs.
+func discover(t *testing.T, server *dgxa100.Server, root string) []v1alpha1.Device {
+	t.Helper()
 	d, err := Open(server, root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = d.Close() }()
+	t.Cleanup(func() { _ = d.Close() })
 	gpus, err := d.Discover()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return gpus
+}
+
+func TestDiscoverDGXA100(t *testing.T) {
+	server, root := dgx(t)
+	gpus := discover(t, server, root)
 	if len(gpus) != 8 {
 		t.Fatalf("found %d GPUs, want 8", len(gpus))
 	}
@@ -98,14 +105,7 @@ func TestDiscoverDGXA100(t *testing.T) {
 func TestMIGModeIsReported(t *testing.T) {
 	server, root := dgx(t)
 	server.Devices[2].(*dgxa100.Device).MigMode = lib.DEVICE_MIG_ENABLE
-	d, err := Open(server, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := d.Discover()
-	if err != nil {
-		t.Fatal(err)
-	}
+	gpus := discover(t, server, root)
 	for i, g := range gpus {
 		if got, want := *g.Attributes[v1alpha1.AttributeMIGEnabled].BoolValue, i == 2; got != want {
 			t.Errorf("GPU %d migEnabled = %v, want %v", i, got, want)
@@ -153,14 +153,7 @@ func TestAttributeFailureMarksTheGPUUnhealthy(t *testing.T) {
 	server.Devices[3].(*dgxa100.Device).GetArchitectureFunc = func() (lib.DeviceArchitecture, lib.Return) {
 		return 0, lib.ERROR_NOT_SUPPORTED
 	}
-	d, err := Open(server, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := d.Discover()
-	if err != nil {
-		t.Fatal(err)
-	}
+	gpus := discover(t, server, root)
 	if g := gpus[1]; g.Healthy || !strings.Contains(g.Reason, "memory") {
 		t.Errorf("GPU 1: healthy=%v reason=%q, want unhealthy because of memory", g.Healthy, g.Reason)
 	}
