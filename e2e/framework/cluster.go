@@ -61,11 +61,14 @@ type Cluster struct {
 
 	mu        sync.Mutex
 	processes []*process // in start order
-	nodes     map[string]*KubeletNode
-	apiserver string // https://127.0.0.1:port
-	saKey     string // service account signing key
+	apiserver string     // https://127.0.0.1:port
+	saKey     string     // service account signing key
 
 	kwokStarted bool
+
+	resclassOnce sync.Once
+	resclass     *rest.RESTClient
+	resclassErr  error
 }
 
 // Start starts etcd, kube-apiserver and kube-controller-manager, installs the
@@ -80,7 +83,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c = &Cluster{Dir: dir, bins: bins, progress: opts.Progress, nodes: map[string]*KubeletNode{}}
+	c = &Cluster{Dir: dir, bins: bins, progress: opts.Progress}
 	if c.progress == nil {
 		c.progress = func(string, ...any) {}
 	}
@@ -88,6 +91,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		if err != nil {
 			err = fmt.Errorf("%w\n%s", err, c.Diagnostics())
 			_ = c.Stop()
+			c = nil
 		}
 	}()
 	if c.pki, err = newPKI(filepath.Join(dir, "pki")); err != nil {

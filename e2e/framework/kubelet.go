@@ -112,9 +112,6 @@ func (c *Cluster) AddKubeletNode(ctx context.Context, opts NodeOptions) (*Kubele
 			return nil, err
 		}
 	}
-	c.mu.Lock()
-	c.nodes[opts.Name] = n
-	c.mu.Unlock()
 	c.progress("node %s ready", opts.Name)
 	return n, nil
 }

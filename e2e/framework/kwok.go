@@ -67,18 +67,23 @@ func (c *Cluster) AddSimulatedNodes(ctx context.Context, opts SimulatedNodes) ([
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: map[string]string{SimulatedNodeAnnotation: "fake"}},
 			Status:     corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
 		}
-		if _, err := c.Client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+		created, err := c.Client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+		if err != nil {
 			return fmt.Errorf("creating node %s: %w", name, err)
 		}
 		if devices != nil {
-			return c.PublishNodeDevices(ctx, name, *devices)
+			return c.publishNodeDevices(ctx, created, *devices)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 120*time.Second, true, func(ctx context.Context) (bool, error) {
+	c.progress("created %d simulated nodes; waiting for kwok to make them Ready", opts.Count)
+	// Each poll lists every simulated node: poll big batches less often, so the
+	// wait does not compete with kwok and the apiserver for the CPU.
+	interval := min(200*time.Millisecond+time.Duration(opts.Count)*time.Millisecond, 2*time.Second)
+	err = wait.PollUntilContextTimeout(ctx, interval, 300*time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := c.alive("kwok"); err != nil {
 			return false, err
 		}

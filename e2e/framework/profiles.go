@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -54,8 +55,13 @@ func LoadProfile(name string) (v1alpha1.NodeDevicesStatus, error) {
 	return nd.Status, nil
 }
 
-// Resclass returns a REST client for the resclass.io/v1alpha1 API.
+// Resclass returns a REST client for the resclass.io/v1alpha1 API, made once.
 func (c *Cluster) Resclass() (*rest.RESTClient, error) {
+	c.resclassOnce.Do(func() { c.resclass, c.resclassErr = c.newResclassClient() })
+	return c.resclass, c.resclassErr
+}
+
+func (c *Cluster) newResclassClient() (*rest.RESTClient, error) {
 	scheme := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return nil, err
@@ -75,6 +81,11 @@ func (c *Cluster) PublishNodeDevices(ctx context.Context, nodeName string, statu
 	if err != nil {
 		return err
 	}
+	return c.publishNodeDevices(ctx, node, status)
+}
+
+func (c *Cluster) publishNodeDevices(ctx context.Context, node *corev1.Node, status v1alpha1.NodeDevicesStatus) error {
+	nodeName := node.Name
 	rc, err := c.Resclass()
 	if err != nil {
 		return err
