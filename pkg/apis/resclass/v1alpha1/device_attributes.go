@@ -9,6 +9,9 @@ import (
 // Device kinds the node agent publishes.
 const (
 	DeviceKindNvidiaGPU = "nvidia-gpu"
+	// DeviceKindNvidiaMIG is a MIG device (a GPU instance's compute instance) of
+	// a GPU in MIG mode; its parent GPU is then not allocatable as a whole.
+	DeviceKindNvidiaMIG = "nvidia-mig"
 	DeviceKindNIC       = "nic"
 	DeviceKindHugePages = "huge-pages"
 )
@@ -60,6 +63,13 @@ const (
 	AttributeSize              = "size"             // hugepage size (quantity)
 	AttributePagesTotal        = "pagesTotal"
 	AttributePagesFree         = "pagesFree"
+	AttributeParent            = "parent"            // a MIG device's GPU UUID
+	AttributeMIGProfile        = "migProfile"        // e.g. "1g.5gb"
+	AttributeGPUInstanceID     = "gpuInstanceID"     // MIG GPU instance
+	AttributeComputeInstanceID = "computeInstanceID" // MIG compute instance
+	AttributeMultiprocessors   = "multiprocessors"   // streaming multiprocessors
+	AttributeNVLinkPeers       = "nvlinkPeers"       // comma-separated UUIDs of GPUs reached over active NVLinks, sorted
+	AttributeNVLinks           = "nvlinks"           // number of active NVLinks
 )
 
 // WellKnownAttributes gives the type of every well-known attribute.
@@ -91,6 +101,13 @@ var WellKnownAttributes = map[string]AttributeType{
 	AttributeSize:              AttributeTypeQuantity,
 	AttributePagesTotal:        AttributeTypeInt,
 	AttributePagesFree:         AttributeTypeInt,
+	AttributeParent:            AttributeTypeString,
+	AttributeMIGProfile:        AttributeTypeString,
+	AttributeGPUInstanceID:     AttributeTypeInt,
+	AttributeComputeInstanceID: AttributeTypeInt,
+	AttributeMultiprocessors:   AttributeTypeInt,
+	AttributeNVLinkPeers:       AttributeTypeString,
+	AttributeNVLinks:           AttributeTypeInt,
 }
 
 // Type reports which field of the attribute is set, or "" when none or more than
