@@ -3,7 +3,7 @@
 #   make demo       the suite on simulated nodes, explained as it goes
 #   make test       every test, unit to e2e
 #   make bench      benchmarks as `bench: NAME VALUE UNIT` lines (BENCH=NAME for one)
-#   make generate   deepcopy and CRDs from pkg/apis (controller-gen)
+#   make generate   deepcopy, CRDs and pkg/client from pkg/apis (controller-gen, code-generator)
 #   make verify     fails when generated files, go.mod or formatting are stale
 #   make lint       gofmt, go vet, golangci-lint
 #   make build      the three binaries into bin/
@@ -15,12 +15,15 @@ SHELL := /usr/bin/env bash
 CONTROLLER_GEN_VERSION := v0.21.0
 GOLANGCI_LINT_VERSION := v2.15.0
 KUBERNETES_VERSION := $(shell go list -m -f '{{.Version}}' k8s.io/kubernetes)
+# The code generators of the client-go release in go.mod.
+CODE_GENERATOR_VERSION := $(shell go list -m -f '{{.Version}}' k8s.io/client-go)
 
 BIN := $(CURDIR)/bin
 # Binaries of the embedded cluster (e2e tests, demo): built once, reused.
 E2E_BIN := $(CURDIR)/_output/bin
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+CODE_GENERATOR := $(BIN)/code-generator-$(CODE_GENERATOR_VERSION)
 
 # Binaries built from k8s.io/kubernetes report v0.0.0-master unless told their version.
 K8S_VERSION_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) \
@@ -59,18 +62,19 @@ demo:
 	go run ./e2e/demo
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN)
+generate: $(CONTROLLER_GEN) $(CODE_GENERATOR)
 	$(CONTROLLER_GEN) object paths=./pkg/apis/...
 	rm -f deploy/crds/*.yaml
 	$(CONTROLLER_GEN) crd paths=./pkg/apis/... output:crd:artifacts:config=deploy/crds
+	hack/update-codegen.sh $(CODE_GENERATOR)
 
 .PHONY: verify
 verify: generate
 	hack/update-k8s-replaces.sh $(patsubst v%,%,$(KUBERNETES_VERSION)) 2>/dev/null
 	go mod tidy
 	go -C hack/tools mod tidy
-	@if ! git diff --quiet --exit-code -- go.mod go.sum hack/tools pkg/apis deploy/crds || [ -n "$$(git status --porcelain -- go.mod go.sum hack/tools pkg/apis deploy/crds)" ]; then \
-		git status --short -- go.mod go.sum hack/tools pkg/apis deploy/crds; { git diff -- go.mod go.sum hack/tools pkg/apis deploy/crds | head -50 || true; }; \
+	@if ! git diff --quiet --exit-code -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds || [ -n "$$(git status --porcelain -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds)" ]; then \
+		git status --short -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds; { git diff -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds | head -50 || true; }; \
 		echo "generated files or go.mod are stale: run 'make generate' and 'go mod tidy', then commit" >&2; exit 1; \
 	fi
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then \
@@ -93,6 +97,9 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 10s)
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 	mv $(BIN)/controller-gen $@
+
+$(CODE_GENERATOR):
+	GOBIN=$@ go install $(addprefix k8s.io/code-generator/cmd/,$(addsuffix @$(CODE_GENERATOR_VERSION),client-gen lister-gen informer-gen applyconfiguration-gen))
 
 $(GOLANGCI_LINT):
 	GOBIN=$(BIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)

@@ -67,7 +67,7 @@ func (c *Cluster) newResclassClient() (*rest.RESTClient, error) {
 		return nil, err
 	}
 	cfg := rest.CopyConfig(c.Config)
-	cfg.GroupVersion = &v1alpha1.GroupVersion
+	cfg.GroupVersion = &v1alpha1.SchemeGroupVersion
 	cfg.APIPath = "/apis"
 	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	return rest.RESTClientFor(cfg)

@@ -10,8 +10,8 @@ import (
 const GroupName = "resclass.io"
 
 var (
-	// GroupVersion is the group and version of this package's kinds.
-	GroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1alpha1"}
+	// SchemeGroupVersion is the group and version of this package's kinds.
+	SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1alpha1"}
 
 	// SchemeBuilder registers this package's kinds with a scheme. It depends on
 	// apimachinery only, so that clients can import the API cheaply.
@@ -23,15 +23,15 @@ var (
 
 // Resource qualifies an unqualified resource name with this group.
 func Resource(resource string) schema.GroupResource {
-	return GroupVersion.WithResource(resource).GroupResource()
+	return SchemeGroupVersion.WithResource(resource).GroupResource()
 }
 
 func addKnownTypes(scheme *runtime.Scheme) error {
-	scheme.AddKnownTypes(GroupVersion,
+	scheme.AddKnownTypes(SchemeGroupVersion,
 		&ResourceClass{}, &ResourceClassList{},
 		&NodeDevices{}, &NodeDevicesList{},
 		&ResourceDistribution{}, &ResourceDistributionList{},
 	)
-	metav1.AddToGroupVersion(scheme, GroupVersion)
+	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil
 }

@@ -13,7 +13,7 @@ func TestAddToScheme(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, kind := range []string{"ResourceClass", "ResourceClassList", "NodeDevices", "NodeDevicesList", "ResourceDistribution", "ResourceDistributionList"} {
-		if !scheme.Recognizes(GroupVersion.WithKind(kind)) {
+		if !scheme.Recognizes(SchemeGroupVersion.WithKind(kind)) {
 			t.Errorf("scheme does not recognize %s", kind)
 		}
 	}
