@@ -37,8 +37,8 @@ func (f *genericInformer) Lister() cache.GenericLister {
 func (f *sharedInformerFactory) ForResource(resource schema.GroupVersionResource) (GenericInformer, error) {
 	switch resource {
 	// Group=resclass.io, Version=v1alpha1
-	case v1alpha1.SchemeGroupVersion.WithResource("nodedeviceses"):
-		return &genericInformer{resource: resource.GroupResource(), informer: f.Resclass().V1alpha1().NodeDeviceses().Informer()}, nil
+	case v1alpha1.SchemeGroupVersion.WithResource("nodedevices"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Resclass().V1alpha1().NodeDevices().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("resourceclasses"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Resclass().V1alpha1().ResourceClasses().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("resourcedistributions"):

@@ -9,10 +9,10 @@ import (
 	cache "k8s.io/client-go/tools/cache"
 )
 
-// NodeDevicesLister helps list NodeDeviceses.
+// NodeDevicesLister helps list NodeDevices.
 // All objects returned here must be treated as read-only.
 type NodeDevicesLister interface {
-	// List lists all NodeDeviceses in the indexer.
+	// List lists all NodeDevices in the indexer.
 	// Objects returned here must be treated as read-only.
 	List(selector labels.Selector) (ret []*resclassv1alpha1.NodeDevices, err error)
 	// Get retrieves the NodeDevices from the index for a given name.

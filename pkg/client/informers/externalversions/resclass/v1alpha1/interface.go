@@ -8,8 +8,8 @@ import (
 
 // Interface provides access to all the informers in this group version.
 type Interface interface {
-	// NodeDeviceses returns a NodeDevicesInformer.
-	NodeDeviceses() NodeDevicesInformer
+	// NodeDevices returns a NodeDevicesInformer.
+	NodeDevices() NodeDevicesInformer
 	// ResourceClasses returns a ResourceClassInformer.
 	ResourceClasses() ResourceClassInformer
 	// ResourceDistributions returns a ResourceDistributionInformer.
@@ -27,8 +27,8 @@ func New(f internalinterfaces.SharedInformerFactory, namespace string, tweakList
 	return &version{factory: f, namespace: namespace, tweakListOptions: tweakListOptions}
 }
 
-// NodeDeviceses returns a NodeDevicesInformer.
-func (v *version) NodeDeviceses() NodeDevicesInformer {
+// NodeDevices returns a NodeDevicesInformer.
+func (v *version) NodeDevices() NodeDevicesInformer {
 	return &nodeDevicesInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
 }
 

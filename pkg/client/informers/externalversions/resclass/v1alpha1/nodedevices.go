@@ -18,7 +18,7 @@ import (
 )
 
 // NodeDevicesInformer provides access to a shared informer and lister for
-// NodeDeviceses.
+// NodeDevices.
 type NodeDevicesInformer interface {
 	Informer() cache.SharedIndexInformer
 	Lister() resclassv1alpha1.NodeDevicesLister
@@ -56,25 +56,25 @@ func NewNodeDevicesInformerWithOptions(client versioned.Interface, options inter
 				if tweakListOptions != nil {
 					tweakListOptions(&opts)
 				}
-				return client.ResclassV1alpha1().NodeDeviceses().List(context.Background(), opts)
+				return client.ResclassV1alpha1().NodeDevices().List(context.Background(), opts)
 			},
 			WatchFunc: func(opts v1.ListOptions) (watch.Interface, error) {
 				if tweakListOptions != nil {
 					tweakListOptions(&opts)
 				}
-				return client.ResclassV1alpha1().NodeDeviceses().Watch(context.Background(), opts)
+				return client.ResclassV1alpha1().NodeDevices().Watch(context.Background(), opts)
 			},
 			ListWithContextFunc: func(ctx context.Context, opts v1.ListOptions) (runtime.Object, error) {
 				if tweakListOptions != nil {
 					tweakListOptions(&opts)
 				}
-				return client.ResclassV1alpha1().NodeDeviceses().List(ctx, opts)
+				return client.ResclassV1alpha1().NodeDevices().List(ctx, opts)
 			},
 			WatchFuncWithContext: func(ctx context.Context, opts v1.ListOptions) (watch.Interface, error) {
 				if tweakListOptions != nil {
 					tweakListOptions(&opts)
 				}
-				return client.ResclassV1alpha1().NodeDeviceses().Watch(ctx, opts)
+				return client.ResclassV1alpha1().NodeDevices().Watch(ctx, opts)
 			},
 		}, client),
 		&apisresclassv1alpha1.NodeDevices{},

@@ -14,10 +14,10 @@ import (
 	gentype "k8s.io/client-go/gentype"
 )
 
-// NodeDevicesesGetter has a method to return a NodeDevicesInterface.
+// NodeDevicesGetter has a method to return a NodeDevicesInterface.
 // A group's client should implement this interface.
-type NodeDevicesesGetter interface {
-	NodeDeviceses() NodeDevicesInterface
+type NodeDevicesGetter interface {
+	NodeDevices() NodeDevicesInterface
 }
 
 // NodeDevicesInterface has methods to work with NodeDevices resources.
@@ -38,16 +38,16 @@ type NodeDevicesInterface interface {
 	NodeDevicesExpansion
 }
 
-// nodeDeviceses implements NodeDevicesInterface
-type nodeDeviceses struct {
+// nodeDevices implements NodeDevicesInterface
+type nodeDevices struct {
 	*gentype.ClientWithListAndApply[*resclassv1alpha1.NodeDevices, *resclassv1alpha1.NodeDevicesList, *applyconfigurationresclassv1alpha1.NodeDevicesApplyConfiguration]
 }
 
-// newNodeDeviceses returns a NodeDeviceses
-func newNodeDeviceses(c *ResclassV1alpha1Client) *nodeDeviceses {
-	return &nodeDeviceses{
+// newNodeDevices returns a NodeDevices
+func newNodeDevices(c *ResclassV1alpha1Client) *nodeDevices {
+	return &nodeDevices{
 		gentype.NewClientWithListAndApply[*resclassv1alpha1.NodeDevices, *resclassv1alpha1.NodeDevicesList, *applyconfigurationresclassv1alpha1.NodeDevicesApplyConfiguration](
-			"nodedeviceses",
+			"nodedevices",
 			c.RESTClient(),
 			scheme.ParameterCodec,
 			"",

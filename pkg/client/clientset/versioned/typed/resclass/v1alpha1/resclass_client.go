@@ -12,7 +12,7 @@ import (
 
 type ResclassV1alpha1Interface interface {
 	RESTClient() rest.Interface
-	NodeDevicesesGetter
+	NodeDevicesGetter
 	ResourceClassesGetter
 	ResourceDistributionsGetter
 }
@@ -22,8 +22,8 @@ type ResclassV1alpha1Client struct {
 	restClient rest.Interface
 }
 
-func (c *ResclassV1alpha1Client) NodeDeviceses() NodeDevicesInterface {
-	return newNodeDeviceses(c)
+func (c *ResclassV1alpha1Client) NodeDevices() NodeDevicesInterface {
+	return newNodeDevices(c)
 }
 
 func (c *ResclassV1alpha1Client) ResourceClasses() ResourceClassInterface {

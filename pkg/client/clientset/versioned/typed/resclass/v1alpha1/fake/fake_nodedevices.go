@@ -9,18 +9,18 @@ import (
 	gentype "k8s.io/client-go/gentype"
 )
 
-// fakeNodeDeviceses implements NodeDevicesInterface
-type fakeNodeDeviceses struct {
+// fakeNodeDevices implements NodeDevicesInterface
+type fakeNodeDevices struct {
 	*gentype.FakeClientWithListAndApply[*v1alpha1.NodeDevices, *v1alpha1.NodeDevicesList, *resclassv1alpha1.NodeDevicesApplyConfiguration]
 	Fake *FakeResclassV1alpha1
 }
 
-func newFakeNodeDeviceses(fake *FakeResclassV1alpha1) typedresclassv1alpha1.NodeDevicesInterface {
-	return &fakeNodeDeviceses{
+func newFakeNodeDevices(fake *FakeResclassV1alpha1) typedresclassv1alpha1.NodeDevicesInterface {
+	return &fakeNodeDevices{
 		gentype.NewFakeClientWithListAndApply[*v1alpha1.NodeDevices, *v1alpha1.NodeDevicesList, *resclassv1alpha1.NodeDevicesApplyConfiguration](
 			fake.Fake,
 			"",
-			v1alpha1.SchemeGroupVersion.WithResource("nodedeviceses"),
+			v1alpha1.SchemeGroupVersion.WithResource("nodedevices"),
 			v1alpha1.SchemeGroupVersion.WithKind("NodeDevices"),
 			func() *v1alpha1.NodeDevices { return &v1alpha1.NodeDevices{} },
 			func() *v1alpha1.NodeDevicesList { return &v1alpha1.NodeDevicesList{} },

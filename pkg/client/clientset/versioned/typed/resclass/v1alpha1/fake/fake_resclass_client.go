@@ -12,8 +12,8 @@ type FakeResclassV1alpha1 struct {
 	*testing.Fake
 }
 
-func (c *FakeResclassV1alpha1) NodeDeviceses() v1alpha1.NodeDevicesInterface {
-	return newFakeNodeDeviceses(c)
+func (c *FakeResclassV1alpha1) NodeDevices() v1alpha1.NodeDevicesInterface {
+	return newFakeNodeDevices(c)
 }
 
 func (c *FakeResclassV1alpha1) ResourceClasses() v1alpha1.ResourceClassInterface {

@@ -1,0 +1,241 @@
+package nvml
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+)
+
+// ApplicationXIDs are the XIDs that report an error of the application running
+// on the GPU, not of the GPU: the GPU stays healthy. It is the list NVIDIA's
+// device plugin skips, from NVIDIA's XID catalogue
+// (https://docs.nvidia.com/deploy/xid-errors/).
+var ApplicationXIDs = map[uint64]string{
+	13:  "graphics engine exception",
+	31:  "GPU memory page fault",
+	43:  "GPU stopped processing",
+	45:  "preemptive cleanup, due to previous errors",
+	68:  "video processor exception",
+	109: "context switch timeout",
+}
+
+// criticalXIDs names the XIDs an operator meets most; others are reported by
+// number only.
+var criticalXIDs = map[uint64]string{
+	48:  "double-bit ECC error",
+	62:  "internal micro-controller halt",
+	63:  "ECC page retirement or row remapping event",
+	64:  "ECC page retirement or row remapping failure",
+	74:  "NVLink error",
+	79:  "GPU has fallen off the bus",
+	92:  "high single-bit ECC error rate",
+	94:  "contained ECC error",
+	95:  "uncontained ECC error",
+	119: "GSP RPC timeout",
+	120: "GSP error",
+}
+
+// HealthEvent says that a GPU became unhealthy or healthy again.
+type HealthEvent struct {
+	// ID is the GPU's UUID.
+	ID      string
+	Healthy bool
+	// Reason says why a GPU is unhealthy; empty when it is healthy.
+	Reason string
+}
+
+// HealthOptions tune WatchHealth.
+type HealthOptions struct {
+	// IgnoredXIDs are XIDs to treat as application errors on top of
+	// ApplicationXIDs (the agent's --ignored-xids).
+	IgnoredXIDs []uint64
+	// RecoveryAfter is how long a GPU must go without a critical event, and
+	// pass the recovery probes, before it is healthy again. Default 5 minutes.
+	RecoveryAfter time.Duration
+	// WaitTimeout bounds one wait for NVML events, and so how soon cancellation
+	// and recovery are noticed. Default 5 seconds.
+	WaitTimeout time.Duration
+	// Clock measures RecoveryAfter; a fake one in tests.
+	Clock clock.Clock
+}
+
+// sick is what the watcher knows about one unhealthy GPU.
+type sick struct {
+	dev    lib.Device
+	reason string
+	last   time.Time // of the last critical event
+}
+
+// WatchHealth follows the GPUs' NVML events until ctx ends and calls report on
+// every change of a GPU's health. XID critical errors (except application
+// XIDs) and double-bit ECC errors make a GPU unhealthy. Unlike NVIDIA's device
+// plugin, a GPU recovers: once it has gone RecoveryAfter without another
+// critical event and NVML answers for it again with no page retirement or row
+// remapping pending (the state after a GPU reset), it is reported healthy.
+//
+// An event NVML does not attribute to a GPU marks every GPU, as it may concern
+// any. A GPU that cannot register for events is watched by nobody; the error
+// says which, and the others are watched.
+func (d *Discoverer) WatchHealth(ctx context.Context, opts HealthOptions, report func(HealthEvent)) error {
+	logger := klog.FromContext(ctx)
+	if opts.RecoveryAfter <= 0 {
+		opts.RecoveryAfter = 5 * time.Minute
+	}
+	if opts.WaitTimeout <= 0 {
+		opts.WaitTimeout = 5 * time.Second
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	ignored := map[uint64]bool{}
+	for xid := range ApplicationXIDs {
+		ignored[xid] = true
+	}
+	for _, xid := range opts.IgnoredXIDs {
+		ignored[xid] = true
+	}
+
+	set, ret := d.lib.EventSetCreate()
+	if ret != lib.SUCCESS {
+		return fmt.Errorf("NVML event set: %s", ret.Error())
+	}
+	defer func() { _ = set.Free() }()
+
+	uuids := map[lib.Device]string{}
+	var unwatched []string
+	for i, dev := range d.devices {
+		uuid, ret := dev.GetUUID()
+		if ret != lib.SUCCESS {
+			unwatched = append(unwatched, fmt.Sprintf("GPU %d: UUID: %s", i, ret.Error()))
+			continue
+		}
+		uuids[dev] = uuid
+		supported, ret := dev.GetSupportedEventTypes()
+		if ret != lib.SUCCESS {
+			unwatched = append(unwatched, fmt.Sprintf("%s: supported events: %s", uuid, ret.Error()))
+			continue
+		}
+		mask := supported & (lib.EventTypeXidCriticalError | lib.EventTypeDoubleBitEccError)
+		if ret := dev.RegisterEvents(mask, set); ret != lib.SUCCESS {
+			unwatched = append(unwatched, fmt.Sprintf("%s: registering events: %s", uuid, ret.Error()))
+		}
+	}
+	if len(unwatched) > 0 {
+		// Not fatal: the other GPUs are watched. The caller reports it.
+		logger.Error(nil, "GPUs without health events", "gpus", unwatched)
+	}
+
+	unhealthy := map[string]*sick{}
+	markUnhealthy := func(dev lib.Device, uuid, reason string) {
+		s, known := unhealthy[uuid]
+		if !known {
+			s = &sick{dev: dev}
+			unhealthy[uuid] = s
+		}
+		s.last = opts.Clock.Now()
+		if s.reason != reason {
+			s.reason = reason
+			logger.Info("GPU unhealthy", "gpu", uuid, "reason", reason)
+			report(HealthEvent{ID: uuid, Reason: reason})
+		}
+	}
+	for ctx.Err() == nil {
+		e, ret := set.Wait(uint32(opts.WaitTimeout.Milliseconds()))
+		switch ret {
+		case lib.SUCCESS:
+			reason, critical := describeEvent(e, ignored)
+			if !critical {
+				logger.V(2).Info("GPU event that is not a device fault", "reason", reason)
+				break
+			}
+			if uuid, ok := uuids[e.Device]; ok {
+				markUnhealthy(e.Device, uuid, reason)
+				break
+			}
+			for dev, uuid := range uuids {
+				markUnhealthy(dev, uuid, reason+" (not attributed to a GPU)")
+			}
+		case lib.ERROR_TIMEOUT:
+		default:
+			// NVML reports ERROR_GPU_IS_LOST and the like here; waiting on
+			// is all there is to do, at the pace of the timeout.
+			logger.V(2).Info("waiting for NVML events", "error", ret.Error())
+			select {
+			case <-ctx.Done():
+			case <-opts.Clock.After(opts.WaitTimeout):
+			}
+		}
+		for _, uuid := range sortedKeys(unhealthy) {
+			s := unhealthy[uuid]
+			if opts.Clock.Since(s.last) < opts.RecoveryAfter {
+				continue
+			}
+			if problem := probe(s.dev); problem != "" {
+				if s.reason != problem {
+					s.reason = problem
+					report(HealthEvent{ID: uuid, Reason: problem})
+				}
+				continue
+			}
+			delete(unhealthy, uuid)
+			logger.Info("GPU healthy again", "gpu", uuid, "quietFor", opts.RecoveryAfter)
+			report(HealthEvent{ID: uuid, Healthy: true})
+		}
+	}
+	return nil
+}
+
+// describeEvent says what the event is and whether it is a device fault.
+func describeEvent(e lib.EventData, ignored map[uint64]bool) (string, bool) {
+	switch e.EventType {
+	case lib.EventTypeDoubleBitEccError:
+		return "double-bit ECC error", true
+	case lib.EventTypeXidCriticalError:
+		xid := e.EventData
+		name := criticalXIDs[xid]
+		if app, ok := ApplicationXIDs[xid]; ok {
+			name = app
+		}
+		reason := "XID " + strconv.FormatUint(xid, 10)
+		if name != "" {
+			reason += " (" + name + ")"
+		}
+		return reason, !ignored[xid]
+	}
+	return fmt.Sprintf("NVML event type %#x", e.EventType), false
+}
+
+// probe returns why the GPU is still unfit, or "": NVML must answer for it,
+// and no retired page or remapped row may wait for a reset.
+func probe(dev lib.Device) string {
+	if _, ret := dev.GetMemoryInfo(); ret != lib.SUCCESS {
+		return "NVML: " + ret.Error()
+	}
+	if pending, ret := dev.GetRetiredPagesPendingStatus(); ret == lib.SUCCESS && pending == lib.FEATURE_ENABLED {
+		return "retired ECC pages pending: reset the GPU"
+	}
+	if _, _, pending, failed, ret := dev.GetRemappedRows(); ret == lib.SUCCESS {
+		switch {
+		case failed:
+			return "row remapping failed: the GPU needs service"
+		case pending:
+			return "row remapping pending: reset the GPU"
+		}
+	}
+	return ""
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

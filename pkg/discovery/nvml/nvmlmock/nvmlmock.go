@@ -1,0 +1,136 @@
+// Package nvmlmock is go-nvml's DGX A100 mock server completed with what the node
+// agent uses beyond discovery: PCI bus ids, an NVML event set that tests feed with
+// XIDs and ECC errors, and the recovery probes. It stands in for the GPUs this
+// machine lacks, in unit tests, e2e tests and benchmarks alike.
+package nvmlmock
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+)
+
+// Server is a DGX A100: 8 A100-SXM4-40GB GPUs, GPUs 0-3 on NUMA node 0 and 4-7
+// on node 1 (see WriteSysfs).
+type Server struct {
+	*dgxa100.Server
+
+	events chan lib.EventData
+
+	mu   sync.Mutex
+	lost map[string]bool // UUID → NVML answers ERROR_GPU_IS_LOST
+}
+
+// New returns a DGX A100 whose GPUs answer every call the node agent makes.
+func New() *Server {
+	s := &Server{Server: dgxa100.New(), events: make(chan lib.EventData, 64), lost: map[string]bool{}}
+	s.EventSetCreateFunc = func() (lib.EventSet, lib.Return) {
+		return &mock.EventSet{WaitFunc: s.wait, FreeFunc: func() lib.Return { return lib.SUCCESS }}, lib.SUCCESS
+	}
+	for _, d := range s.Devices {
+		dev := d.(*dgxa100.Device)
+		busID, uuid := dev.PciBusID, dev.UUID
+		// NVML's form of the bus id: an 8-digit domain, upper case.
+		dev.GetPciInfoFunc = func() (lib.PciInfo, lib.Return) {
+			var p lib.PciInfo
+			for j, c := range "0000" + strings.ToUpper(busID) {
+				p.BusId[j] = uint8(c)
+			}
+			p.PciDeviceId = 0x20B010DE
+			return p, lib.SUCCESS
+		}
+		dev.GetSupportedEventTypesFunc = func() (uint64, lib.Return) {
+			return lib.EventTypeXidCriticalError | lib.EventTypeDoubleBitEccError | lib.EventTypeSingleBitEccError, lib.SUCCESS
+		}
+		dev.RegisterEventsFunc = func(uint64, lib.EventSet) lib.Return { return lib.SUCCESS }
+		memory := dev.MemoryInfo
+		dev.GetMemoryInfoFunc = func() (lib.Memory, lib.Return) {
+			if s.isLost(uuid) {
+				return lib.Memory{}, lib.ERROR_GPU_IS_LOST
+			}
+			return memory, lib.SUCCESS
+		}
+		dev.GetRetiredPagesPendingStatusFunc = func() (lib.EnableState, lib.Return) {
+			return lib.FEATURE_DISABLED, lib.SUCCESS
+		}
+		dev.GetRemappedRowsFunc = func() (int, int, bool, bool, lib.Return) {
+			return 0, 0, false, false, lib.SUCCESS
+		}
+	}
+	return s
+}
+
+// WriteSysfs writes the sysfs files NVML discovery reads below root: each GPU's
+// PCI device directory with its NUMA node.
+func (s *Server) WriteSysfs(root string) error {
+	for i, d := range s.Devices {
+		dir := filepath.Join(root, "sys/bus/pci/devices", d.(*dgxa100.Device).PciBusID)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte([]string{"0\n", "1\n"}[i/4]), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// UUIDs lists the GPUs' UUIDs by index.
+func (s *Server) UUIDs() []string {
+	out := make([]string, len(s.Devices))
+	for i, d := range s.Devices {
+		out[i] = d.(*dgxa100.Device).UUID
+	}
+	return out
+}
+
+// InjectXID delivers an XID critical error for the GPU with this UUID (every GPU
+// for ""), as the driver reports one to NVML event sets.
+func (s *Server) InjectXID(uuid string, xid uint64) {
+	s.events <- lib.EventData{Device: s.device(uuid), EventType: lib.EventTypeXidCriticalError, EventData: xid, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+}
+
+// InjectDoubleBitECC delivers a double-bit ECC error for the GPU.
+func (s *Server) InjectDoubleBitECC(uuid string) {
+	s.events <- lib.EventData{Device: s.device(uuid), EventType: lib.EventTypeDoubleBitEccError, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+}
+
+// SetLost makes NVML answer ERROR_GPU_IS_LOST for the GPU (it fell off the bus)
+// until called again with false (it was reset).
+func (s *Server) SetLost(uuid string, lost bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lost[uuid] = lost
+}
+
+func (s *Server) isLost(uuid string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lost[uuid]
+}
+
+func (s *Server) device(uuid string) lib.Device {
+	for _, d := range s.Devices {
+		if d.(*dgxa100.Device).UUID == uuid {
+			return d
+		}
+	}
+	return nil
+}
+
+// wait is the event set's Wait: the next injected event, or ERROR_TIMEOUT after
+// timeoutMs as NVML does.
+func (s *Server) wait(timeoutMs uint32) (lib.EventData, lib.Return) {
+	select {
+	case e := <-s.events:
+		return e, lib.SUCCESS
+	case <-time.After(time.Duration(timeoutMs) * time.Millisecond):
+		return lib.EventData{}, lib.ERROR_TIMEOUT
+	}
+}

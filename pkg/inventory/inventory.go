@@ -1,0 +1,145 @@
+// Package inventory publishes a node's devices: the NodeDevices object named after
+// the node, and a few labels on the Node for humans and nodeSelectors.
+//
+// Both are written with server-side apply under one field manager, and only when
+// what the agent would write differs from what the apiserver holds, so a node
+// whose devices do not change costs the apiserver no writes however often the
+// agent re-checks.
+package inventory
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	resclassac "github.com/resclass/resclass/pkg/client/applyconfiguration/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+)
+
+// FieldManager is the server-side apply field manager of the node agent's writes.
+const FieldManager = "resclass-node-agent"
+
+// Publisher writes one node's inventory.
+type Publisher struct {
+	Resclass versioned.Interface
+	Kube     kubernetes.Interface
+	// Node is the Node the inventory belongs to: its name names the NodeDevices
+	// object and its UID goes into the ownerReference.
+	Node *corev1.Node
+}
+
+// Publish makes the node's NodeDevices object hold status. current is the object
+// as the apiserver last reported it (from an informer), nil if there is none.
+// It reports whether it wrote anything.
+//
+// Conditions keep their lastTransitionTime while their status stays the same, so
+// a re-published, unchanged inventory is equal to current and is not written.
+func (p *Publisher) Publish(ctx context.Context, current *v1alpha1.NodeDevices, status v1alpha1.NodeDevicesStatus) (bool, error) {
+	wrote := false
+	if current == nil || !ownedBy(current, p.Node) {
+		// The object itself: its name and owner. A NodeDevices left over from a
+		// Node of the same name that was deleted and re-created gets the new owner.
+		obj := resclassac.NodeDevices(p.Node.Name).WithOwnerReferences(metav1ac.OwnerReference().
+			WithAPIVersion("v1").WithKind("Node").WithName(p.Node.Name).WithUID(p.Node.UID))
+		applied, err := p.Resclass.ResclassV1alpha1().NodeDevices().Apply(ctx, obj, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+		if err != nil {
+			return false, fmt.Errorf("applying NodeDevices %s: %w", p.Node.Name, err)
+		}
+		current, wrote = applied, true
+	}
+	desired := status.DeepCopy()
+	desired.Conditions = mergeConditions(current.Status.Conditions, status.Conditions)
+	if equality.Semantic.DeepEqual(&current.Status, desired) {
+		return wrote, nil
+	}
+	ac, err := statusApplyConfiguration(p.Node.Name, desired)
+	if err != nil {
+		return wrote, err
+	}
+	if _, err := p.Resclass.ResclassV1alpha1().NodeDevices().ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
+		return wrote, fmt.Errorf("applying NodeDevices %s status: %w", p.Node.Name, err)
+	}
+	return true, nil
+}
+
+// PublishLabels makes the node carry labels, and no other label this agent set
+// before: server-side apply removes the labels a field manager stops applying.
+// node is the Node as last observed.
+func (p *Publisher) PublishLabels(ctx context.Context, node *corev1.Node, labels map[string]string) (bool, error) {
+	if labelsApplied(node, labels) {
+		return false, nil
+	}
+	ac := corev1ac.Node(p.Node.Name).WithLabels(labels)
+	if _, err := p.Kube.CoreV1().Nodes().Apply(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
+		return false, fmt.Errorf("applying labels to Node %s: %w", p.Node.Name, err)
+	}
+	return true, nil
+}
+
+// labelsApplied says whether the node has exactly labels among the resclass
+// labels, which are the only ones the agent applies.
+func labelsApplied(node *corev1.Node, labels map[string]string) bool {
+	for k, v := range labels {
+		if node.Labels[k] != v {
+			return false
+		}
+	}
+	for k := range node.Labels {
+		if _, ok := labels[k]; !ok && IsLabel(k) {
+			return false
+		}
+	}
+	return true
+}
+
+func ownedBy(nd *v1alpha1.NodeDevices, node *corev1.Node) bool {
+	for _, ref := range nd.OwnerReferences {
+		if ref.Kind == "Node" && ref.APIVersion == "v1" && ref.Name == node.Name && ref.UID == node.UID {
+			return true
+		}
+	}
+	return false
+}
+
+// mergeConditions returns next with the lastTransitionTime of each condition
+// whose status did not change taken from prev.
+func mergeConditions(prev, next []metav1.Condition) []metav1.Condition {
+	out := make([]metav1.Condition, 0, len(next))
+	for _, c := range next {
+		if old := meta.FindStatusCondition(prev, c.Type); old != nil && old.Status == c.Status {
+			c.LastTransitionTime = old.LastTransitionTime
+		} else if c.LastTransitionTime.IsZero() {
+			c.LastTransitionTime = metav1.Now()
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// statusApplyConfiguration turns a status into its apply configuration. The
+// apply configurations are generated with the same JSON names as the API types,
+// so the JSON form converts one into the other without a field-by-field copy to
+// keep in step with the API.
+func statusApplyConfiguration(name string, status *v1alpha1.NodeDevicesStatus) (*resclassac.NodeDevicesApplyConfiguration, error) {
+	data, err := json.Marshal(status)
+	if err != nil {
+		return nil, err
+	}
+	var sac resclassac.NodeDevicesStatusApplyConfiguration
+	if err := json.Unmarshal(data, &sac); err != nil {
+		return nil, fmt.Errorf("converting NodeDevices status to an apply configuration: %w", err)
+	}
+	return resclassac.NodeDevices(name).WithStatus(&sac), nil
+}
