@@ -1,12 +1,16 @@
 // Package nvml discovers NVIDIA GPUs through NVML and describes them as
 // v1alpha1.Devices of kind nvidia-gpu, with the well-known attributes resource
-// classes select on.
+// classes select on; the MIG devices of a GPU in MIG mode as devices of kind
+// nvidia-mig (mig.go); and each GPU's NVLinks as attributes (nvlink.go).
 //
 // NVML is initialised once (Open) and its device handles are kept for the life of
 // the Discoverer; Discover only reads through them, so nothing on a hot path loads
-// the library or enumerates the bus. A node without the NVML library (no driver,
-// or no GPU) is not an error storm: Open returns ErrUnavailable once, and the
-// caller reports it as a condition.
+// the library or enumerates the bus. MIG devices and NVLink state are the
+// exception: an operator can repartition a GPU, and a link can go down, while the
+// node runs, so Discover reads them afresh each time. That is cheap enough because
+// Discover runs on resync, not per pod. A node without the NVML library (no
+// driver, or no GPU) is not an error storm: Open returns ErrUnavailable once, and
+// the caller reports it as a condition.
 package nvml
 
 import (
@@ -87,17 +91,26 @@ func (d *Discoverer) Close() error {
 	return nil
 }
 
-// Discover describes every GPU. A GPU that NVML cannot describe (it fell off the
-// bus, say) is still listed, by the UUID it had, as unhealthy with the reason;
-// one whose UUID cannot be read is an error, because it cannot be named.
+// Discover describes every GPU, each followed by its MIG devices when it is in
+// MIG mode. A GPU that NVML cannot describe (it fell off the bus, say) is still
+// listed, by the UUID it had, as unhealthy with the reason; one whose UUID cannot
+// be read is an error, because it cannot be named.
 func (d *Discoverer) Discover() ([]v1alpha1.Device, error) {
-	out := make([]v1alpha1.Device, 0, len(d.devices))
+	gpus := make([]v1alpha1.Device, 0, len(d.devices))
 	for i, dev := range d.devices {
 		gpu, err := d.describe(dev)
 		if err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
-		out = append(out, gpu)
+		gpus = append(gpus, gpu)
+	}
+	// NVLink peers are named by UUID, so every GPU is described first.
+	d.addNVLinks(gpus)
+	out := make([]v1alpha1.Device, 0, len(gpus))
+	for i := range gpus {
+		migs := d.migDevices(d.devices[i], &gpus[i])
+		out = append(out, gpus[i])
+		out = append(out, migs...)
 	}
 	return out, nil
 }
@@ -111,48 +124,40 @@ func (d *Discoverer) describe(dev lib.Device) (v1alpha1.Device, error) {
 	attrs := gpu.Attributes
 	// Each attribute is read on its own: one that this GPU or driver does not
 	// support is left out rather than failing the GPU.
-	var problems []string
-	check := func(what string, ret lib.Return) bool {
-		switch ret {
-		case lib.SUCCESS:
-			return true
-		case lib.ERROR_NOT_SUPPORTED:
-		default:
-			problems = append(problems, fmt.Sprintf("%s: %s", what, ret.Error()))
-		}
-		return false
-	}
-
+	var p problems
 	attrs[v1alpha1.AttributeDriverVersion] = v1alpha1.VersionAttribute(d.driverVersion)
 	attrs[v1alpha1.AttributeCUDADriverVersion] = v1alpha1.VersionAttribute(d.cudaDriverVersion)
-	if name, ret := dev.GetName(); check("name", ret) {
+	if name, ret := dev.GetName(); p.check("name", ret) {
 		attrs[v1alpha1.AttributeProduct] = v1alpha1.StringAttribute(name)
 	}
-	if brand, ret := dev.GetBrand(); check("brand", ret) {
+	if brand, ret := dev.GetBrand(); p.check("brand", ret) {
 		attrs[v1alpha1.AttributeBrand] = v1alpha1.StringAttribute(brandName(brand))
 	}
-	if arch, ret := dev.GetArchitecture(); check("architecture", ret) {
+	if arch, ret := dev.GetArchitecture(); p.check("architecture", ret) {
 		attrs[v1alpha1.AttributeArchitecture] = v1alpha1.StringAttribute(architectureName(arch))
 	}
-	if mem, ret := dev.GetMemoryInfo(); check("memory", ret) {
+	if mem, ret := dev.GetMemoryInfo(); p.check("memory", ret) {
 		attrs[v1alpha1.AttributeMemory] = v1alpha1.QuantityAttribute(*resource.NewQuantity(int64(mem.Total), resource.BinarySI))
 	}
-	if major, minor, ret := dev.GetCudaComputeCapability(); check("compute capability", ret) {
+	if major, minor, ret := dev.GetCudaComputeCapability(); p.check("compute capability", ret) {
 		attrs[v1alpha1.AttributeComputeCapability] = v1alpha1.VersionAttribute(fmt.Sprintf("%d.%d", major, minor))
 	}
-	if current, _, ret := dev.GetMigMode(); check("MIG mode", ret) {
+	// A GPU in MIG mode stays listed, with migEnabled=true: the scheduler does not
+	// allocate it whole, only its MIG devices, but it is still the GPU that is
+	// there (and the parent the MIG devices name).
+	if current, _, ret := dev.GetMigMode(); p.check("MIG mode", ret) {
 		attrs[v1alpha1.AttributeMIGEnabled] = v1alpha1.BoolAttribute(current == lib.DEVICE_MIG_ENABLE)
 	} else if ret == lib.ERROR_NOT_SUPPORTED {
 		attrs[v1alpha1.AttributeMIGEnabled] = v1alpha1.BoolAttribute(false)
 	}
-	if index, ret := dev.GetIndex(); check("index", ret) {
+	if index, ret := dev.GetIndex(); p.check("index", ret) {
 		attrs[v1alpha1.AttributeIndex] = v1alpha1.IntAttribute(int64(index))
 	}
-	if minor, ret := dev.GetMinorNumber(); check("minor number", ret) {
+	if minor, ret := dev.GetMinorNumber(); p.check("minor number", ret) {
 		attrs[v1alpha1.AttributeMinor] = v1alpha1.IntAttribute(int64(minor))
 		attrs[AttributeDevicePath] = v1alpha1.StringAttribute("/dev/nvidia" + strconv.Itoa(minor))
 	}
-	if pci, ret := dev.GetPciInfo(); check("PCI info", ret) {
+	if pci, ret := dev.GetPciInfo(); p.check("PCI info", ret) {
 		if busID := pciBusID(pci); busID != "" {
 			attrs[v1alpha1.AttributePCIAddress] = v1alpha1.StringAttribute(busID)
 			if numa, ok := d.numaNode(busID); ok {
@@ -160,11 +165,43 @@ func (d *Discoverer) describe(dev lib.Device) (v1alpha1.Device, error) {
 			}
 		}
 	}
-	if len(problems) > 0 {
-		gpu.Healthy = false
-		gpu.Reason = "NVML: " + strings.Join(problems, "; ")
-	}
+	p.report(&gpu)
 	return gpu, nil
+}
+
+// problems collects what NVML failed to read about one device.
+type problems []string
+
+// check reports whether ret is SUCCESS, and records any other answer but
+// NOT_SUPPORTED as a problem: what a GPU or driver does not support is left out,
+// it is no fault.
+func (p *problems) check(what string, ret lib.Return) bool {
+	switch ret {
+	case lib.SUCCESS:
+		return true
+	case lib.ERROR_NOT_SUPPORTED:
+	default:
+		p.add(what, ret.Error())
+	}
+	return false
+}
+
+func (p *problems) add(what, why string) {
+	*p = append(*p, what+": "+why)
+}
+
+// report marks dev unhealthy when there were problems, after any reason it
+// already has.
+func (p problems) report(dev *v1alpha1.Device) {
+	if len(p) == 0 {
+		return
+	}
+	dev.Healthy = false
+	if dev.Reason == "" {
+		dev.Reason = "NVML: " + strings.Join(p, "; ")
+	} else {
+		dev.Reason += "; " + strings.Join(p, "; ")
+	}
 }
 
 // pciBusID returns the domain:bus:device.function address in the lower-case form

@@ -32,6 +32,11 @@ func dgx(t *testing.T) (*dgxa100.Server, string) {
 			}
 			return p, lib.SUCCESS
 		}
+		// The mock has no NVLink and panics when asked: answer as NVML does for a
+		// GPU without any. nvlink_test.go wires topologies.
+		dev.GetNvLinkStateFunc = func(int) (lib.EnableState, lib.Return) {
+			return lib.FEATURE_DISABLED, lib.ERROR_NOT_SUPPORTED
+		}
 		dir := filepath.Join(root, "sys/bus/pci/devices", busID)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -104,7 +109,7 @@ func TestDiscoverDGXA100(t *testing.T) {
 
 func TestMIGModeIsReported(t *testing.T) {
 	server, root := dgx(t)
-	server.Devices[2].(*dgxa100.Device).MigMode = lib.DEVICE_MIG_ENABLE
+	partition(t, server.Devices[2].(*dgxa100.Device)) // MIG mode, no GPU instances yet
 	gpus := discover(t, server, root)
 	for i, g := range gpus {
 		if got, want := *g.Attributes[v1alpha1.AttributeMIGEnabled].BoolValue, i == 2; got != want {

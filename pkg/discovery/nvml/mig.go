@@ -1,0 +1,202 @@
+package nvml
+
+import (
+	"fmt"
+
+	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// migInherited are the parent GPU's attributes a MIG device carries too, so that a
+// class selects MIG devices by the same keys as GPUs (product, driver, NUMA node).
+var migInherited = []string{
+	v1alpha1.AttributeProduct,
+	v1alpha1.AttributeArchitecture,
+	v1alpha1.AttributeComputeCapability,
+	v1alpha1.AttributeDriverVersion,
+	v1alpha1.AttributeCUDADriverVersion,
+	v1alpha1.AttributeNUMANode,
+	v1alpha1.AttributePCIAddress,
+}
+
+// migDevices describes the MIG devices of parent, the GPU described as gpu, when
+// it is in MIG mode. They are enumerated the way NVIDIA's k8s-device-plugin
+// does it (go-nvlib's VisitMigDevices): every index below GetMaxMigDeviceCount,
+// an empty slot answering NOT_FOUND or INVALID_ARGUMENT.
+//
+// A MIG device that cannot be enumerated or whose UUID cannot be read is left out,
+// and gpu is marked unhealthy with the reason: it cannot be published without a
+// name, and failing the whole discovery would hide every other device of the node,
+// when the likely cause is a repartition under way that the next resync sees
+// through. A MIG device that is named but not fully described is listed unhealthy,
+// as a GPU is.
+func (d *Discoverer) migDevices(parent lib.Device, gpu *v1alpha1.Device) []v1alpha1.Device {
+	if mig, ok := gpu.Attributes[v1alpha1.AttributeMIGEnabled]; !ok || !*mig.BoolValue {
+		return nil
+	}
+	var p problems
+	defer func() { p.report(gpu) }()
+	count, ret := parent.GetMaxMigDeviceCount()
+	if !p.check("MIG device count", ret) {
+		return nil
+	}
+	// Looked up once per GPU rather than per MIG device: every MIG device of a GPU
+	// draws on the same table.
+	profiles := gpuInstanceProfiles(parent)
+	var out []v1alpha1.Device
+	for i := range count {
+		handle, ret := parent.GetMigDeviceHandleByIndex(i)
+		if ret == lib.ERROR_NOT_FOUND || ret == lib.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+		what := fmt.Sprintf("MIG device %d", i)
+		if !p.check(what, ret) {
+			continue
+		}
+		mig, err := describeMIG(parent, handle, gpu, profiles)
+		if err != nil {
+			p.add(what, err.Error())
+			continue
+		}
+		out = append(out, mig)
+	}
+	return out
+}
+
+// describeMIG describes one MIG device of parent (described as gpu). It fails
+// only when the device cannot be named.
+func describeMIG(parent, handle lib.Device, gpu *v1alpha1.Device, profiles map[uint32]gpuInstanceProfile) (v1alpha1.Device, error) {
+	uuid, ret := handle.GetUUID()
+	if ret != lib.SUCCESS {
+		return v1alpha1.Device{}, fmt.Errorf("UUID: %s", ret.Error())
+	}
+	mig := v1alpha1.Device{ID: uuid, Kind: v1alpha1.DeviceKindNvidiaMIG, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
+	attrs := mig.Attributes
+	attrs[v1alpha1.AttributeParent] = v1alpha1.StringAttribute(gpu.ID)
+	for _, name := range migInherited {
+		if a, ok := gpu.Attributes[name]; ok {
+			attrs[name] = *a.DeepCopy()
+		}
+	}
+	var p problems
+	giID, ret := handle.GetGpuInstanceId()
+	haveGI := p.check("GPU instance id", ret)
+	if haveGI {
+		attrs[v1alpha1.AttributeGPUInstanceID] = v1alpha1.IntAttribute(int64(giID))
+	}
+	if ciID, ret := handle.GetComputeInstanceId(); p.check("compute instance id", ret) {
+		attrs[v1alpha1.AttributeComputeInstanceID] = v1alpha1.IntAttribute(int64(ciID))
+	}
+	if mem, ret := handle.GetMemoryInfo(); p.check("memory", ret) {
+		attrs[v1alpha1.AttributeMemory] = v1alpha1.QuantityAttribute(*resource.NewQuantity(int64(mem.Total), resource.BinarySI))
+	}
+	info, ret := handle.GetAttributes()
+	haveInfo := p.check("attributes", ret)
+	if haveInfo {
+		attrs[v1alpha1.AttributeMultiprocessors] = v1alpha1.IntAttribute(int64(info.MultiprocessorCount))
+	}
+	// The profile is named after the GPU's memory; without it (the GPU already
+	// says why) the name is left out.
+	gpuMemory, haveGPUMemory := gpu.Attributes[v1alpha1.AttributeMemory]
+	if haveGI && haveInfo && haveGPUMemory {
+		if name, err := migProfile(parent, giID, info.ComputeInstanceSliceCount, uint64(gpuMemory.QuantityValue.Value()), profiles); err != nil {
+			p.add("MIG profile", err.Error())
+		} else {
+			attrs[v1alpha1.AttributeMIGProfile] = v1alpha1.StringAttribute(name)
+		}
+	}
+	p.report(&mig)
+	return mig, nil
+}
+
+// gpuInstanceProfile is one GPU instance profile a GPU offers: index is its
+// GPU_INSTANCE_PROFILE_* constant, which tells the variants of a size apart (with
+// or without media extensions, say).
+type gpuInstanceProfile struct {
+	index int
+	info  lib.GpuInstanceProfileInfo
+}
+
+// gpuInstanceProfiles maps the profile ids of parent's GPU instance profiles
+// (what GpuInstanceInfo.ProfileId holds: 19 for 1g.5gb on an A100) to the
+// profiles. The id is not the GPU_INSTANCE_PROFILE_* index that
+// GetGpuInstanceProfileInfo takes, so every index is asked, as go-nvlib does; an
+// index the GPU does not offer answers NOT_SUPPORTED or INVALID_ARGUMENT.
+func gpuInstanceProfiles(parent lib.Device) map[uint32]gpuInstanceProfile {
+	profiles := map[uint32]gpuInstanceProfile{}
+	for i := range lib.GPU_INSTANCE_PROFILE_COUNT {
+		if info, ret := parent.GetGpuInstanceProfileInfo(i); ret == lib.SUCCESS {
+			profiles[info.Id] = gpuInstanceProfile{index: i, info: info}
+		}
+	}
+	return profiles
+}
+
+// migProfile names the profile of the MIG device in GPU instance giID of parent,
+// whose compute instance has ciSlices slices.
+func migProfile(parent lib.Device, giID int, ciSlices uint32, gpuMemory uint64, profiles map[uint32]gpuInstanceProfile) (string, error) {
+	gi, ret := parent.GetGpuInstanceById(giID)
+	if ret != lib.SUCCESS {
+		return "", fmt.Errorf("GPU instance %d: %s", giID, ret.Error())
+	}
+	giInfo, ret := gi.GetInfo()
+	if ret != lib.SUCCESS {
+		return "", fmt.Errorf("GPU instance %d info: %s", giID, ret.Error())
+	}
+	profile, ok := profiles[giInfo.ProfileId]
+	if !ok {
+		return "", fmt.Errorf("GPU instance %d has profile %d, which the GPU does not list", giID, giInfo.ProfileId)
+	}
+	return migProfileName(profile.index, profile.info.SliceCount, ciSlices, profile.info.MemorySizeMB, gpuMemory), nil
+}
+
+// migProfileSuffix marks the GPU instance profiles that share their slice count
+// and memory with another, as go-nvlib does.
+var migProfileSuffix = map[int]string{
+	lib.GPU_INSTANCE_PROFILE_1_SLICE_REV1:   "+me", // with media extensions
+	lib.GPU_INSTANCE_PROFILE_2_SLICE_REV1:   "+me",
+	lib.GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME: "+me.all",
+	lib.GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME: "+me.all",
+	lib.GPU_INSTANCE_PROFILE_1_SLICE_GFX:    "+gfx",
+	lib.GPU_INSTANCE_PROFILE_2_SLICE_GFX:    "+gfx",
+	lib.GPU_INSTANCE_PROFILE_4_SLICE_GFX:    "+gfx",
+	lib.GPU_INSTANCE_PROFILE_1_SLICE_NO_ME:  "-me",
+	lib.GPU_INSTANCE_PROFILE_2_SLICE_NO_ME:  "-me",
+}
+
+// migProfileName names a MIG profile as nvidia-smi, mig-parted and the
+// k8s-device-plugin do, so that a class written against their names ("1g.5gb",
+// "1c.3g.20gb", "1g.10gb+me") matches. The rule is go-nvlib's
+// (pkg/nvlib/device/mig_profile.go: MigProfileInfo.String and
+// getMigMemorySizeGB):
+//
+//   - "<g>g.<gb>gb", prefixed "<c>c." when the compute instance has fewer slices
+//     than its GPU instance, suffixed per migProfileSuffix;
+//   - gb is not the profile's memory rounded to GB: it is the profile's share of
+//     the GPU's memory, rounded up to eighths, times the GPU's memory in whole GiB
+//     (rounded up), rounded to the nearest. A 4864 MiB slice of a 40 GiB A100 is
+//     "5gb" either way, but 11008 MiB of a 95830 MiB GPU is 12gb by this rule
+//     where 11 by rounding up the MiB.
+//
+// The arithmetic is go-nvlib's, in integers so that no share that is a whole
+// number of eighths is rounded up by a float error.
+func migProfileName(profileIndex int, giSlices, ciSlices uint32, profileMB, gpuMemory uint64) string {
+	name := fmt.Sprintf("%dg.%dgb", giSlices, migMemoryGB(profileMB, gpuMemory))
+	if ciSlices != giSlices {
+		name = fmt.Sprintf("%dc.%s", ciSlices, name)
+	}
+	return name + migProfileSuffix[profileIndex]
+}
+
+// migMemoryGB is the "gb" of a profile's name; see migProfileName.
+func migMemoryGB(profileMB, gpuMemory uint64) uint64 {
+	const gib = 1 << 30
+	if gpuMemory == 0 {
+		return 0
+	}
+	eighths := (profileMB<<20*8 + gpuMemory - 1) / gpuMemory
+	gpuGiB := (gpuMemory + gib - 1) / gib
+	return (eighths*gpuGiB + 4) / 8
+}

@@ -1,0 +1,97 @@
+package nvml
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// addNVLinks gives each of gpus, which describe d.devices in order, its active
+// NVLink count (nvlinks) and the GPUs it reaches over them (nvlinkPeers), each
+// only when there are any.
+//
+// A link's far end is matched to one of this node's GPUs by PCI address. Any
+// other far end is taken to be an NVSwitch: the NVLink endpoints of the systems
+// NVIDIA ships are GPUs and NVSwitches (IBM POWER9's CPU links, long out of
+// support, would be misread). A switch gives every GPU attached to it a path to
+// every other, so the GPUs with a switch link are all peers of one another: a
+// node is taken to have one NVSwitch fabric, as HGX and DGX boards do. Peers are
+// this node's GPUs only; those a multi-node NVLink domain reaches on other nodes
+// are not devices here.
+func (d *Discoverer) addNVLinks(gpus []v1alpha1.Device) {
+	byAddress := map[string]string{}
+	for _, g := range gpus {
+		if a, ok := g.Attributes[v1alpha1.AttributePCIAddress]; ok {
+			byAddress[*a.StringValue] = g.ID
+		}
+	}
+	links := make([]nvlinks, len(gpus))
+	var switched []string
+	for i, dev := range d.devices {
+		var p problems
+		links[i] = readNVLinks(dev, byAddress, &p)
+		p.report(&gpus[i])
+		if links[i].toSwitch {
+			switched = append(switched, gpus[i].ID)
+		}
+	}
+	for i, l := range links {
+		if l.active == 0 {
+			continue
+		}
+		if l.toSwitch {
+			for _, id := range switched {
+				l.peers[id] = true
+			}
+		}
+		delete(l.peers, gpus[i].ID)
+		gpus[i].Attributes[v1alpha1.AttributeNVLinks] = v1alpha1.IntAttribute(int64(l.active))
+		if len(l.peers) > 0 {
+			peers := strings.Join(slices.Sorted(maps.Keys(l.peers)), ",")
+			gpus[i].Attributes[v1alpha1.AttributeNVLinkPeers] = v1alpha1.StringAttribute(peers)
+		}
+	}
+}
+
+// nvlinks is what one GPU's links reach.
+type nvlinks struct {
+	active   int
+	peers    map[string]bool // UUIDs of GPUs at the far end of a link
+	toSwitch bool            // a link ends at something that is not a GPU
+}
+
+// readNVLinks reads dev's links, byAddress naming this node's GPUs by PCI
+// address. NOT_SUPPORTED or INVALID_ARGUMENT for a link index means the GPU has
+// no such link: a GPU without NVLink answers so for every index, an A100 for
+// those past its twelfth. Neither is a problem.
+func readNVLinks(dev lib.Device, byAddress map[string]string, p *problems) nvlinks {
+	l := nvlinks{peers: map[string]bool{}}
+	for link := range lib.NVLINK_MAX_LINKS {
+		state, ret := dev.GetNvLinkState(link)
+		if ret == lib.ERROR_NOT_SUPPORTED || ret == lib.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+		if !p.check(fmt.Sprintf("NVLink %d", link), ret) || state != lib.FEATURE_ENABLED {
+			continue
+		}
+		l.active++
+		// A link whose far end cannot be read still counts; it names no peer.
+		remote, ret := dev.GetNvLinkRemotePciInfo(link)
+		if !p.check(fmt.Sprintf("NVLink %d remote", link), ret) {
+			continue
+		}
+		switch address := pciBusID(remote); {
+		case address == "":
+		case byAddress[address] != "":
+			l.peers[byAddress[address]] = true
+		default:
+			l.toSwitch = true
+		}
+	}
+	return l
+}
