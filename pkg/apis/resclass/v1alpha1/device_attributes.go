@@ -63,6 +63,7 @@ const (
 	AttributeSize              = "size"             // hugepage size (quantity)
 	AttributePagesTotal        = "pagesTotal"
 	AttributePagesFree         = "pagesFree"
+	AttributeResourceName      = "resourceName"      // the kubelet's native resource, e.g. "hugepages-1Gi"
 	AttributeParent            = "parent"            // a MIG device's GPU UUID
 	AttributeMIGProfile        = "migProfile"        // e.g. "1g.5gb"
 	AttributeGPUInstanceID     = "gpuInstanceID"     // MIG GPU instance
@@ -101,6 +102,7 @@ var WellKnownAttributes = map[string]AttributeType{
 	AttributeSize:              AttributeTypeQuantity,
 	AttributePagesTotal:        AttributeTypeInt,
 	AttributePagesFree:         AttributeTypeInt,
+	AttributeResourceName:      AttributeTypeString,
 	AttributeParent:            AttributeTypeString,
 	AttributeMIGProfile:        AttributeTypeString,
 	AttributeGPUInstanceID:     AttributeTypeInt,
