@@ -1,6 +1,6 @@
-// Package nodeagent is the resclass node agent's command line: discovery of the
-// node's devices and, as its issues land, publishing them and serving the kubelet
-// device-plugin API.
+// Package nodeagent is the resclass node agent: it discovers the node's devices,
+// watches their health and publishes them as the node's NodeDevices object and
+// labels; serving the kubelet device-plugin API lands with its issue.
 package nodeagent
 
 import (
@@ -14,25 +14,15 @@ import (
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
-	nicdiscovery "github.com/resclass/resclass/pkg/discovery/nic"
-	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
-)
-
-// Conditions, one per discovery source.
-const (
-	// ConditionNVML reports whether GPU discovery through NVML works on the node.
-	ConditionNVML = "NVMLAvailable"
-	// ConditionNICs reports whether NIC discovery works on the node.
-	ConditionNICs = "NICsDiscovered"
 )
 
 // NewCommand returns the node-agent command.
 func NewCommand() *cobra.Command {
+	o := serveOptions{}
 	cmd := &cobra.Command{
 		Use:   "node-agent",
 		Short: "Discover this node's devices and serve them to the kubelet per resource class",
@@ -41,13 +31,19 @@ NICs (PCI/sysfs) and hugepage pools (sysfs), publishes them as the NodeDevices
 object named after the node, and registers one kubelet device plugin per
 ResourceClass that selects at least one local device.
 
-Today it discovers GPUs and NICs ("node-agent discover"); hugepage pools,
-publishing and the device-plugin servers land with their issues.`,
+Without a subcommand it runs as the DaemonSet does: it waits for its Node,
+publishes NodeDevices (server-side apply, only when something changed) and the
+resclass.io/* node labels, watches GPU health (NVML XID and ECC events, with
+recovery) and NIC link state, and records an Event on the Node when a device
+becomes unhealthy or healthy again. The device-plugin servers land with their
+issue. "node-agent discover" prints the inventory without a cluster.`,
+		Args:         cobra.NoArgs,
 		SilenceUsage: true,
-		RunE: func(*cobra.Command, []string) error {
-			return errors.New("serving is not implemented yet; try `node-agent discover`")
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return o.run(cmd.Context())
 		},
 	}
+	o.addFlags(cmd)
 	cmd.AddCommand(newDiscoverCommand())
 	return cmd
 }
@@ -85,63 +81,18 @@ needs no cluster: run it first on a new node.
 	return cmd
 }
 
-// discover runs every source. A source that cannot run on this node is a
+// discover runs every source once. A source that cannot run on this node is a
 // condition, not an error: the other sources still report.
 func discover(o discoverOptions) v1alpha1.NodeDevicesStatus {
-	var status v1alpha1.NodeDevicesStatus
 	var opts []lib.LibraryOption
 	if o.nvmlLibrary != "" {
 		opts = append(opts, lib.WithLibraryPath(o.nvmlLibrary))
 	}
-	gpus, err := discoverGPUs(lib.New(opts...), o.hostRoot)
-	cond := metav1.Condition{Type: ConditionNVML, Status: metav1.ConditionTrue, Reason: "Discovered", Message: fmt.Sprintf("%d GPUs", len(gpus))}
-	switch {
-	case errors.Is(err, nvmldiscovery.ErrUnavailable):
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Unavailable", err.Error()
-	case err != nil:
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Failed", err.Error()
-	}
-	meta.SetStatusCondition(&status.Conditions, cond)
-	status.Devices = append(status.Devices, gpus...)
-
-	nics, err := nicdiscovery.Discover(nicdiscovery.Options{HostRoot: o.hostRoot, IncludeVirtual: o.includeVirtual})
-	cond = metav1.Condition{Type: ConditionNICs, Status: metav1.ConditionTrue, Reason: "Discovered", Message: fmt.Sprintf("%d NICs", len(nics))}
-	if err != nil {
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Failed", err.Error()
-	}
-	meta.SetStatusCondition(&status.Conditions, cond)
-	status.Devices = append(status.Devices, nics...)
-	sort.Slice(status.Devices, func(i, j int) bool { return status.Devices[i].ID < status.Devices[j].ID })
-	status.Summary = Summarize(status.Devices)
-	return status
-}
-
-func discoverGPUs(l lib.Interface, hostRoot string) ([]v1alpha1.Device, error) {
-	d, err := nvmldiscovery.Open(l, hostRoot)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = d.Close() }()
-	return d.Discover()
-}
-
-// Summarize counts devices by kind for NodeDevices' printer columns.
-func Summarize(devices []v1alpha1.Device) v1alpha1.DeviceSummary {
-	var s v1alpha1.DeviceSummary
-	for _, d := range devices {
-		switch d.Kind {
-		case v1alpha1.DeviceKindNvidiaGPU:
-			s.GPUs++
-		case v1alpha1.DeviceKindNIC:
-			s.NICs++
-		case v1alpha1.DeviceKindHugePages:
-			s.HugePagePools++
-		}
-		if !d.Healthy {
-			s.Unhealthy++
-		}
-	}
-	return s
+	s := openSources(sourceOptions{hostRoot: o.hostRoot, includeVirtual: o.includeVirtual, nvml: lib.New(opts...)})
+	defer s.close()
+	gpus, gpuCond := s.discoverGPUs()
+	host, hostConds := s.discoverHost()
+	return assemble(append(gpus, host...), append([]metav1.Condition{gpuCond}, hostConds...)...)
 }
 
 func write(w io.Writer, status v1alpha1.NodeDevicesStatus, format string) error {

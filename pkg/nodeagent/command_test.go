@@ -8,20 +8,23 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 )
 
 func mockStatus(t *testing.T) v1alpha1.NodeDevicesStatus {
 	t.Helper()
-	gpus, err := discoverGPUs(dgxa100.New(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
+	s := openSources(sourceOptions{nvml: nvmlmock.New(), hostRoot: t.TempDir()})
+	defer s.close()
+	gpus, cond := s.discoverGPUs()
+	if cond.Status != metav1.ConditionTrue || cond.Message != "8 GPUs" {
+		t.Fatalf("NVML condition %+v", cond)
 	}
-	return v1alpha1.NodeDevicesStatus{Devices: gpus, Summary: Summarize(gpus)}
+	return assemble(gpus)
 }
 
 func TestOutputFormats(t *testing.T) {
@@ -81,6 +84,13 @@ func TestDiscoverThisMachine(t *testing.T) {
 	}
 	if want := fmt.Sprintf("%d NICs", status.Summary.NICs); nics.Message != want {
 		t.Errorf("%s says %q, the summary counts %q", ConditionNICs, nics.Message, want)
+	}
+	hp := meta.FindStatusCondition(status.Conditions, ConditionHugePages)
+	if hp == nil || hp.Status != "True" {
+		t.Fatalf("%s condition: %+v", ConditionHugePages, hp)
+	}
+	if want := fmt.Sprintf("%d hugepage pools", status.Summary.HugePagePools); hp.Message != want {
+		t.Errorf("%s says %q, the summary counts %q", ConditionHugePages, hp.Message, want)
 	}
 }
 

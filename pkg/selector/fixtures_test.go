@@ -3,12 +3,12 @@ package selector
 import (
 	"testing"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 )
 
 // deviceBuilder builds v1alpha1.Devices for tests: dev("nic", "0000:3b:00.0").bw("speed", "100Gbps").obj().
@@ -85,7 +85,7 @@ var (
 // agent's GPU discovery does.
 func mockDGXA100GPUs(t testing.TB) []*deviceBuilder {
 	t.Helper()
-	d, err := nvmldiscovery.Open(dgxa100.New(), t.TempDir())
+	d, err := nvmldiscovery.Open(nvmlmock.New(), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

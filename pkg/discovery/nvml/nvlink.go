@@ -2,8 +2,8 @@ package nvml
 
 import (
 	"fmt"
-	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -25,7 +25,9 @@ import (
 // are not devices here.
 func (d *Discoverer) addNVLinks(gpus []v1alpha1.Device) {
 	byAddress := map[string]string{}
-	for _, g := range gpus {
+	index := map[string]int{} // d.devices were opened by NVML index
+	for i, g := range gpus {
+		index[g.ID] = i
 		if a, ok := g.Attributes[v1alpha1.AttributePCIAddress]; ok {
 			byAddress[*a.StringValue] = g.ID
 		}
@@ -52,8 +54,18 @@ func (d *Discoverer) addNVLinks(gpus []v1alpha1.Device) {
 		delete(l.peers, gpus[i].ID)
 		gpus[i].Attributes[v1alpha1.AttributeNVLinks] = v1alpha1.IntAttribute(int64(l.active))
 		if len(l.peers) > 0 {
-			peers := strings.Join(slices.Sorted(maps.Keys(l.peers)), ",")
-			gpus[i].Attributes[v1alpha1.AttributeNVLinkPeers] = v1alpha1.StringAttribute(peers)
+			// Peers by NVML index, as nvidia-smi topo shows them: UUIDs
+			// would outgrow an attribute's 256 characters at 7 peers.
+			indices := make([]int, 0, len(l.peers))
+			for id := range l.peers {
+				indices = append(indices, index[id])
+			}
+			slices.Sort(indices)
+			peers := make([]string, len(indices))
+			for j, n := range indices {
+				peers[j] = strconv.Itoa(n)
+			}
+			gpus[i].Attributes[v1alpha1.AttributeNVLinkPeers] = v1alpha1.StringAttribute(strings.Join(peers, ","))
 		}
 	}
 }

@@ -1,7 +1,7 @@
 package nvml
 
 import (
-	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -71,9 +71,8 @@ func TestNVLinkTopology(t *testing.T) {
 	uuids := func(indices ...int) string {
 		var ids []string
 		for _, i := range indices {
-			ids = append(ids, gpu(i).UUID)
+			ids = append(ids, strconv.Itoa(i))
 		}
-		sort.Strings(ids)
 		return strings.Join(ids, ",")
 	}
 	for _, tc := range []struct {

@@ -69,7 +69,7 @@ const (
 	AttributeGPUInstanceID     = "gpuInstanceID"     // MIG GPU instance
 	AttributeComputeInstanceID = "computeInstanceID" // MIG compute instance
 	AttributeMultiprocessors   = "multiprocessors"   // streaming multiprocessors
-	AttributeNVLinkPeers       = "nvlinkPeers"       // comma-separated UUIDs of GPUs reached over active NVLinks, sorted
+	AttributeNVLinkPeers       = "nvlinkPeers"       // comma-separated NVML indices of the GPUs reached over active NVLinks, ascending
 	AttributeNVLinks           = "nvlinks"           // number of active NVLinks
 )
 

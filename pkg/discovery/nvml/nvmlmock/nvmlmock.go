@@ -5,6 +5,7 @@
 package nvmlmock
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,7 +18,7 @@ import (
 )
 
 // Server is a DGX A100: 8 A100-SXM4-40GB GPUs, GPUs 0-3 on NUMA node 0 and 4-7
-// on node 1 (see WriteSysfs).
+// on node 1 (see WriteSysfs), all linked through NVSwitches, MIG disabled.
 type Server struct {
 	*dgxa100.Server
 
@@ -49,6 +50,18 @@ func New() *Server {
 			return lib.EventTypeXidCriticalError | lib.EventTypeDoubleBitEccError | lib.EventTypeSingleBitEccError, lib.SUCCESS
 		}
 		dev.RegisterEventsFunc = func(uint64, lib.EventSet) lib.Return { return lib.SUCCESS }
+		// A DGX A100's GPUs have 12 NVLinks each, two to each of six NVSwitches.
+		dev.GetNvLinkStateFunc = func(link int) (lib.EnableState, lib.Return) {
+			if link >= 12 {
+				return 0, lib.ERROR_INVALID_ARGUMENT
+			}
+			return lib.FEATURE_ENABLED, lib.SUCCESS
+		}
+		dev.GetNvLinkRemotePciInfoFunc = func(link int) (lib.PciInfo, lib.Return) {
+			var p lib.PciInfo
+			copy(p.BusId[:], fmt.Sprintf("00000000:%02X:00.0", 0xC0+link/2))
+			return p, lib.SUCCESS
+		}
 		memory := dev.MemoryInfo
 		dev.GetMemoryInfoFunc = func() (lib.Memory, lib.Return) {
 			if s.isLost(uuid) {

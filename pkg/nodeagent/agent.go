@@ -1,0 +1,288 @@
+package nodeagent
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"time"
+
+	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
+	kubeinformers "k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/client/informers/externalversions"
+	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/inventory"
+)
+
+// Config is what a running agent needs besides its clients.
+type Config struct {
+	// NodeName is the node the agent runs on (the pod's spec.nodeName).
+	NodeName string
+	// HostRoot is where the host's / is mounted ("/" when not in a container).
+	HostRoot string
+	// IncludeVirtualNICs also publishes interfaces without hardware behind them.
+	IncludeVirtualNICs bool
+	// NVML is the NVML library: lib.New() on a node, a mock in tests.
+	NVML lib.Interface
+	// PollInterval is how often NICs and hugepage pools are re-read (sysfs
+	// only: link state, free pages).
+	PollInterval time.Duration
+	// ResyncInterval is how often the GPUs are re-described through NVML and
+	// the published objects compared with the inventory, whatever else happens.
+	ResyncInterval time.Duration
+	// Health tunes the GPU health watcher.
+	Health nvmldiscovery.HealthOptions
+}
+
+// Agent discovers its node's devices and keeps the node's NodeDevices object and
+// labels in step with them.
+type Agent struct {
+	config   Config
+	resclass versioned.Interface
+	kube     kubernetes.Interface
+	metrics  *metrics
+	published
+}
+
+// New returns an agent; Run starts it.
+func New(config Config, resclass versioned.Interface, kube kubernetes.Interface) *Agent {
+	return newAgent(config, resclass, kube, nil)
+}
+
+func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Interface, m *metrics) *Agent {
+	if config.PollInterval <= 0 {
+		config.PollInterval = 10 * time.Second
+	}
+	if config.ResyncInterval <= 0 {
+		config.ResyncInterval = 5 * time.Minute
+	}
+	if m == nil {
+		m = newMetrics()
+	}
+	return &Agent{config: config, resclass: resclass, kube: kube, metrics: m}
+}
+
+// Run publishes the inventory until ctx ends. It waits for its Node to exist
+// (the agent may start before the kubelet registers it).
+//
+// What triggers a publish: a GPU health event (at once), the poll (NICs'
+// link state, free hugepages), the resync, and any change of the NodeDevices
+// object or the Node made by someone else — a deleted NodeDevices is
+// re-created within moments. Publishing writes only what differs from the
+// apiserver's copy, so the triggers cost reads, not writes.
+func (a *Agent) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithValues("node", a.config.NodeName)
+	ctx = klog.NewContext(ctx, logger)
+
+	var node *corev1.Node
+	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		node, err = a.kube.CoreV1().Nodes().Get(ctx, a.config.NodeName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			logger.Info("waiting for the Node to be registered")
+			return false, nil
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		return fmt.Errorf("getting Node %s: %w", a.config.NodeName, err)
+	}
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.kube.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "resclass-node-agent", Host: a.config.NodeName})
+
+	// Informers on this node's two objects only.
+	byName := func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.config.NodeName).String()
+	}
+	rf := externalversions.NewSharedInformerFactoryWithOptions(a.resclass, 0, externalversions.WithTweakListOptions(byName))
+	kf := kubeinformers.NewSharedInformerFactoryWithOptions(a.kube, 0, kubeinformers.WithTweakListOptions(byName))
+	ndLister := rf.Resclass().V1alpha1().NodeDevices().Lister()
+	nodeLister := kf.Core().V1().Nodes().Lister()
+	trigger := make(chan struct{}, 1)
+	kick := func() {
+		select {
+		case trigger <- struct{}{}:
+		default:
+		}
+	}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { kick() },
+		UpdateFunc: func(any, any) { kick() },
+		DeleteFunc: func(any) { kick() },
+	}
+	if _, err := rf.Resclass().V1alpha1().NodeDevices().Informer().AddEventHandler(handler); err != nil {
+		return err
+	}
+	if _, err := kf.Core().V1().Nodes().Informer().AddEventHandler(handler); err != nil {
+		return err
+	}
+	rf.Start(ctx.Done())
+	kf.Start(ctx.Done())
+	defer rf.Shutdown()
+	defer kf.Shutdown()
+	rf.WaitForCacheSync(ctx.Done())
+	kf.WaitForCacheSync(ctx.Done())
+
+	src := openSources(sourceOptions{hostRoot: a.config.HostRoot, includeVirtual: a.config.IncludeVirtualNICs, nvml: a.config.NVML})
+	defer src.close()
+	health := make(chan nvmldiscovery.HealthEvent, 16)
+	if src.gpus != nil {
+		go func() {
+			if err := src.gpus.WatchHealth(ctx, a.config.Health, func(e nvmldiscovery.HealthEvent) { health <- e }); err != nil {
+				logger.Error(err, "GPU health is not watched")
+			}
+		}()
+	}
+
+	pub := &inventory.Publisher{Resclass: a.resclass, Kube: a.kube, Node: node}
+	unhealthyGPUs := map[string]string{}
+	var (
+		gpus    []v1alpha1.Device
+		gpuCond metav1.Condition
+		prev    map[string]v1alpha1.Device
+	)
+	rediscoverGPUs := func() {
+		start := time.Now()
+		gpus, gpuCond = src.discoverGPUs()
+		a.metrics.discovery.WithLabelValues("nvml").Observe(time.Since(start).Seconds())
+	}
+	rediscoverGPUs()
+
+	poll := time.NewTicker(a.config.PollInterval)
+	defer poll.Stop()
+	resync := time.NewTicker(a.config.ResyncInterval)
+	defer resync.Stop()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	var retryAt time.Time
+	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Cap: time.Minute, Steps: 1 << 30}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e := <-health:
+			if e.Healthy {
+				delete(unhealthyGPUs, e.ID)
+			} else {
+				unhealthyGPUs[e.ID] = e.Reason
+			}
+		case <-resync.C:
+			rediscoverGPUs()
+		case <-poll.C:
+		case <-trigger:
+		case <-retry.C:
+		}
+
+		start := time.Now()
+		host, hostConds := src.discoverHost()
+		a.metrics.discovery.WithLabelValues("sysfs").Observe(time.Since(start).Seconds())
+		devices := append(cloneDevices(gpus), host...)
+		applyHealth(devices, unhealthyGPUs)
+		status := assemble(devices, append([]metav1.Condition{gpuCond}, hostConds...)...)
+		prev = a.reportHealth(ctx, recorder, node, prev, status.Devices)
+		a.metrics.observe(status.Devices)
+
+		// After a failed publish, polls and events wait for the retry: an
+		// apiserver that refuses the inventory is not asked again at poll rate.
+		if time.Now().Before(retryAt) {
+			continue
+		}
+		if err := a.publish(ctx, pub, ndLister, nodeLister, status); err != nil {
+			delay := backoff.Step()
+			logger.Error(err, "publishing the inventory", "retryIn", delay)
+			a.metrics.publishes.WithLabelValues("error").Inc()
+			retryAt = time.Now().Add(delay)
+			retry.Reset(delay)
+			continue
+		}
+		backoff.Duration, retryAt = time.Second, time.Time{}
+		a.published.Store(true)
+	}
+}
+
+func (a *Agent) publish(ctx context.Context, pub *inventory.Publisher, nds interface {
+	Get(string) (*v1alpha1.NodeDevices, error)
+}, nodes interface {
+	Get(string) (*corev1.Node, error)
+}, status v1alpha1.NodeDevicesStatus) error {
+	logger := klog.FromContext(ctx)
+	current, err := nds.Get(a.config.NodeName)
+	if apierrors.IsNotFound(err) {
+		current = nil
+	} else if err != nil {
+		return err
+	}
+	node, err := nodes.Get(a.config.NodeName)
+	if err != nil {
+		return fmt.Errorf("Node %s: %w", a.config.NodeName, err)
+	}
+	if node.UID != pub.Node.UID {
+		// The Node was deleted and registered again: own the inventory by
+		// the new one, or the garbage collector deletes it.
+		logger.Info("Node re-created; re-owning NodeDevices", "uid", node.UID)
+		pub.Node = node
+	}
+	wrote, err := pub.Publish(ctx, current, status)
+	if err != nil {
+		return err
+	}
+	result := "unchanged"
+	if wrote {
+		result = "written"
+		logger.V(2).Info("published NodeDevices", "devices", len(status.Devices), "unhealthy", status.Summary.Unhealthy)
+	}
+	a.metrics.publishes.WithLabelValues(result).Inc()
+	if _, err := pub.PublishLabels(ctx, node, inventory.NodeLabels(status.Devices)); err != nil {
+		return err
+	}
+	return nil
+}
+
+// reportHealth records an Event on the Node for each device whose health
+// changed since prev, and returns the devices by id for the next call. The
+// first call (prev nil) reports the devices that start unhealthy.
+func (a *Agent) reportHealth(ctx context.Context, recorder record.EventRecorder, node *corev1.Node, prev map[string]v1alpha1.Device, devices []v1alpha1.Device) map[string]v1alpha1.Device {
+	logger := klog.FromContext(ctx)
+	next := make(map[string]v1alpha1.Device, len(devices))
+	for _, d := range devices {
+		next[d.ID] = d
+		old, known := prev[d.ID]
+		switch {
+		case !d.Healthy && (!known || old.Healthy || old.Reason != d.Reason):
+			logger.Info("device unhealthy", "device", d.ID, "kind", d.Kind, "reason", d.Reason)
+			recorder.Eventf(node, corev1.EventTypeWarning, "DeviceUnhealthy", "%s %s is unhealthy: %s", d.Kind, d.ID, d.Reason)
+			a.metrics.transitions.WithLabelValues(d.Kind, "unhealthy").Inc()
+		case d.Healthy && known && !old.Healthy:
+			logger.Info("device healthy again", "device", d.ID, "kind", d.Kind)
+			recorder.Eventf(node, corev1.EventTypeNormal, "DeviceHealthy", "%s %s is healthy again", d.Kind, d.ID)
+			a.metrics.transitions.WithLabelValues(d.Kind, "healthy").Inc()
+		}
+	}
+	return next
+}
+
+// cloneDevices copies devices deeply enough for applyHealth to mark the copy.
+func cloneDevices(devices []v1alpha1.Device) []v1alpha1.Device {
+	out := make([]v1alpha1.Device, len(devices))
+	for i, d := range devices {
+		d.Attributes = maps.Clone(d.Attributes)
+		out[i] = d
+	}
+	return out
+}

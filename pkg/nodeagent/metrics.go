@@ -1,0 +1,56 @@
+package nodeagent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// metrics are the agent's Prometheus metrics, in a registry of its own (plus the
+// Go and process collectors), served on --metrics-bind-address.
+type metrics struct {
+	registry    *prometheus.Registry
+	devices     *prometheus.GaugeVec
+	publishes   *prometheus.CounterVec
+	transitions *prometheus.CounterVec
+	discovery   *prometheus.HistogramVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		devices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "resclass_node_agent_devices",
+			Help: "Devices the node agent publishes, by kind and health.",
+		}, []string{"kind", "healthy"}),
+		publishes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "resclass_node_agent_publishes_total",
+			Help: "Inventory publish attempts by result: written (the apiserver's copy differed), unchanged (no write needed) or error.",
+		}, []string{"result"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "resclass_node_agent_health_transitions_total",
+			Help: "Device health changes by kind and the state entered (unhealthy, healthy).",
+		}, []string{"kind", "to"}),
+		discovery: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "resclass_node_agent_discovery_duration_seconds",
+			Help:    "Time one discovery pass takes, by source: nvml (GPUs, MIG, NVLink) or sysfs (NICs, hugepages).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}, []string{"source"}),
+	}
+	m.registry.MustRegister(m.devices, m.publishes, m.transitions, m.discovery,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// observe sets the device gauges to the inventory.
+func (m *metrics) observe(devices []v1alpha1.Device) {
+	m.devices.Reset()
+	for _, d := range devices {
+		healthy := "true"
+		if !d.Healthy {
+			healthy = "false"
+		}
+		m.devices.WithLabelValues(d.Kind, healthy).Inc()
+	}
+}

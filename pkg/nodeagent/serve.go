@@ -1,0 +1,132 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+)
+
+type serveOptions struct {
+	nodeName       string
+	kubeconfig     string
+	hostRoot       string
+	nvmlLibrary    string
+	includeVirtual bool
+	poll           time.Duration
+	resync         time.Duration
+	recoveryAfter  time.Duration
+	ignoredXIDs    []uint
+	metricsAddress string
+}
+
+func (o *serveOptions) addFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "the node this agent runs on; the DaemonSet sets NODE_NAME from spec.nodeName (default $NODE_NAME)")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the pod's service account (in-cluster)")
+	f.StringVar(&o.hostRoot, "host-root", "/", "where the host's root filesystem is mounted; sysfs is read below it")
+	f.StringVar(&o.nvmlLibrary, "nvml-library", "", "path of libnvidia-ml.so.1 (default: the dynamic linker's search path)")
+	f.BoolVar(&o.includeVirtual, "include-virtual-nics", false, "also publish interfaces without hardware behind them (loopback, veth, bridges)")
+	f.DurationVar(&o.poll, "poll-interval", 10*time.Second, "how often NIC link state and free hugepages are re-read from sysfs (cheap: no NVML, and nothing is written unless something changed)")
+	f.DurationVar(&o.resync, "resync-interval", 5*time.Minute, "how often GPUs are re-described through NVML (MIG layout, NVLinks) and the published objects re-checked")
+	f.DurationVar(&o.recoveryAfter, "gpu-recovery-after", 5*time.Minute, "how long an unhealthy GPU must go without a critical NVML event, answering NVML with no page retirement or row remapping pending, before it is healthy again")
+	f.UintSliceVar(&o.ignoredXIDs, "ignored-xids", nil, "XIDs to treat as application errors in addition to the built-in list (13, 31, 43, 45, 68, 109), e.g. --ignored-xids=94,95")
+	f.StringVar(&o.metricsAddress, "metrics-bind-address", ":9420", "address of the /metrics, /healthz and /readyz endpoint; \"0\" turns it off")
+}
+
+func (o *serveOptions) run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	if o.nodeName == "" {
+		return errors.New("--node-name (or NODE_NAME) is required: the node this agent runs on")
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = o.kubeconfig
+	config, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return fmt.Errorf("client configuration: %w", err)
+	}
+	config.UserAgent = "resclass-node-agent/" + o.nodeName
+	resclass, err := versioned.NewForConfig(config)
+	if err != nil {
+		return err
+	}
+	kube, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return err
+	}
+
+	var libOpts []lib.LibraryOption
+	if o.nvmlLibrary != "" {
+		libOpts = append(libOpts, lib.WithLibraryPath(o.nvmlLibrary))
+	}
+	xids := make([]uint64, len(o.ignoredXIDs))
+	for i, x := range o.ignoredXIDs {
+		xids[i] = uint64(x)
+	}
+	cfg := Config{
+		NodeName:           o.nodeName,
+		HostRoot:           o.hostRoot,
+		IncludeVirtualNICs: o.includeVirtual,
+		NVML:               lib.New(libOpts...),
+		PollInterval:       o.poll,
+		ResyncInterval:     o.resync,
+	}
+	cfg.Health.RecoveryAfter, cfg.Health.IgnoredXIDs = o.recoveryAfter, xids
+	m := newMetrics()
+	agent := newAgent(cfg, resclass, kube, m)
+
+	if o.metricsAddress != "0" {
+		srv, err := serveMetrics(ctx, o.metricsAddress, m, agent)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = srv.Close() }()
+		logger.Info("serving metrics", "address", srv.Addr)
+	}
+	return agent.Run(ctx)
+}
+
+// serveMetrics serves /metrics, /healthz (the process is up) and /readyz (the
+// inventory was published at least once).
+func serveMetrics(ctx context.Context, address string, m *metrics, a *Agent) (*http.Server, error) {
+	ln, err := net.Listen("tcp", address)
+	if err != nil {
+		return nil, fmt.Errorf("metrics endpoint: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !a.Published() {
+			http.Error(w, "inventory not published yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "metrics endpoint stopped")
+		}
+	}()
+	return srv, nil
+}
+
+// published is set once the inventory has been published.
+type published struct{ atomic.Bool }
+
+// Published says whether the agent has published its inventory at least once.
+func (a *Agent) Published() bool { return a.published.Load() }
