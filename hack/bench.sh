@@ -9,6 +9,12 @@
 # the same run; every sibling gets a ratio line, ours / baseline in ns/op, so a
 # ratio below 1 means faster than the baseline.
 #
+# A benchmark that measures something other than time suppresses ns/op
+# (b.ReportMetric(0, "ns/op")); its siblings then get one ratio line per custom
+# unit that both report (B/op, allocs/op and MB/s aside), with the unit:
+#
+#   bench: NAME-ratio R UNIT
+#
 #   hack/bench.sh               every benchmark
 #   hack/bench.sh SelectorMatch one benchmark (with its sub-benchmarks)
 set -euo pipefail
@@ -33,6 +39,7 @@ awk '
   for (i = 3; i < NF; i += 2) {
     printf "bench: %s %s %s\n", n, $i, $(i+1)
     if ($(i+1) == "ns/op") ns[n] = $i
+    else if ($(i+1) !~ /^(B\/op|allocs\/op|MB\/s)$/) { units[n] = units[n] " " $(i+1); val[n, $(i+1)] = $i }
   }
   order[++count] = n
 }
@@ -42,8 +49,15 @@ END {
     if (parent == n || n ~ /\/baseline-/) continue
     for (j = 1; j <= count; j++) {
       b = order[j]
-      if (index(b, parent "/baseline-") == 1 && ns[b] > 0)
+      if (index(b, parent "/baseline-") != 1) continue
+      if (ns[b] > 0) {
         printf "bench: %s-ratio %.4f\n", n, ns[n] / ns[b]
+        continue
+      }
+      m = split(units[b], u, " ")
+      for (i = 1; i <= m; i++)
+        if ((n, u[i]) in val && val[b, u[i]] > 0)
+          printf "bench: %s-ratio %.4f %s\n", n, val[n, u[i]] / val[b, u[i]], u[i]
     }
   }
 }' "$raw"
