@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"sync/atomic"
 	"time"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -54,7 +55,8 @@ type Agent struct {
 	resclass versioned.Interface
 	kube     kubernetes.Interface
 	metrics  *metrics
-	published
+	// published is set once the inventory has been published (for /readyz).
+	published atomic.Bool
 }
 
 // New returns an agent; Run starts it.
@@ -230,7 +232,7 @@ func (a *Agent) publish(ctx context.Context, pub *inventory.Publisher, nds inter
 	}
 	node, err := nodes.Get(a.config.NodeName)
 	if err != nil {
-		return fmt.Errorf("Node %s: %w", a.config.NodeName, err)
+		return fmt.Errorf("getting Node %s: %w", a.config.NodeName, err)
 	}
 	if node.UID != pub.Node.UID {
 		// The Node was deleted and registered again: own the inventory by

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync/atomic"
 	"time"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -124,9 +123,6 @@ func serveMetrics(ctx context.Context, address string, m *metrics, a *Agent) (*h
 	}()
 	return srv, nil
 }
-
-// published is set once the inventory has been published.
-type published struct{ atomic.Bool }
 
 // Published says whether the agent has published its inventory at least once.
 func (a *Agent) Published() bool { return a.published.Load() }
