@@ -51,7 +51,7 @@ e2e-binaries:
 	@hack/build-e2e-binaries.sh "$(K8S_VERSION_LDFLAGS)"
 
 .PHONY: bench
-bench:
+bench: e2e-binaries
 	hack/bench.sh $(BENCH)
 
 # DEMO_KEEP=1 keeps the cluster up for kubectl until Ctrl-C. The demo needs no

@@ -135,7 +135,7 @@ func measureRSS(b *testing.B, settle time.Duration, ready wait.ConditionWithCont
 		err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 			select {
 			case <-exited:
-				return false, fmt.Errorf("exited: %v", waitErr)
+				return false, fmt.Errorf("exited: %w", waitErr)
 			default:
 			}
 			return ready(ctx)
