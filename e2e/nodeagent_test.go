@@ -133,21 +133,30 @@ func TestNodeAgents(t *testing.T) {
 		nd := waitNodeDevices(t, ctx, rc, name, func(nd *v1alpha1.NodeDevices) bool {
 			return nd.Status.Summary == summary
 		})
-		node, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		// The labels follow the NodeDevices write.
+		wantLabels := inventory.NodeLabels(nd.Status.Devices)
+		var node *corev1.Node
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			var err error
+			node, err = cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			for k, v := range wantLabels {
+				if node.Labels[k] != v {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: labels %v, want %v: %v", name, node.Labels, wantLabels, err)
 		}
 		if len(nd.OwnerReferences) != 1 || nd.OwnerReferences[0].UID != node.UID || nd.OwnerReferences[0].Kind != "Node" {
 			t.Errorf("%s: ownerReferences %+v, want the Node %s", name, nd.OwnerReferences, node.UID)
 		}
 		if node.Labels["team"] != "e2e" {
 			t.Errorf("%s: the agent touched a label it does not own: %v", name, node.Labels)
-		}
-		wantLabels := inventory.NodeLabels(nd.Status.Devices)
-		for k, v := range wantLabels {
-			if node.Labels[k] != v {
-				t.Errorf("%s: label %s=%q, want %q", name, k, node.Labels[k], v)
-			}
 		}
 		t.Logf("%s: %+v, labels %v", name, nd.Status.Summary, wantLabels)
 	}
