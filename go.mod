@@ -41,6 +41,7 @@ require (
 	github.com/NVIDIA/go-nvml v0.13.0-1
 	github.com/google/go-cmp v0.7.0
 	github.com/jaypipes/ghw v0.26.0
+	github.com/jaypipes/pcidb v1.1.1
 	github.com/prometheus/client_golang v1.23.2
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/sys v0.40.0
@@ -119,7 +120,6 @@ require (
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.3 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.27.7 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	github.com/jaypipes/pcidb v1.1.1 // indirect
 	github.com/jonboulle/clockwork v0.5.0 // indirect
 	github.com/josharian/intern v1.0.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect

@@ -15,8 +15,10 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jaypipes/ghw"
+	"github.com/jaypipes/pcidb"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/discovery/sysfs"
@@ -46,18 +48,50 @@ func Discover(opts Options) ([]v1alpha1.Device, error) {
 		return nil, fmt.Errorf("listing network interfaces: %w", err)
 	}
 	classNet := filepath.Join(root, "sys/class/net")
+	db := loadPCIDB(root)
 	var out []v1alpha1.Device
 	for _, n := range info.NICs {
 		if n.IsVirtual && !opts.IncludeVirtual {
 			continue
 		}
-		out = append(out, describe(classNet, n))
+		out = append(out, describe(classNet, db, n))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
 }
 
-func describe(classNet string, n *ghw.NIC) v1alpha1.Device {
+// pciIDsPaths are where distributions install the pci.ids database, in pcidb's
+// order of preference.
+var pciIDsPaths = []string{
+	"usr/share/hwdata/pci.ids",
+	"usr/share/misc/pci.ids",
+	"usr/share/hwdata/pci.ids.gz",
+	"usr/share/misc/pci.ids.gz",
+}
+
+// loadPCIDB reads the host's pci.ids, or returns nil when the host has none or it
+// cannot be read: names are then left out. We pick the file ourselves rather than
+// with pcidb.WithChroot because pcidb v1.1.1 looks in $HOME/.cache/pci.ids first
+// (and ignores WithCachePath), which would describe the agent's container rather
+// than the host; and pcidb must never fetch from the network, whatever
+// PCIDB_ENABLE_NETWORK_FETCH says.
+func loadPCIDB(root string) *pcidb.DB {
+	noFetch := false
+	for _, p := range pciIDsPaths {
+		path := filepath.Join(root, p)
+		if _, err := os.Stat(path); err != nil {
+			continue
+		}
+		db, err := pcidb.New(pcidb.WithPath(path), &pcidb.WithOption{EnableNetworkFetch: &noFetch})
+		if err != nil {
+			return nil
+		}
+		return db
+	}
+	return nil
+}
+
+func describe(classNet string, db *pcidb.DB, n *ghw.NIC) v1alpha1.Device {
 	netDir := filepath.Join(classNet, n.Name)
 	devDir := filepath.Join(netDir, "device")
 	d := v1alpha1.Device{Kind: v1alpha1.DeviceKindNIC, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
@@ -108,11 +142,21 @@ func describe(classNet string, n *ghw.NIC) v1alpha1.Device {
 	if numa, ok := sysfs.ReadInt(filepath.Join(pciDir, "numa_node")); ok && numa >= 0 {
 		a[v1alpha1.AttributeNUMANode] = v1alpha1.IntAttribute(numa)
 	}
-	if v := strings.TrimPrefix(sysfs.ReadString(filepath.Join(pciDir, "vendor")), "0x"); v != "" {
-		a[v1alpha1.AttributeVendorID] = v1alpha1.StringAttribute(v)
+	vendorID := strings.TrimPrefix(sysfs.ReadString(filepath.Join(pciDir, "vendor")), "0x")
+	deviceID := strings.TrimPrefix(sysfs.ReadString(filepath.Join(pciDir, "device")), "0x")
+	if vendorID != "" {
+		a[v1alpha1.AttributeVendorID] = v1alpha1.StringAttribute(vendorID)
 	}
-	if v := strings.TrimPrefix(sysfs.ReadString(filepath.Join(pciDir, "device")), "0x"); v != "" {
-		a[v1alpha1.AttributeDeviceID] = v1alpha1.StringAttribute(v)
+	if deviceID != "" {
+		a[v1alpha1.AttributeDeviceID] = v1alpha1.StringAttribute(deviceID)
+	}
+	if db != nil && vendorID != "" {
+		if v, ok := db.Vendors[vendorID]; ok {
+			setName(a, v1alpha1.AttributeVendor, v.Name)
+		}
+		if p, ok := db.Products[vendorID+deviceID]; ok && deviceID != "" {
+			setName(a, v1alpha1.AttributeProduct, p.Name)
+		}
 	}
 	if vfs, ok := sysfs.ReadInt(filepath.Join(pciDir, "sriov_totalvfs")); ok {
 		a[v1alpha1.AttributeSRIOVTotalVFs] = v1alpha1.IntAttribute(vfs)
@@ -124,6 +168,25 @@ func describe(classNet string, n *ghw.NIC) v1alpha1.Device {
 		a[v1alpha1.AttributePhysicalFunction] = v1alpha1.StringAttribute(filepath.Base(pf))
 	}
 	return d
+}
+
+// maxStringAttribute is the API's limit on a string attribute, in bytes.
+const maxStringAttribute = 256
+
+// setName publishes a name from pci.ids, trimmed and cut to the API's limit on a
+// rune boundary.
+func setName(a map[string]v1alpha1.DeviceAttribute, attr, name string) {
+	name = strings.TrimSpace(name)
+	if len(name) > maxStringAttribute {
+		cut := maxStringAttribute
+		for cut > 0 && !utf8.RuneStart(name[cut]) {
+			cut--
+		}
+		name = strings.TrimSpace(name[:cut])
+	}
+	if name != "" {
+		a[attr] = v1alpha1.StringAttribute(name)
+	}
 }
 
 // pciAncestor returns the directory of the nearest PCI device at or above the net

@@ -4,7 +4,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -171,5 +173,85 @@ func TestDiscoverFixture(t *testing.T) {
 	}
 	if len(all) != 4 || all[3].ID != "virtual:veth0" || str(all[3], "pciAddress") != "<none>" || str(all[3], "speed") != "10Gbps" {
 		t.Errorf("with virtual interfaces: %d devices, last %+v", len(all), all[len(all)-1])
+	}
+}
+
+// pciIDs is an excerpt of pci.ids in its real format: a vendor line, then its
+// devices indented by a tab and subsystems by two.
+const pciIDs = `# excerpt of pci.ids
+15b3  Mellanox Technologies
+	1017  MT27800 Family [ConnectX-5]
+	101b  MT28908 Family [ConnectX-6]
+		15b3 0006  ConnectX-6 VPI adapter card
+1af4  Red Hat, Inc.
+`
+
+func TestDiscoverPCINames(t *testing.T) {
+	for _, tc := range []struct {
+		name                        string
+		pciIDs                      string // path under the host root, "" for none
+		pfVendor, pfProduct         string
+		virtioVendor, virtioProduct string
+	}{
+		{name: "hwdata", pciIDs: "usr/share/hwdata/pci.ids", pfVendor: "Mellanox Technologies", pfProduct: "MT28908 Family [ConnectX-6]",
+			// 1af4:1000 is not in the excerpt: the vendor name alone.
+			virtioVendor: "Red Hat, Inc.", virtioProduct: "<none>"},
+		{name: "misc", pciIDs: "usr/share/misc/pci.ids", pfVendor: "Mellanox Technologies", pfProduct: "MT28908 Family [ConnectX-6]",
+			virtioVendor: "Red Hat, Inc.", virtioProduct: "<none>"},
+		{name: "no database", pfVendor: "<none>", pfProduct: "<none>", virtioVendor: "<none>", virtioProduct: "<none>"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := fixture(t)
+			pf := filepath.Join(root, "sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0")
+			if err := os.WriteFile(filepath.Join(pf, "device"), []byte("0x101b\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if tc.pciIDs != "" {
+				p := filepath.Join(root, tc.pciIDs)
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, []byte(pciIDs), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			devs, err := Discover(Options{HostRoot: root})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(devs) != 3 || devs[1].ID != "0000:3b:00.0" || devs[0].ID != "0000:00:03.0" {
+				t.Fatalf("devices %v", devs)
+			}
+			for _, c := range []struct {
+				dev        v1alpha1.Device
+				name, want string
+			}{
+				{devs[1], "vendor", tc.pfVendor},
+				{devs[1], "product", tc.pfProduct},
+				{devs[0], "vendor", tc.virtioVendor},
+				{devs[0], "product", tc.virtioProduct},
+			} {
+				if got := str(c.dev, c.name); got != c.want {
+					t.Errorf("%s %s = %q, want %q", c.dev.ID, c.name, got, c.want)
+				}
+			}
+			if !devs[1].Healthy {
+				t.Errorf("PF unhealthy: %s", devs[1].Reason)
+			}
+		})
+	}
+}
+
+func TestSetNameCutsOnRuneBoundary(t *testing.T) {
+	a := map[string]v1alpha1.DeviceAttribute{}
+	// 255 bytes of ASCII then a 3-byte rune straddling the limit.
+	setName(a, "product", "  "+strings.Repeat("x", 255)+"€tail  ")
+	got := a["product"].String()
+	if len(got) != 255 || !utf8.ValidString(got) {
+		t.Errorf("cut to %d bytes (valid UTF-8: %v), want 255", len(got), utf8.ValidString(got))
+	}
+	setName(a, "vendor", "   ")
+	if _, ok := a["vendor"]; ok {
+		t.Error("blank name published")
 	}
 }
