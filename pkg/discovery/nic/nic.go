@@ -15,6 +15,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jaypipes/ghw"
@@ -76,19 +78,45 @@ var pciIDsPaths = []string{
 // than the host; and pcidb must never fetch from the network, whatever
 // PCIDB_ENABLE_NETWORK_FETCH says.
 func loadPCIDB(root string) *pcidb.DB {
-	noFetch := false
 	for _, p := range pciIDsPaths {
 		path := filepath.Join(root, p)
-		if _, err := os.Stat(path); err != nil {
+		info, err := os.Stat(path)
+		if err != nil {
 			continue
 		}
-		db, err := pcidb.New(pcidb.WithPath(path), &pcidb.WithOption{EnableNetworkFetch: &noFetch})
-		if err != nil {
-			return nil
-		}
-		return db
+		return pciDBCache.load(path, info)
 	}
 	return nil
+}
+
+// pciDBCache keeps the last database parsed: pci.ids is over a megabyte, and
+// the agent re-reads its NICs at every poll, while the file changes only when
+// the host's hwdata package is updated.
+var pciDBCache pciDBs
+
+type pciDBs struct {
+	mu      sync.Mutex
+	path    string
+	modTime time.Time
+	size    int64
+	db      *pcidb.DB
+}
+
+// load returns the database in path, parsing it again only when the file is
+// another one or has changed; nil if it cannot be parsed.
+func (c *pciDBs) load(path string, info os.FileInfo) *pcidb.DB {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.path == path && c.modTime.Equal(info.ModTime()) && c.size == info.Size() {
+		return c.db
+	}
+	noFetch := false
+	db, err := pcidb.New(pcidb.WithPath(path), &pcidb.WithOption{EnableNetworkFetch: &noFetch})
+	if err != nil {
+		db = nil
+	}
+	c.path, c.modTime, c.size, c.db = path, info.ModTime(), info.Size(), db
+	return db
 }
 
 func describe(classNet string, db *pcidb.DB, n *ghw.NIC) v1alpha1.Device {
