@@ -364,7 +364,9 @@ func TestThisMachine(t *testing.T) {
 		if len(devs) != 0 {
 			t.Errorf("no /%s, yet pools %v", mm, ids(devs))
 		}
-		t.Skipf("no /%s: this kernel has no hugetlbfs", mm)
+		// A kernel without hugetlbfs: no pools is the whole answer.
+		t.Logf("no /%s: this kernel has no hugetlbfs, and no pools were reported", mm)
+		return
 	}
 	if err != nil {
 		t.Fatal(err)
