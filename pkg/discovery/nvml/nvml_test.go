@@ -2,8 +2,6 @@ package nvml
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -12,40 +10,25 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 )
 
-// dgx returns go-nvml's DGX A100 mock with the PCI bus ids its devices have but its
-// GetPciInfo does not report, and a sysfs tree under root that puts GPUs 0-3 on NUMA
-// node 0 and 4-7 on node 1.
+// dgx returns the DGX A100 mock of nvmlmock (PCI bus ids, GPUs 0-3 on NUMA node 0
+// and 4-7 on node 1 in a sysfs tree under root) with NVLink answered as NVML does
+// for a GPU without any: nvlink_test.go wires its own topologies.
 func dgx(t *testing.T) (*dgxa100.Server, string) {
 	t.Helper()
-	server := dgxa100.New()
+	server := nvmlmock.New()
 	root := t.TempDir()
-	for i, d := range server.Devices {
-		dev := d.(*dgxa100.Device)
-		busID := dev.PciBusID
-		dev.GetPciInfoFunc = func() (lib.PciInfo, lib.Return) {
-			var p lib.PciInfo
-			// NVML's form: an 8-digit domain, upper case.
-			for j, c := range "0000" + strings.ToUpper(busID) {
-				p.BusId[j] = uint8(c)
-			}
-			return p, lib.SUCCESS
-		}
-		// The mock has no NVLink and panics when asked: answer as NVML does for a
-		// GPU without any. nvlink_test.go wires topologies.
-		dev.GetNvLinkStateFunc = func(int) (lib.EnableState, lib.Return) {
+	if err := server.WriteSysfs(root); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range server.Devices {
+		d.(*dgxa100.Device).GetNvLinkStateFunc = func(int) (lib.EnableState, lib.Return) {
 			return lib.FEATURE_DISABLED, lib.ERROR_NOT_SUPPORTED
 		}
-		dir := filepath.Join(root, "sys/bus/pci/devices", busID)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte([]string{"0\n", "1\n"}[i/4]), 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
-	return server, root
+	return server.Server, root
 }
 
 // discover opens NVML on server and describes its GPUs.
