@@ -68,7 +68,7 @@ func TestNodeAgents(t *testing.T) {
 	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
 		t.Fatal(err)
 	}
-	rc, err := versioned.NewForConfig(cluster.Config)
+	rc, err := cluster.Resclass()
 	if err != nil {
 		t.Fatal(err)
 	}

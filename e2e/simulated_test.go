@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resclass/resclass/e2e/framework"
-	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
 
 // TestSimulatedNodes: kwok nodes become Ready with the NodeDevices of their
@@ -29,8 +28,8 @@ func TestSimulatedNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nd := &v1alpha1.NodeDevices{}
-	if err := rc.Get().Resource("nodedevices").Name(names[7]).Do(ctx).Into(nd); err != nil {
+	nd, err := rc.ResclassV1alpha1().NodeDevices().Get(ctx, names[7], metav1.GetOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if nd.Status.Summary.GPUs != 8 || len(nd.Status.Devices) != 12 {
@@ -60,7 +59,7 @@ func TestSimulatedNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	poll(t, ctx, 60*time.Second, "NodeDevices of the deleted node garbage-collected", func(ctx context.Context) (bool, error) {
-		err := rc.Get().Resource("nodedevices").Name(names[0]).Do(ctx).Error()
+		_, err := rc.ResclassV1alpha1().NodeDevices().Get(ctx, names[0], metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
 }

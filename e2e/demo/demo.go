@@ -237,7 +237,7 @@ func createClasses(ctx context.Context, p *printer, c *framework.Cluster, path s
 		if err := yaml.UnmarshalStrict(doc, &obj); err != nil {
 			return err
 		}
-		if err := rc.Post().Resource("resourceclasses").Body(&obj).Do(ctx).Error(); err != nil {
+		if _, err := rc.ResclassV1alpha1().ResourceClasses().Create(ctx, &obj, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("creating ResourceClass %s: %w", obj.Name, err)
 		}
 	}
@@ -247,19 +247,19 @@ func createClasses(ctx context.Context, p *printer, c *framework.Cluster, path s
 			{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"30G", "40G"}},
 		}}}},
 	}
-	err = rc.Post().Resource("resourceclasses").Body(broken).Do(ctx).Error()
+	_, err = rc.ResclassV1alpha1().ResourceClasses().Create(ctx, broken, metav1.CreateOptions{})
 	if err == nil {
 		return errors.New("the apiserver accepted a class with two values for GtEq")
 	}
 	p.line("  memory GtEq [30G, 40G] is refused by the apiserver:")
 	p.line("    %v", err)
 
-	current := &v1alpha1.ResourceClass{}
-	if err := rc.Get().Resource("resourceclasses").Name("fast.nic").Do(ctx).Into(current); err != nil {
+	current, err := rc.ResclassV1alpha1().ResourceClasses().Get(ctx, "fast.nic", metav1.GetOptions{})
+	if err != nil {
 		return err
 	}
 	current.Spec.ResourceSelector[0].MatchExpressions[1].Values = []string{"10Gbps"}
-	err = rc.Put().Resource("resourceclasses").Name("fast.nic").Body(current).Do(ctx).Error()
+	_, err = rc.ResclassV1alpha1().ResourceClasses().Update(ctx, current, metav1.UpdateOptions{})
 	if err == nil {
 		return errors.New("the apiserver accepted a change to a class's spec")
 	}
@@ -274,8 +274,8 @@ func readNodes(ctx context.Context, c *framework.Cluster) ([]node, error) {
 	if err != nil {
 		return nil, err
 	}
-	list := &v1alpha1.NodeDevicesList{}
-	if err := rc.Get().Resource("nodedevices").Do(ctx).Into(list); err != nil {
+	list, err := rc.ResclassV1alpha1().NodeDevices().List(ctx, metav1.ListOptions{})
+	if err != nil {
 		return nil, err
 	}
 	var out []node

@@ -33,6 +33,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/resclass/resclass/deploy/crds"
+	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 )
 
 // Options configure a cluster.
@@ -67,7 +68,7 @@ type Cluster struct {
 	kwokStarted bool
 
 	resclassOnce sync.Once
-	resclass     *rest.RESTClient
+	resclass     versioned.Interface
 	resclassErr  error
 }
 

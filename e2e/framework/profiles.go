@@ -10,12 +10,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/inventory"
 )
 
 // Profiles lists the simulated hardware profiles in e2e/profiles: each a
@@ -55,27 +54,15 @@ func LoadProfile(name string) (v1alpha1.NodeDevicesStatus, error) {
 	return nd.Status, nil
 }
 
-// Resclass returns a REST client for the resclass.io/v1alpha1 API, made once.
-func (c *Cluster) Resclass() (*rest.RESTClient, error) {
-	c.resclassOnce.Do(func() { c.resclass, c.resclassErr = c.newResclassClient() })
+// Resclass returns the generated resclass.io clientset (admin), made once.
+func (c *Cluster) Resclass() (versioned.Interface, error) {
+	c.resclassOnce.Do(func() { c.resclass, c.resclassErr = versioned.NewForConfig(c.Config) })
 	return c.resclass, c.resclassErr
 }
 
-func (c *Cluster) newResclassClient() (*rest.RESTClient, error) {
-	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	cfg := rest.CopyConfig(c.Config)
-	cfg.GroupVersion = &v1alpha1.SchemeGroupVersion
-	cfg.APIPath = "/apis"
-	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	return rest.RESTClientFor(cfg)
-}
-
-// PublishNodeDevices writes the NodeDevices of a node as the node agent does: the
-// object named after the node and owned by it (so it goes away with the node),
-// then its status.
+// PublishNodeDevices writes the NodeDevices of a node as the node agent does
+// (pkg/inventory): the object named after the node and owned by it (so it goes
+// away with the node), then its status.
 func (c *Cluster) PublishNodeDevices(ctx context.Context, nodeName string, status v1alpha1.NodeDevicesStatus) error {
 	node, err := c.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 	if err != nil {
@@ -85,24 +72,13 @@ func (c *Cluster) PublishNodeDevices(ctx context.Context, nodeName string, statu
 }
 
 func (c *Cluster) publishNodeDevices(ctx context.Context, node *corev1.Node, status v1alpha1.NodeDevicesStatus) error {
-	nodeName := node.Name
 	rc, err := c.Resclass()
 	if err != nil {
 		return err
 	}
-	nd := &v1alpha1.NodeDevices{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:            nodeName,
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}},
-		},
-	}
-	created := &v1alpha1.NodeDevices{}
-	if err := rc.Post().Resource("nodedevices").Body(nd).Do(ctx).Into(created); err != nil {
-		return fmt.Errorf("creating NodeDevices %s: %w", nodeName, err)
-	}
-	created.Status = status
-	if err := rc.Put().Resource("nodedevices").Name(nodeName).SubResource("status").Body(created).Do(ctx).Error(); err != nil {
-		return fmt.Errorf("writing the status of NodeDevices %s: %w", nodeName, err)
-	}
-	return nil
+	// The node agent's own publisher, so simulated nodes' inventories are
+	// written exactly as real ones are.
+	pub := &inventory.Publisher{Resclass: rc, Kube: c.Client, Node: node}
+	_, err = pub.Publish(ctx, nil, status)
+	return err
 }
