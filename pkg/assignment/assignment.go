@@ -144,9 +144,12 @@ func Validate(a *Assignment) error {
 		errs = append(errs, field.Required(containers, "an assignment gives devices to at least one container"))
 	}
 	names := map[string]bool{}
-	assigned := map[string]*field.Path{} // device id -> where it was first given
 	for i, c := range a.Containers {
 		p := containers.Index(i)
+		// A device is given once per container. Across containers it may
+		// repeat, as the kubelet shares it: an init container's devices are
+		// reused by the containers after it, and a hugepage pool serves many.
+		assigned := map[string]*field.Path{} // device id -> where it was first given
 		if nameErrs := checkName(p.Child("name"), c.Name, validation.DNS1123LabelMaxLength, validation.IsDNS1123Label); len(nameErrs) > 0 {
 			errs = append(errs, nameErrs...)
 		} else if names[c.Name] {
@@ -255,7 +258,8 @@ func Annotations(a *Assignment) (map[string]string, error) {
 	for _, c := range a.Containers {
 		for class, ids := range c.Classes {
 			for _, id := range ids {
-				// Ids are unique in a pod, so each device is one unit.
+				// Each device is one unit (a device shared by two
+				// containers is still one device).
 				out[CompatKey(class, id)] = "1"
 			}
 		}

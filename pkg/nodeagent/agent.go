@@ -46,6 +46,17 @@ type Config struct {
 	ResyncInterval time.Duration
 	// Health tunes the GPU health watcher.
 	Health nvmldiscovery.HealthOptions
+
+	// PluginDir is the kubelet's device-plugin directory, where the agent serves
+	// one endpoint per ResourceClass that selects a local device; "" serves
+	// none (the agent then only publishes the inventory).
+	PluginDir string
+	// HugepagePoolSlots is how many slots a hugepage pool is to the kubelet
+	// (docs/hugepages.md).
+	HugepagePoolSlots int
+	// WaitForPod bounds how long a kubelet call waits for the agent's pod
+	// cache to show the pod it is about.
+	WaitForPod time.Duration
 }
 
 // Agent discovers its node's devices and keeps the node's NodeDevices object and
@@ -141,6 +152,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	rf.WaitForCacheSync(ctx.Done())
 	kf.WaitForCacheSync(ctx.Done())
 
+	var plugins *pluginSet
+	if a.config.PluginDir != "" {
+		plugins, err = a.startPlugins(ctx, recorder, handler)
+		if err != nil {
+			return err
+		}
+	}
+
 	src := openSources(sourceOptions{hostRoot: a.config.HostRoot, includeVirtual: a.config.IncludeVirtualNICs, nvml: a.config.NVML})
 	defer src.close()
 	health := make(chan nvmldiscovery.HealthEvent, 16)
@@ -199,6 +218,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		status := assemble(devices, append([]metav1.Condition{gpuCond}, hostConds...)...)
 		prev = a.reportHealth(ctx, recorder, node, prev, status.Devices)
 		a.metrics.observe(status.Devices)
+		if plugins != nil {
+			plugins.update(status.Devices)
+		}
 
 		// After a failed publish, polls and events wait for the retry: an
 		// apiserver that refuses the inventory is not asked again at poll rate.

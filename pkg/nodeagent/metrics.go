@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/handoff"
 )
 
 // metrics are the agent's Prometheus metrics, in a registry of its own (plus the
@@ -15,6 +16,10 @@ type metrics struct {
 	publishes   *prometheus.CounterVec
 	transitions *prometheus.CounterVec
 	discovery   *prometheus.HistogramVec
+	// The device-plugin endpoints and the allocator.
+	registrations *prometheus.CounterVec
+	restarts      *prometheus.CounterVec
+	handoff       *handoff.Metrics
 }
 
 func newMetrics() *metrics {
@@ -38,7 +43,16 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}, []string{"source"}),
 	}
-	m.registry.MustRegister(m.devices, m.publishes, m.transitions, m.discovery,
+	m.registrations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "resclass_node_agent_plugin_registrations_total",
+		Help: "Registrations of a class endpoint with the kubelet, by resource and result (ok, error). Each kubelet restart adds one per endpoint.",
+	}, []string{"resource", "result"})
+	m.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "resclass_node_agent_plugin_restarts_total",
+		Help: "Restarts of a class endpoint's gRPC server because it stopped or its socket was removed (a kubelet restart removes every socket).",
+	}, []string{"resource"})
+	m.handoff = handoff.NewMetrics(m.registry)
+	m.registry.MustRegister(m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

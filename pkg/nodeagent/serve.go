@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 )
@@ -30,6 +31,9 @@ type serveOptions struct {
 	recoveryAfter  time.Duration
 	ignoredXIDs    []uint
 	metricsAddress string
+	pluginDir      string
+	poolSlots      int
+	waitForPod     time.Duration
 }
 
 func (o *serveOptions) addFlags(cmd *cobra.Command) {
@@ -43,6 +47,9 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.DurationVar(&o.resync, "resync-interval", 5*time.Minute, "how often GPUs are re-described through NVML (MIG layout, NVLinks) and the published objects re-checked")
 	f.DurationVar(&o.recoveryAfter, "gpu-recovery-after", 5*time.Minute, "how long an unhealthy GPU must go without a critical NVML event, answering NVML with no page retirement or row remapping pending, before it is healthy again")
 	f.UintSliceVar(&o.ignoredXIDs, "ignored-xids", nil, "XIDs to treat as application errors in addition to the built-in list (13, 31, 43, 45, 68, 109), e.g. --ignored-xids=94,95")
+	f.StringVar(&o.pluginDir, "device-plugin-dir", pluginapi.DevicePluginPath, "the kubelet's device-plugin directory: one endpoint (rc-<class>.sock) per ResourceClass that selects a device of this node is served and registered there; \"\" serves none (inventory only)")
+	f.IntVar(&o.poolSlots, "hugepage-pool-slots", 110, "how many containers may draw from one hugepage pool at once: the slot devices each pool is to the kubelet (docs/hugepages.md); raise it with the kubelet's maxPods")
+	f.DurationVar(&o.waitForPod, "pod-wait", 3*time.Second, "how long a kubelet Allocate or GetPreferredAllocation call waits for the agent's pod cache to show the pod it is about before answering without it")
 	f.StringVar(&o.metricsAddress, "metrics-bind-address", ":9420", "address of the /metrics, /healthz and /readyz endpoint; \"0\" turns it off")
 }
 
@@ -82,6 +89,9 @@ func (o *serveOptions) run(ctx context.Context) error {
 		NVML:               lib.New(libOpts...),
 		PollInterval:       o.poll,
 		ResyncInterval:     o.resync,
+		PluginDir:          o.pluginDir,
+		HugepagePoolSlots:  o.poolSlots,
+		WaitForPod:         o.waitForPod,
 	}
 	cfg.Health.RecoveryAfter, cfg.Health.IgnoredXIDs = o.recoveryAfter, xids
 	m := newMetrics()

@@ -1,0 +1,415 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// KubeletSocket is the kubelet's registration socket, in the plugin directory.
+const KubeletSocket = "kubelet.sock"
+
+// Timeouts of the calls the manager makes itself.
+const (
+	confirmTimeout  = 2 * time.Second
+	registerTimeout = 5 * time.Second
+	// recheckInterval is a backstop for missed file-system events.
+	recheckInterval = 5 * time.Second
+	maxBackoff      = 30 * time.Second
+)
+
+// Observer is told about the lifecycle, for metrics. Any method may be nil.
+type Observer struct {
+	Registered func(resource string, err error)
+	Restarted  func(resource string)
+}
+
+// Manager runs one endpoint per resource in the kubelet's plugin directory and
+// keeps each one served and registered.
+//
+// The desired endpoints and devices come from Set; Run does everything that
+// touches sockets, in one goroutine: it (re)starts an endpoint whose server
+// stopped or whose socket file is gone or replaced, confirms a started server by
+// dialling it, and registers every endpoint with each kubelet it has not yet
+// registered with. A kubelet restart deletes every socket in the directory and
+// creates a new kubelet.sock; a file-system watch on the directory notices both,
+// so endpoints are back within moments.
+type Manager struct {
+	dir      string
+	handler  Handler
+	observer Observer
+
+	mu      sync.Mutex
+	desired map[string]*endpoint // by resource
+	kick    chan struct{}
+
+	// Owned by Run's goroutine: the running endpoints and the kubelet.sock last seen.
+	running map[string]*server
+	kubelet fileID
+
+	statusMu sync.Mutex
+	status   map[string]EndpointStatus
+}
+
+// server is a running endpoint.
+type server struct {
+	ep   *endpoint
+	grpc *grpc.Server
+	done chan struct{} // closed when Serve returns
+	ino  fileID        // the socket it listens on
+	// kubelet is the kubelet.sock it registered with, zero if none.
+	kubelet  fileID
+	failures int
+	retryAt  time.Time
+}
+
+// EndpointStatus is what Status reports of one endpoint.
+type EndpointStatus struct {
+	Resource   string
+	Socket     string
+	Serving    bool
+	Registered bool
+	Error      string
+}
+
+// NewManager returns a manager of endpoints in dir (the kubelet's device-plugin
+// directory) whose allocation calls go to handler.
+func NewManager(dir string, handler Handler, observer Observer) *Manager {
+	return &Manager{
+		dir: dir, handler: handler, observer: observer,
+		desired: map[string]*endpoint{}, kick: make(chan struct{}, 1),
+		running: map[string]*server{}, status: map[string]EndpointStatus{},
+	}
+}
+
+// SocketName is the socket file of resource's endpoint: rc-<last part of the
+// resource name>.sock. The short prefix keeps the longest class name (63
+// characters) within the 107 bytes a unix socket path may have under
+// /var/lib/kubelet/device-plugins/.
+func SocketName(resource string) string {
+	return "rc-" + filepath.Base(resource) + ".sock"
+}
+
+// Set makes resources (name -> devices) the endpoints to run. Endpoints already
+// running only get their devices updated, which their ListAndWatch streams
+// send at once; endpoints not named are stopped and their sockets removed.
+func (m *Manager) Set(resources map[string][]Device) {
+	m.mu.Lock()
+	changed := false
+	for name, devices := range resources {
+		ep, ok := m.desired[name]
+		if !ok {
+			ep = newEndpoint(name, filepath.Join(m.dir, SocketName(name)), m.handler)
+			m.desired[name] = ep
+			changed = true
+		}
+		ep.setDevices(devices)
+	}
+	for name := range m.desired {
+		if _, ok := resources[name]; !ok {
+			delete(m.desired, name)
+			changed = true
+		}
+	}
+	m.mu.Unlock()
+	if changed {
+		m.trigger()
+	}
+}
+
+func (m *Manager) trigger() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Status reports every endpoint, sorted by resource.
+func (m *Manager) Status() []EndpointStatus {
+	m.statusMu.Lock()
+	defer m.statusMu.Unlock()
+	out := make([]EndpointStatus, 0, len(m.status))
+	for _, name := range slices.Sorted(maps.Keys(m.status)) {
+		out = append(out, m.status[name])
+	}
+	return out
+}
+
+// Run keeps the endpoints served and registered until ctx ends, then stops them
+// and removes their sockets.
+func (m *Manager) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithName("deviceplugin")
+	ctx = klog.NewContext(ctx, logger)
+	if err := os.MkdirAll(m.dir, 0o750); err != nil {
+		return err
+	}
+	watcher, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = watcher.Close() }()
+	if err := watcher.Add(m.dir); err != nil {
+		return fmt.Errorf("watching %s: %w", m.dir, err)
+	}
+	defer m.stopAll()
+
+	ticker := time.NewTicker(recheckInterval)
+	defer ticker.Stop()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-watcher.Events:
+			if !ok {
+				return errors.New("file-system watch closed")
+			}
+			logger.V(4).Info("plugin directory changed", "event", ev.String())
+		case err, ok := <-watcher.Errors:
+			if !ok {
+				return errors.New("file-system watch closed")
+			}
+			logger.Error(err, "watching the plugin directory")
+		case <-m.kick:
+		case <-ticker.C:
+		case <-retry.C:
+		}
+		if next := m.reconcile(ctx); !next.IsZero() {
+			retry.Reset(time.Until(next))
+		}
+	}
+}
+
+// reconcile brings the running servers to the desired ones; it returns when
+// the next retry is due, zero if none is.
+func (m *Manager) reconcile(ctx context.Context) time.Time {
+	logger := klog.FromContext(ctx)
+	m.mu.Lock()
+	desired := maps.Clone(m.desired)
+	m.mu.Unlock()
+
+	for name, s := range m.running {
+		if desired[name] != s.ep {
+			logger.Info("stopping endpoint", "resource", name)
+			s.stop()
+			s.ep.stop()
+			delete(m.running, name)
+			m.setStatus(name, nil)
+		}
+	}
+	kubelet := inode(filepath.Join(m.dir, KubeletSocket))
+	if kubelet != m.kubelet {
+		// A new kubelet: whatever failed against the old one is tried now.
+		m.kubelet = kubelet
+		for _, s := range m.running {
+			s.retryAt = time.Time{}
+		}
+	}
+	var next time.Time
+	now := time.Now()
+	for _, name := range slices.Sorted(maps.Keys(desired)) {
+		s := m.running[name]
+		if s == nil {
+			s = &server{ep: desired[name]}
+			m.running[name] = s
+		}
+		if now.Before(s.retryAt) {
+			next = earliest(next, s.retryAt)
+			continue
+		}
+		err := m.ensure(ctx, s, kubelet)
+		if err != nil {
+			s.failures++
+			delay := min(time.Second<<min(s.failures-1, 5), maxBackoff)
+			s.retryAt = now.Add(delay)
+			next = earliest(next, s.retryAt)
+			logger.Error(err, "endpoint not ready", "resource", name, "retryIn", delay)
+		} else {
+			s.failures, s.retryAt = 0, time.Time{}
+		}
+		m.setStatus(name, &EndpointStatus{
+			Resource: name, Socket: s.ep.socket, Serving: s.grpc != nil,
+			Registered: s.kubelet != (fileID{}) && s.kubelet == kubelet, Error: errString(err),
+		})
+	}
+	return next
+}
+
+// ensure starts s if it is not serving on its socket, and registers it with the
+// kubelet that owns kubelet.sock (inode kubelet) unless it already did.
+func (m *Manager) ensure(ctx context.Context, s *server, kubelet fileID) error {
+	logger := klog.FromContext(ctx)
+	if !s.serving() {
+		if s.grpc != nil {
+			logger.Info("restarting endpoint: its server stopped or its socket was removed", "resource", s.ep.resource)
+			s.stop()
+			if m.observer.Restarted != nil {
+				m.observer.Restarted(s.ep.resource)
+			}
+		}
+		if err := s.start(); err != nil {
+			return err
+		}
+		if err := confirm(ctx, s.ep.socket); err != nil {
+			s.stop()
+			return fmt.Errorf("endpoint does not answer on its own socket: %w", err)
+		}
+		logger.V(2).Info("serving", "resource", s.ep.resource, "socket", s.ep.socket)
+	}
+	if kubelet == (fileID{}) || s.kubelet == kubelet {
+		return nil
+	}
+	err := register(ctx, filepath.Join(m.dir, KubeletSocket), s.ep)
+	if m.observer.Registered != nil {
+		m.observer.Registered(s.ep.resource, err)
+	}
+	if err != nil {
+		return fmt.Errorf("registering with the kubelet: %w", err)
+	}
+	s.kubelet = kubelet
+	logger.Info("registered with the kubelet", "resource", s.ep.resource)
+	return nil
+}
+
+func (m *Manager) setStatus(name string, st *EndpointStatus) {
+	m.statusMu.Lock()
+	defer m.statusMu.Unlock()
+	if st == nil {
+		delete(m.status, name)
+		return
+	}
+	m.status[name] = *st
+}
+
+func (m *Manager) stopAll() {
+	for name, s := range m.running {
+		s.stop()
+		s.ep.stop()
+		delete(m.running, name)
+	}
+}
+
+// serving: the server runs and its socket file is the one it listens on.
+func (s *server) serving() bool {
+	if s.grpc == nil {
+		return false
+	}
+	select {
+	case <-s.done:
+		return false
+	default:
+	}
+	return inode(s.ep.socket) == s.ino
+}
+
+func (s *server) start() error {
+	if err := os.Remove(s.ep.socket); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	l, err := net.Listen("unix", s.ep.socket)
+	if err != nil {
+		return err
+	}
+	s.ino = inode(s.ep.socket)
+	s.grpc = s.ep.newServer()
+	s.done = make(chan struct{})
+	s.kubelet = fileID{}
+	srv, done := s.grpc, s.done
+	go func() {
+		defer close(done)
+		_ = srv.Serve(l)
+	}()
+	return nil
+}
+
+// stop stops the server and removes its socket, unless the file is no longer
+// its own (a restarted kubelet may have replaced the directory's contents).
+func (s *server) stop() {
+	if s.grpc == nil {
+		return
+	}
+	s.grpc.Stop()
+	<-s.done
+	if inode(s.ep.socket) == s.ino {
+		_ = os.Remove(s.ep.socket)
+	}
+	s.grpc, s.kubelet = nil, fileID{}
+}
+
+// confirm dials socket and calls GetDevicePluginOptions, as the kubelet will.
+func confirm(ctx context.Context, socket string) error {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	ctx, cancel := context.WithTimeout(ctx, confirmTimeout)
+	defer cancel()
+	_, err = pluginapi.NewDevicePluginClient(conn).GetDevicePluginOptions(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true))
+	return err
+}
+
+func register(ctx context.Context, kubeletSocket string, ep *endpoint) error {
+	conn, err := grpc.NewClient("unix://"+kubeletSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	ctx, cancel := context.WithTimeout(ctx, registerTimeout)
+	defer cancel()
+	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
+		Version:      pluginapi.Version,
+		Endpoint:     filepath.Base(ep.socket),
+		ResourceName: ep.resource,
+		Options:      &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
+	})
+	return err
+}
+
+// fileID tells one file from another at the same path: a file system may give a
+// re-created file the inode number of the deleted one, not its change time.
+type fileID struct {
+	ino   uint64
+	ctime int64
+}
+
+// inode identifies the file at path; zero if it does not exist.
+func inode(path string) fileID {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileID{}
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return fileID{ino: st.Ino, ctime: st.Ctim.Nano()}
+	}
+	return fileID{}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -1,0 +1,501 @@
+// Package handoff is the node agent's side of the hand-off from the resclass
+// scheduler (DESIGN.md, "The hand-off"): it answers the kubelet's
+// GetPreferredAllocation and Allocate calls with the devices the scheduler wrote
+// into the pod's resclass.io/assignment annotation.
+//
+// The kubelet never says which pod it is admitting: a call carries only device
+// ids. Ids are unique on a node, so the allocator finds the pod by them, in an
+// informer cache of the pods bound to its node (no API call on the path, no lock
+// held across calls):
+//
+//   - GetPreferredAllocation: among the containers whose assignment for the class
+//     has the requested size, is still unallocated, lies within the kubelet's
+//     available devices and contains its must-include ones, the first in the
+//     kubelet's own admission order (oldest pod first, then namespace/name, then
+//     the assignment's container order) gets its assigned ids preferred.
+//   - Allocate: the container whose assignment for the class is exactly the set
+//     of ids the kubelet chose, first in the same order among the unallocated
+//     ones. When none is (the kubelet ignored the preference, or the pod has no
+//     assignment), Allocate is refused: nothing runs on devices the scheduler did
+//     not account for. The container the kubelet most likely meant (the first
+//     unallocated one with an assignment of that class and size) gets a
+//     DeviceAssignmentMismatch Event, and the refusal is counted.
+//
+// A pod the informer has not seen yet (the kubelet and the agent watch the same
+// apiserver, each at its own pace) is waited for, up to Config.WaitForPod.
+//
+// Hugepage pools are shared: the kubelet sees each pool as Config.PoolSlots
+// slot devices "<pool>/<n>" (docs/hugepages.md); the assignment names the pool.
+package handoff
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	kubeinformers "k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// Event reasons, on the pod.
+const (
+	ReasonMismatch     = "DeviceAssignmentMismatch"
+	ReasonNoAssignment = "NoDeviceAssignment"
+)
+
+// Config configures an Allocator.
+type Config struct {
+	// Node is the node the agent runs on; only its pods are watched.
+	Node string
+	// HostRoot is where the host's / is (device nodes and sysfs are looked up
+	// below it).
+	HostRoot string
+	// PoolSlots is how many slot devices a shared hugepage pool is to the
+	// kubelet.
+	PoolSlots int
+	// WaitForPod bounds how long a kubelet call waits for the informer to show
+	// the pod it is about.
+	WaitForPod time.Duration
+	// Recorder records Events on pods; nil records none.
+	Recorder record.EventRecorder
+	// Metrics, if set, counts outcomes and latencies.
+	Metrics *Metrics
+}
+
+// Allocator answers the kubelet's allocation calls for every class endpoint of
+// the node.
+type Allocator struct {
+	cfg      Config
+	informer cache.SharedIndexInformer
+	devices  atomic.Pointer[map[string]*v1alpha1.Device]
+
+	// changed is closed and replaced on every pod event: callers waiting for a
+	// pod wait on it.
+	changedMu sync.Mutex
+	changed   chan struct{}
+
+	recordsMu sync.Mutex
+	allocated map[allocKey]*Record
+	refused   []*Record // the latest refusals, newest last
+}
+
+type allocKey struct {
+	pod       types.UID
+	container string
+	class     string
+}
+
+// maxRefusals kept for introspection.
+const maxRefusals = 64
+
+// Record is one Allocate answer.
+type Record struct {
+	PodUID    types.UID
+	Namespace string
+	Name      string
+	Container string
+	Class     string
+	// Devices are the device ids (pools, not slots).
+	Devices []string
+	Time    time.Time
+	// Refused is set, with Message, for a refused Allocate.
+	Refused bool
+	Message string
+}
+
+// New returns an allocator whose informer lists the pods bound to cfg.Node.
+func New(cfg Config, kube kubernetes.Interface) *Allocator {
+	if cfg.PoolSlots <= 0 {
+		cfg.PoolSlots = 110
+	}
+	if cfg.WaitForPod <= 0 {
+		cfg.WaitForPod = 3 * time.Second
+	}
+	if cfg.HostRoot == "" {
+		cfg.HostRoot = "/"
+	}
+	factory := kubeinformers.NewSharedInformerFactoryWithOptions(kube, 0, kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.Node).String()
+	}))
+	a := &Allocator{
+		cfg:       cfg,
+		informer:  factory.Core().V1().Pods().Informer(),
+		changed:   make(chan struct{}),
+		allocated: map[allocKey]*Record{},
+	}
+	empty := map[string]*v1alpha1.Device{}
+	a.devices.Store(&empty)
+	// Errors only when the informer has started, which it has not.
+	_ = a.informer.SetTransform(toPodInfo)
+	_ = a.informer.AddIndexers(indexers)
+	_, _ = a.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { a.notify() },
+		UpdateFunc: func(_, obj any) { a.forgetIfTerminal(obj); a.notify() },
+		DeleteFunc: func(obj any) { a.forget(obj); a.notify() },
+	})
+	return a
+}
+
+// Run runs the pod informer until ctx ends. checkpoint, if set, is the kubelet's
+// device-manager checkpoint: what it lists for class resources counts as
+// allocated, so an agent restarted between two pods of a shared pool does not
+// hand the same container's slot out twice.
+func (a *Allocator) Run(ctx context.Context, checkpoint string) error {
+	go a.informer.Run(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), a.informer.HasSynced) {
+		return ctx.Err()
+	}
+	if checkpoint != "" {
+		n, err := a.loadCheckpoint(checkpoint)
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "kubelet checkpoint not read; allocation state starts empty", "path", checkpoint)
+		} else {
+			klog.FromContext(ctx).Info("allocation state rebuilt from the kubelet's checkpoint", "containers", n)
+		}
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// HasSynced reports whether the pod cache is filled.
+func (a *Allocator) HasSynced() bool { return a.informer.HasSynced() }
+
+// SetDevices gives the allocator the node's current devices.
+func (a *Allocator) SetDevices(devices []v1alpha1.Device) {
+	m := make(map[string]*v1alpha1.Device, len(devices))
+	for i := range devices {
+		m[devices[i].ID] = &devices[i]
+	}
+	a.devices.Store(&m)
+}
+
+func (a *Allocator) device(id string) *v1alpha1.Device { return (*a.devices.Load())[id] }
+
+// KubeletIDs are the ids the kubelet knows d by: its own, or slots of a pool.
+func KubeletIDs(d *v1alpha1.Device, slots int) []string {
+	if d.Kind != v1alpha1.DeviceKindHugePages {
+		return []string{d.ID}
+	}
+	ids := make([]string, slots)
+	for i := range ids {
+		ids[i] = d.ID + "/" + strconv.Itoa(i)
+	}
+	return ids
+}
+
+// DeviceID is the device a kubelet id names: a slot's pool, or the id itself.
+// Device ids never contain "/" (PCI addresses, UUIDs, pool names).
+func DeviceID(kubeletID string) string {
+	id, _, _ := strings.Cut(kubeletID, "/")
+	return id
+}
+
+func (a *Allocator) notify() {
+	a.changedMu.Lock()
+	close(a.changed)
+	a.changed = make(chan struct{})
+	a.changedMu.Unlock()
+}
+
+func (a *Allocator) changes() <-chan struct{} {
+	a.changedMu.Lock()
+	defer a.changedMu.Unlock()
+	return a.changed
+}
+
+// forget drops the allocation records of a deleted pod.
+func (a *Allocator) forget(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	p, ok := obj.(*podInfo)
+	if !ok {
+		return
+	}
+	a.recordsMu.Lock()
+	defer a.recordsMu.Unlock()
+	for k := range a.allocated {
+		if k.pod == p.UID {
+			delete(a.allocated, k)
+		}
+	}
+}
+
+// forgetIfTerminal: the kubelet frees a finished pod's devices.
+func (a *Allocator) forgetIfTerminal(obj any) {
+	if p, ok := obj.(*podInfo); ok && p.terminal() {
+		a.forget(p)
+	}
+}
+
+func (a *Allocator) isAllocated(k allocKey) bool {
+	a.recordsMu.Lock()
+	defer a.recordsMu.Unlock()
+	return a.allocated[k] != nil
+}
+
+// waitFor calls try until it returns true, again after every pod event, until
+// WaitForPod has passed.
+func (a *Allocator) waitFor(ctx context.Context, try func() bool) bool {
+	var timeout <-chan time.Time
+	for {
+		changed := a.changes()
+		if try() {
+			return true
+		}
+		if timeout == nil {
+			t := time.NewTimer(a.cfg.WaitForPod)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// match is a container of a pod with an assignment for a class.
+type match struct {
+	pod       *podInfo
+	container string
+	devices   []string // assigned device ids for the class
+}
+
+func (m *match) key(class string) allocKey {
+	return allocKey{pod: m.pod.UID, container: m.container, class: class}
+}
+
+// candidates returns the unallocated containers of live pods (in admission
+// order) with an assignment for class, from pods indexed under key in index.
+func (a *Allocator) candidates(index, key, class string, accept func(ids []string) bool) []match {
+	objs, err := a.informer.GetIndexer().ByIndex(index, key)
+	if err != nil {
+		return nil
+	}
+	var out []match
+	for _, p := range ordered(objs) {
+		if p.assignment == nil || p.assignment.Node != a.cfg.Node {
+			continue
+		}
+		for _, c := range p.assignment.Containers {
+			ids, ok := c.Classes[class]
+			if !ok || !accept(ids) {
+				continue
+			}
+			m := match{pod: p, container: c.Name, devices: ids}
+			if !a.isAllocated(m.key(class)) {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+// Preferred implements deviceplugin.Handler.
+func (a *Allocator) Preferred(ctx context.Context, resource string, req *pluginapi.ContainerPreferredAllocationRequest) []string {
+	start := time.Now()
+	class := strings.TrimPrefix(resource, v1alpha1.ResourceNamePrefix)
+	available := map[string][]string{} // device id -> its available kubelet ids
+	for _, id := range req.GetAvailableDeviceIDs() {
+		dev := DeviceID(id)
+		available[dev] = append(available[dev], id)
+	}
+	must := map[string]string{} // device id -> must-include kubelet id
+	for _, id := range req.GetMustIncludeDeviceIDs() {
+		must[DeviceID(id)] = id
+	}
+	size := int(req.GetAllocationSize())
+	fits := func(ids []string) bool {
+		if len(ids) != size {
+			return false
+		}
+		for _, id := range ids {
+			if _, ok := available[id]; !ok {
+				if _, ok := must[id]; !ok {
+					return false
+				}
+			}
+		}
+		for dev := range must {
+			if !slices.Contains(ids, dev) {
+				return false
+			}
+		}
+		return true
+	}
+	var chosen []match
+	a.waitFor(ctx, func() bool {
+		chosen = a.candidates(byClass, class, class, fits)
+		return len(chosen) > 0
+	})
+	a.cfg.Metrics.observe("preferred", start)
+	if len(chosen) == 0 {
+		klog.FromContext(ctx).V(2).Info("no pending assignment fits the kubelet's request; leaving the choice to the kubelet", "class", class, "size", size)
+		return nil
+	}
+	out := make([]string, 0, size)
+	for _, dev := range chosen[0].devices {
+		switch {
+		case must[dev] != "":
+			out = append(out, must[dev])
+		case len(available[dev]) > 0:
+			slots := available[dev]
+			slices.Sort(slots)
+			out = append(out, slots[0])
+		}
+	}
+	return out
+}
+
+// Allocate implements deviceplugin.Handler.
+func (a *Allocator) Allocate(ctx context.Context, resource string, kubeletIDs []string) (*pluginapi.ContainerAllocateResponse, error) {
+	start := time.Now()
+	defer a.cfg.Metrics.observe("allocate", start)
+	class := strings.TrimPrefix(resource, v1alpha1.ResourceNamePrefix)
+	devices, err := a.deviceIDs(kubeletIDs)
+	if err != nil {
+		a.cfg.Metrics.outcome(class, "invalid")
+		return nil, fmt.Errorf("%s: %w", resource, err)
+	}
+	want := slices.Sorted(slices.Values(devices))
+	exact := func(ids []string) bool {
+		return len(ids) == len(want) && slices.Equal(slices.Sorted(slices.Values(ids)), want)
+	}
+	var found []match
+	a.waitFor(ctx, func() bool {
+		found = a.candidates(byDevice, deviceKey(class, want[0]), class, exact)
+		return len(found) > 0
+	})
+	if len(found) == 0 {
+		return nil, a.refuse(ctx, class, want)
+	}
+	m := found[0]
+	resp, err := a.response(m, class)
+	if err != nil {
+		a.record(m, class, err.Error())
+		a.cfg.Metrics.outcome(class, "error")
+		return nil, err
+	}
+	a.record(m, class, "")
+	a.cfg.Metrics.outcome(class, "allocated")
+	klog.FromContext(ctx).V(2).Info("allocated", "pod", klog.KRef(m.pod.Namespace, m.pod.Name), "container", m.container, "class", class, "devices", m.devices)
+	return resp, nil
+}
+
+// deviceIDs maps the kubelet's ids to device ids, refusing what the kubelet
+// never sends: nothing, duplicates, ids of no device here.
+func (a *Allocator) deviceIDs(kubeletIDs []string) ([]string, error) {
+	if len(kubeletIDs) == 0 {
+		return nil, errors.New("allocate request names no devices")
+	}
+	seen := make(map[string]bool, len(kubeletIDs))
+	out := make([]string, 0, len(kubeletIDs))
+	for _, kid := range kubeletIDs {
+		if seen[kid] {
+			return nil, fmt.Errorf("device %q requested twice", kid)
+		}
+		seen[kid] = true
+		id := DeviceID(kid)
+		if a.device(id) == nil {
+			return nil, fmt.Errorf("no device %q on this node", kid)
+		}
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+// refuse explains why no container has exactly these devices, records it on the
+// pod the kubelet most likely meant, and returns the error for the kubelet.
+func (a *Allocator) refuse(ctx context.Context, class string, devices []string) error {
+	logger := klog.FromContext(ctx)
+	pending := a.candidates(byClass, class, class, func(ids []string) bool { return len(ids) == len(devices) })
+	if len(pending) > 0 {
+		m := pending[0]
+		msg := fmt.Sprintf("the kubelet chose %s devices %v for container %q, but the resclass scheduler assigned %v: refusing to run on devices the scheduler did not account for",
+			class, devices, m.container, m.devices)
+		a.cfg.Metrics.outcome(class, "mismatch")
+		a.record(m, class, msg)
+		if a.cfg.Recorder != nil {
+			a.cfg.Recorder.Event(m.pod.ref(), corev1.EventTypeWarning, ReasonMismatch, msg)
+		}
+		logger.Info("allocation refused: kubelet and scheduler disagree", "pod", klog.KRef(m.pod.Namespace, m.pod.Name), "container", m.container, "class", class, "kubelet", devices, "scheduler", m.devices)
+		return errors.New(msg)
+	}
+	msg := fmt.Sprintf("no pod on node %s was assigned %s devices %v by the resclass scheduler: pods requesting %s%s must be placed by it (schedulerName: resclass-scheduler), which writes the %s annotation",
+		a.cfg.Node, class, devices, v1alpha1.ResourceNamePrefix, class, "resclass.io/assignment")
+	a.cfg.Metrics.outcome(class, "unassigned")
+	objs, _ := a.informer.GetIndexer().ByIndex(byUnassigned, class)
+	if pods := ordered(objs); len(pods) > 0 {
+		p := pods[0]
+		detail := msg
+		if p.assignmentErr != nil {
+			detail = fmt.Sprintf("the pod's resclass.io/assignment is unusable (%v); %s", p.assignmentErr, msg)
+		}
+		a.record(match{pod: p, devices: devices}, class, detail)
+		if a.cfg.Recorder != nil {
+			a.cfg.Recorder.Event(p.ref(), corev1.EventTypeWarning, ReasonNoAssignment, detail)
+		}
+		logger.Info("allocation refused: pod has no assignment", "pod", klog.KRef(p.Namespace, p.Name), "scheduler", p.schedulerName, "class", class)
+		return errors.New(detail)
+	}
+	logger.Info("allocation refused: no pod holds these devices", "class", class, "devices", devices)
+	return errors.New(msg)
+}
+
+// record notes an Allocate answer; message set means it was refused.
+func (a *Allocator) record(m match, class, message string) {
+	r := &Record{
+		PodUID: m.pod.UID, Namespace: m.pod.Namespace, Name: m.pod.Name, Container: m.container,
+		Class: class, Devices: slices.Clone(m.devices), Time: time.Now(), Refused: message != "", Message: message,
+	}
+	a.recordsMu.Lock()
+	defer a.recordsMu.Unlock()
+	if r.Refused {
+		a.refused = append(a.refused, r)
+		if len(a.refused) > maxRefusals {
+			a.refused = slices.Delete(a.refused, 0, len(a.refused)-maxRefusals)
+		}
+		return
+	}
+	a.allocated[m.key(class)] = r
+}
+
+// Allocations returns the containers allocated devices (by pod, container,
+// class) and the latest refusals.
+func (a *Allocator) Allocations() []Record {
+	a.recordsMu.Lock()
+	out := make([]Record, 0, len(a.allocated)+len(a.refused))
+	for _, r := range a.allocated {
+		out = append(out, *r)
+	}
+	for _, r := range a.refused {
+		out = append(out, *r)
+	}
+	a.recordsMu.Unlock()
+	slices.SortStableFunc(out, func(x, y Record) int {
+		return strings.Compare(x.Namespace+"/"+x.Name+"/"+x.Container+"/"+x.Class, y.Namespace+"/"+y.Name+"/"+y.Container+"/"+y.Class)
+	})
+	return out
+}

@@ -1,0 +1,42 @@
+package handoff
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the allocator's Prometheus metrics. A nil *Metrics counts nothing.
+type Metrics struct {
+	outcomes *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+}
+
+// NewMetrics registers the allocator's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "resclass_node_agent_allocations_total",
+			Help: "Allocate calls by class and outcome: allocated (the scheduler's devices), mismatch (the kubelet chose other devices than the scheduler assigned: refused), unassigned (no pod was assigned these devices: refused), invalid (malformed request), error (the devices left the node).",
+		}, []string{"class", "outcome"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "resclass_node_agent_kubelet_call_duration_seconds",
+			Help:    "Time to answer a kubelet call (preferred: GetPreferredAllocation, allocate: Allocate), per container, including any wait for the pod to reach the agent's cache.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 4, 10),
+		}, []string{"call"}),
+	}
+	reg.MustRegister(m.outcomes, m.latency)
+	return m
+}
+
+func (m *Metrics) outcome(class, outcome string) {
+	if m != nil {
+		m.outcomes.WithLabelValues(class, outcome).Inc()
+	}
+}
+
+func (m *Metrics) observe(call string, start time.Time) {
+	if m != nil {
+		m.latency.WithLabelValues(call).Observe(time.Since(start).Seconds())
+	}
+}

@@ -1,0 +1,179 @@
+package nodeagent
+
+import (
+	"context"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/resclass/resclass/pkg/client/informers/externalversions"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/deviceplugin"
+	"github.com/resclass/resclass/pkg/handoff"
+	"github.com/resclass/resclass/pkg/selector"
+)
+
+// classMatcher turns the node's devices and the cluster's ResourceClasses into
+// the device-plugin endpoints to serve: one per class that selects at least one
+// local device (healthy or not: an unhealthy device is advertised as such, so
+// the kubelet's allocatable shrinks and grows with health).
+type classMatcher struct {
+	poolSlots int
+
+	// compiled caches each class's compiled selector by the class's
+	// resourceVersion: classes are never compiled per pass.
+	compiled map[string]compiledClass
+
+	mu sync.Mutex
+	// served: device id -> the classes serving it, for introspection.
+	served map[string][]string
+}
+
+type compiledClass struct {
+	resourceVersion string
+	class           *selector.Class
+}
+
+func newClassMatcher(poolSlots int) *classMatcher {
+	return &classMatcher{poolSlots: poolSlots, compiled: map[string]compiledClass{}, served: map[string][]string{}}
+}
+
+// endpoints returns resource name -> advertised devices.
+func (m *classMatcher) endpoints(classes []*v1alpha1.ResourceClass, devices []v1alpha1.Device) map[string][]deviceplugin.Device {
+	prepared := make([]*selector.Device, len(devices))
+	for i := range devices {
+		prepared[i] = selector.NewDevice(&devices[i])
+	}
+	out := map[string][]deviceplugin.Device{}
+	served := map[string][]string{}
+	seen := map[string]bool{}
+	for _, rc := range classes {
+		seen[rc.Name] = true
+		c := m.compile(rc)
+		if c == nil {
+			continue
+		}
+		var list []deviceplugin.Device
+		for i, d := range prepared {
+			if !c.Matches(d) {
+				continue
+			}
+			served[d.ID] = append(served[d.ID], rc.Name)
+			numa := -1
+			if n := devices[i].Attributes[v1alpha1.AttributeNUMANode].IntValue; n != nil {
+				numa = int(*n)
+			}
+			for _, id := range handoff.KubeletIDs(&devices[i], m.poolSlots) {
+				list = append(list, deviceplugin.Device{ID: id, Healthy: devices[i].Healthy, NUMANode: numa})
+			}
+		}
+		if len(list) > 0 {
+			out[v1alpha1.ResourceNamePrefix+rc.Name] = list
+		}
+	}
+	for name := range m.compiled {
+		if !seen[name] {
+			delete(m.compiled, name)
+		}
+	}
+	for id := range served {
+		slices.Sort(served[id])
+	}
+	m.mu.Lock()
+	m.served = served
+	m.mu.Unlock()
+	return out
+}
+
+// compile returns rc's compiled selector, nil for a class that does not
+// compile (the webhook refuses those; one created without it serves nothing).
+func (m *classMatcher) compile(rc *v1alpha1.ResourceClass) *selector.Class {
+	if c, ok := m.compiled[rc.Name]; ok && c.resourceVersion == rc.ResourceVersion {
+		return c.class
+	}
+	c, errs := selector.Compile(&rc.Spec, field.NewPath("spec"))
+	if len(errs) > 0 {
+		c = nil
+	}
+	m.compiled[rc.Name] = compiledClass{resourceVersion: rc.ResourceVersion, class: c}
+	return c
+}
+
+// classesOf returns the classes serving each device.
+func (m *classMatcher) classesOf() map[string][]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.served)
+}
+
+// pluginSet is the kubelet-facing half of the agent: the class informer, the
+// allocator (with its pod informer) and the endpoints.
+type pluginSet struct {
+	classes interface {
+		List(labels.Selector) ([]*v1alpha1.ResourceClass, error)
+	}
+	matcher   *classMatcher
+	allocator *handoff.Allocator
+	manager   *deviceplugin.Manager
+}
+
+// startPlugins starts the class and pod informers, waits for both, then starts
+// serving endpoints: a kubelet call that arrives must find the pods it is about.
+// Class changes call kick.
+func (a *Agent) startPlugins(ctx context.Context, recorder record.EventRecorder, kick cache.ResourceEventHandler) (*pluginSet, error) {
+	logger := klog.FromContext(ctx)
+	factory := externalversions.NewSharedInformerFactory(a.resclass, 0)
+	classes := factory.Resclass().V1alpha1().ResourceClasses()
+	if _, err := classes.Informer().AddEventHandler(kick); err != nil {
+		return nil, err
+	}
+	factory.Start(ctx.Done())
+	go func() { <-ctx.Done(); factory.Shutdown() }()
+
+	allocator := handoff.New(handoff.Config{
+		Node: a.config.NodeName, HostRoot: a.config.HostRoot, PoolSlots: a.config.HugepagePoolSlots,
+		WaitForPod: a.config.WaitForPod, Recorder: recorder, Metrics: a.metrics.handoff,
+	}, a.kube)
+	go func() {
+		if err := allocator.Run(ctx, filepath.Join(a.config.PluginDir, handoff.CheckpointFile)); err != nil && ctx.Err() == nil {
+			logger.Error(err, "pod informer stopped")
+		}
+	}()
+	if !cache.WaitForCacheSync(ctx.Done(), classes.Informer().HasSynced, allocator.HasSynced) {
+		return nil, ctx.Err()
+	}
+	manager := deviceplugin.NewManager(a.config.PluginDir, allocator, deviceplugin.Observer{
+		Registered: func(resource string, err error) {
+			result := "ok"
+			if err != nil {
+				result = "error"
+			}
+			a.metrics.registrations.WithLabelValues(resource, result).Inc()
+		},
+		Restarted: func(resource string) { a.metrics.restarts.WithLabelValues(resource).Inc() },
+	})
+	go func() {
+		if err := manager.Run(ctx); err != nil {
+			logger.Error(err, "device plugins stopped")
+		}
+	}()
+	return &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.HugepagePoolSlots), allocator: allocator, manager: manager}, nil
+}
+
+// update serves the classes' endpoints for the current devices.
+func (p *pluginSet) update(devices []v1alpha1.Device) {
+	classes, _ := p.classes.List(labels.Everything())
+	slices.SortFunc(classes, func(a, b *v1alpha1.ResourceClass) int { return strings.Compare(a.Name, b.Name) })
+	// The allocator first: a new endpoint's first Allocate must find its devices.
+	p.allocator.SetDevices(devices)
+	p.manager.Set(p.matcher.endpoints(classes, devices))
+}
