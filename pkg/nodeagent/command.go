@@ -45,6 +45,7 @@ issue. "node-agent discover" prints the inventory without a cluster.`,
 	}
 	o.addFlags(cmd)
 	cmd.AddCommand(newDiscoverCommand())
+	cmd.AddCommand(newStatusCommand())
 	return cmd
 }
 
