@@ -287,23 +287,33 @@ func waitNodeDevices(t *testing.T, ctx context.Context, rc versioned.Interface, 
 // the device.
 func waitEvent(t *testing.T, ctx context.Context, node, reason, device string) {
 	t.Helper()
-	selector := fields.Set{"involvedObject.kind": "Node", "involvedObject.name": node, "reason": reason}.String()
+	waitEventOn(t, ctx, metav1.NamespaceAll, "Node", node, reason, device)
+}
+
+// waitEventOn waits for an Event of this reason on the object whose message
+// contains text, and returns the message.
+func waitEventOn(t *testing.T, ctx context.Context, namespace, kind, name, reason, text string) string {
+	t.Helper()
+	selector := fields.Set{"involvedObject.kind": kind, "involvedObject.name": name, "reason": reason}.String()
 	var seen []string
+	var found string
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		events, err := cluster.Client.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: selector})
+		events, err := cluster.Client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: selector})
 		if err != nil {
 			return false, err
 		}
 		seen = seen[:0]
 		for _, e := range events.Items {
 			seen = append(seen, e.Message)
-			if strings.Contains(e.Message, device) {
+			if strings.Contains(e.Message, text) {
+				found = e.Message
 				return true, nil
 			}
 		}
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("no %s Event on Node %s for %s: %v; seen %s", reason, node, device, err, fmt.Sprint(seen))
+		t.Fatalf("no %s Event on %s %s with %q: %v; seen %s", reason, kind, name, text, err, fmt.Sprint(seen))
 	}
+	return found
 }

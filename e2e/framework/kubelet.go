@@ -125,6 +125,32 @@ func (n *KubeletNode) Records() ([]cri.Record, error) {
 // and the node's device plugins share.
 func (n *KubeletNode) Pid() int { return n.proc.cmd.Process.Pid }
 
+// PluginDir is the kubelet's device-plugin directory as this process reaches
+// it: through /proc/<pid>/root, into the node's mount namespace. A device
+// plugin serving its socket there is dialled by the kubelet at
+// /var/lib/kubelet/device-plugins inside the node, the same file.
+func (n *KubeletNode) PluginDir() string {
+	return fmt.Sprintf("/proc/%d/root%s", n.Pid(), node.DevicePluginDir)
+}
+
+// RestartKubelet stops the node's kubelet and starts a new one, which wipes the
+// device-plugin directory as a kubelet restart does on a real node. It returns
+// once the new kubelet serves its registration socket again.
+func (n *KubeletNode) RestartKubelet(ctx context.Context) error {
+	socket := filepath.Join(n.PluginDir(), "kubelet.sock")
+	before, err := os.Stat(socket)
+	if err != nil {
+		return err
+	}
+	if err := n.proc.cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		return err
+	}
+	return wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		after, err := os.Stat(socket)
+		return err == nil && (!os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime())), nil
+	})
+}
+
 func nodeReady(n *corev1.Node) bool {
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -43,7 +44,14 @@ type Runtime struct {
 	mu       sync.Mutex
 	log      *os.File
 	logPaths map[string]string // container id -> CRI log file
+	exits    map[string]int32  // container id -> exit code, for EnvExitCode
+	fake     *fake.RemoteRuntime
 }
+
+// EnvExitCode, set on a container, makes it exit with this code as soon as it
+// starts: the runtime runs nothing, so without it every container runs forever
+// and a pod's init containers never complete.
+const EnvExitCode = "RESCLASS_E2E_EXIT_CODE"
 
 // runtimeService is the fake's runtime service with CreateContainer recorded and
 // what the fake gets wrong for a real kubelet fixed.
@@ -74,7 +82,7 @@ func Start(socket, recordPath string) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runtime{srv: grpc.NewServer(), log: log, logPaths: map[string]string{}}
+	r := &Runtime{srv: grpc.NewServer(), log: log, logPaths: map[string]string{}, exits: map[string]int32{}, fake: f}
 	runtimeapi.RegisterRuntimeServiceServer(r.srv, runtimeService{RemoteRuntime: f, r: r})
 	runtimeapi.RegisterImageServiceServer(r.srv, f)
 	go func() { _ = r.srv.Serve(l) }()
@@ -124,6 +132,15 @@ func (s runtimeService) CreateContainer(ctx context.Context, req *runtimeapi.Cre
 	if err != nil {
 		return nil, err
 	}
+	if v, ok := rec.Env[EnvExitCode]; ok {
+		code, err := strconv.ParseInt(v, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%s=%q: %w", EnvExitCode, v, err)
+		}
+		s.r.mu.Lock()
+		s.r.exits[resp.GetContainerId()] = int32(code)
+		s.r.mu.Unlock()
+	}
 	if dir, name := req.GetSandboxConfig().GetLogDirectory(), c.GetLogPath(); dir != "" && name != "" {
 		p := filepath.Join(dir, name)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -136,6 +153,30 @@ func (s runtimeService) CreateContainer(ctx context.Context, req *runtimeapi.Cre
 		s.r.mu.Lock()
 		s.r.logPaths[resp.GetContainerId()] = p
 		s.r.mu.Unlock()
+	}
+	return resp, nil
+}
+
+// StartContainer starts the container in the fake, and ends it at once if it
+// was created with EnvExitCode.
+func (s runtimeService) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+	resp, err := s.RemoteRuntime.StartContainer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	s.r.mu.Lock()
+	code, exits := s.r.exits[req.GetContainerId()]
+	s.r.mu.Unlock()
+	if exits {
+		rs := s.r.fake.RuntimeService
+		rs.Lock()
+		if c, ok := rs.Containers[req.GetContainerId()]; ok {
+			c.State = runtimeapi.ContainerState_CONTAINER_EXITED
+			c.FinishedAt = time.Now().UnixNano()
+			c.ExitCode = code
+			c.Reason = "Completed"
+		}
+		rs.Unlock()
 	}
 	return resp, nil
 }

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"syscall"
 	"time"
@@ -111,12 +112,27 @@ func Run(ctx context.Context, cfg Config) error {
 			_ = agent.Wait()
 		}()
 	}
-	select {
-	case <-ctx.Done():
-		stopKubelet()
-		return nil
-	case <-exited:
-		return fmt.Errorf("kubelet exited (see %s): %w", filepath.Join(cfg.Dir, KubeletLog), exitErr)
+	// SIGUSR1 restarts the kubelet, as an upgrade or a crash would: the new
+	// kubelet wipes the device-plugin directory and every plugin must
+	// register again.
+	restart := make(chan os.Signal, 1)
+	signal.Notify(restart, syscall.SIGUSR1)
+	defer signal.Stop(restart)
+	for {
+		select {
+		case <-ctx.Done():
+			stopKubelet()
+			return nil
+		case <-exited:
+			return fmt.Errorf("kubelet exited (see %s): %w", filepath.Join(cfg.Dir, KubeletLog), exitErr)
+		case <-restart:
+			stopKubelet()
+			if kubelet, err = startKubelet(cfg); err != nil {
+				return err
+			}
+			exited = make(chan struct{})
+			go func(k *exec.Cmd, done chan struct{}) { exitErr = k.Wait(); close(done) }(kubelet, exited)
+		}
 	}
 }
 
@@ -185,7 +201,8 @@ func startKubelet(cfg Config) (*exec.Cmd, error) {
 	if err := os.MkdirAll(cwd, 0o755); err != nil {
 		return nil, err
 	}
-	logFile, err := os.Create(filepath.Join(cfg.Dir, KubeletLog))
+	// Appended to: a restarted kubelet's log follows the first one's.
+	logFile, err := os.OpenFile(filepath.Join(cfg.Dir, KubeletLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
