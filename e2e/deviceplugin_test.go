@@ -61,7 +61,9 @@ func TestDevicePluginHandOff(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = rc.ResclassV1alpha1().ResourceClasses().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = rc.ResclassV1alpha1().ResourceClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
 	}
 
 	const nodeName = "gpu-node"
