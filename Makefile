@@ -3,7 +3,7 @@
 #   make demo       the suite on simulated nodes, explained as it goes
 #   make test       every test, unit to e2e
 #   make bench      benchmarks as `bench: NAME VALUE UNIT` lines (BENCH=NAME for one)
-#   make generate   deepcopy, CRDs and pkg/client from pkg/apis (controller-gen, code-generator)
+#   make generate   deepcopy, CRDs and pkg/client from pkg/apis (controller-gen, code-generator), proto/ (protoc)
 #   make verify     fails when generated files, go.mod or formatting are stale
 #   make lint       gofmt, go vet, golangci-lint
 #   make build      the three binaries into bin/
@@ -67,14 +67,15 @@ generate: $(CONTROLLER_GEN) $(CODE_GENERATOR)
 	rm -f deploy/crds/*.yaml
 	$(CONTROLLER_GEN) crd paths=./pkg/apis/... output:crd:artifacts:config=deploy/crds
 	hack/update-codegen.sh $(CODE_GENERATOR)
+	hack/update-proto.sh
 
 .PHONY: verify
 verify: generate
 	hack/update-k8s-replaces.sh $(patsubst v%,%,$(KUBERNETES_VERSION)) 2>/dev/null
 	go mod tidy
 	go -C hack/tools mod tidy
-	@if ! git diff --quiet --exit-code -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds || [ -n "$$(git status --porcelain -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds)" ]; then \
-		git status --short -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds; { git diff -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds | head -50 || true; }; \
+	@if ! git diff --quiet --exit-code -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds proto || [ -n "$$(git status --porcelain -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds proto)" ]; then \
+		git status --short -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds proto; { git diff -- go.mod go.sum hack/tools pkg/apis pkg/client deploy/crds proto | head -50 || true; }; \
 		echo "generated files or go.mod are stale: run 'make generate' and 'go mod tidy', then commit" >&2; exit 1; \
 	fi
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then \

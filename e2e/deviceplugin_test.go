@@ -24,7 +24,9 @@ import (
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/handoff"
+	"github.com/resclass/resclass/pkg/introspection"
 	"github.com/resclass/resclass/pkg/nodeagent"
+	agentv1 "github.com/resclass/resclass/proto/resclass/agent/v1"
 )
 
 // Two overlapping classes: every GPU of the mock DGX A100 (40 GB) is in both.
@@ -78,6 +80,7 @@ func TestDevicePluginHandOff(t *testing.T) {
 	}
 	uuids := dgx.UUIDs()
 	arc, akc := agentClients(t, nodeName)
+	introspectionSocket := filepath.Join(t.TempDir(), "agent.sock")
 	startAgent := func() (stop func()) {
 		actx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
@@ -88,7 +91,7 @@ func TestDevicePluginHandOff(t *testing.T) {
 				NodeName: nodeName, HostRoot: root, NVML: dgx,
 				PollInterval: 200 * time.Millisecond, ResyncInterval: 2 * time.Second,
 				Health:    nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
-				PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
+				PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second, IntrospectionSocket: introspectionSocket,
 			}, arc, akc)
 			if err := agent.Run(actx); err != nil {
 				t.Errorf("agent: %v", err)
@@ -200,6 +203,39 @@ func TestDevicePluginHandOff(t *testing.T) {
 	})
 	rec = waitRecord(t, ctx, kn, ns, p5, "main")
 	wantGPUs(t, rec, []string{uuids[6], uuids[1]}, []string{uuids[6], uuids[1]})
+
+	// What `node-agent status` shows: the restarted agent knows p5 from its
+	// Allocate, p1 and p2 from the kubelet's checkpoint, and the refusals.
+	client, conn, err := introspection.Dial(introspectionSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	allocs, err := client.ListAllocations(ctx, &agentv1.ListAllocationsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	for _, a := range allocs.GetAllocations() {
+		seen = append(seen, a.GetPodName()+"/"+a.GetContainer()+"/"+a.GetClassName()+"="+a.GetOutcome())
+	}
+	slices.Sort(seen)
+	want := []string{
+		"p1/train/" + classHighMem + "=allocated",
+		"p2/main/" + classAnyGPU + "=allocated", "p2/main/" + classHighMem + "=allocated", "p2/setup/" + classHighMem + "=allocated",
+		"p3/main/" + classHighMem + "=refused", "p4//" + classHighMem + "=refused",
+		"p5/main/" + classHighMem + "=allocated",
+	}
+	if !slices.Equal(seen, want) {
+		t.Errorf("allocations the agent reports:\n got %v\nwant %v", seen, want)
+	}
+	devs, err := client.ListDevices(ctx, &agentv1.ListDevicesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := devs.GetDevices(); len(d) != 8 || !slices.Equal(d[0].GetClasses(), []string{classAnyGPU, classHighMem}) {
+		t.Errorf("devices the agent reports: %v", d)
+	}
 
 	// No GPU went to two running containers.
 	records, err := kn.Records()

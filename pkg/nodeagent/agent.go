@@ -25,6 +25,7 @@ import (
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/client/informers/externalversions"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/introspection"
 	"github.com/resclass/resclass/pkg/inventory"
 )
 
@@ -57,6 +58,9 @@ type Config struct {
 	// WaitForPod bounds how long a kubelet call waits for the agent's pod
 	// cache to show the pod it is about.
 	WaitForPod time.Duration
+	// IntrospectionSocket is where the agent serves its own gRPC API
+	// (proto/resclass/agent/v1) for `node-agent status`; "" serves none.
+	IntrospectionSocket string
 }
 
 // Agent discovers its node's devices and keeps the node's NodeDevices object and
@@ -160,6 +164,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 
+	introspect := newIntrospectionSource()
+	if a.config.IntrospectionSocket != "" {
+		go func() {
+			if err := introspection.Serve(ctx, a.config.IntrospectionSocket, introspect); err != nil {
+				logger.Error(err, "introspection API not served", "socket", a.config.IntrospectionSocket)
+			}
+		}()
+	}
+
 	src := openSources(sourceOptions{hostRoot: a.config.HostRoot, includeVirtual: a.config.IncludeVirtualNICs, nvml: a.config.NVML})
 	defer src.close()
 	health := make(chan nvmldiscovery.HealthEvent, 16)
@@ -221,6 +234,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if plugins != nil {
 			plugins.update(status.Devices)
 		}
+		introspect.update(status.Devices, plugins)
 
 		// After a failed publish, polls and events wait for the retry: an
 		// apiserver that refuses the inventory is not asked again at poll rate.

@@ -18,6 +18,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/introspection"
 )
 
 type serveOptions struct {
@@ -34,6 +35,7 @@ type serveOptions struct {
 	pluginDir      string
 	poolSlots      int
 	waitForPod     time.Duration
+	introspection  string
 }
 
 func (o *serveOptions) addFlags(cmd *cobra.Command) {
@@ -50,6 +52,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.pluginDir, "device-plugin-dir", pluginapi.DevicePluginPath, "the kubelet's device-plugin directory: one endpoint (rc-<class>.sock) per ResourceClass that selects a device of this node is served and registered there; \"\" serves none (inventory only)")
 	f.IntVar(&o.poolSlots, "hugepage-pool-slots", 110, "how many containers may draw from one hugepage pool at once: the slot devices each pool is to the kubelet (docs/hugepages.md); raise it with the kubelet's maxPods")
 	f.DurationVar(&o.waitForPod, "pod-wait", 3*time.Second, "how long a kubelet Allocate or GetPreferredAllocation call waits for the agent's pod cache to show the pod it is about before answering without it")
+	f.StringVar(&o.introspection, "introspection-socket", introspection.DefaultIntrospectionSocket, "unix socket (mode 0600) of the agent's own gRPC API, which `node-agent status` reads: devices with their classes, allocations and refusals, health changes; \"\" serves none")
 	f.StringVar(&o.metricsAddress, "metrics-bind-address", ":9420", "address of the /metrics, /healthz and /readyz endpoint; \"0\" turns it off")
 }
 
@@ -83,15 +86,16 @@ func (o *serveOptions) run(ctx context.Context) error {
 		xids[i] = uint64(x)
 	}
 	cfg := Config{
-		NodeName:           o.nodeName,
-		HostRoot:           o.hostRoot,
-		IncludeVirtualNICs: o.includeVirtual,
-		NVML:               lib.New(libOpts...),
-		PollInterval:       o.poll,
-		ResyncInterval:     o.resync,
-		PluginDir:          o.pluginDir,
-		HugepagePoolSlots:  o.poolSlots,
-		WaitForPod:         o.waitForPod,
+		NodeName:            o.nodeName,
+		HostRoot:            o.hostRoot,
+		IncludeVirtualNICs:  o.includeVirtual,
+		NVML:                lib.New(libOpts...),
+		PollInterval:        o.poll,
+		ResyncInterval:      o.resync,
+		PluginDir:           o.pluginDir,
+		HugepagePoolSlots:   o.poolSlots,
+		WaitForPod:          o.waitForPod,
+		IntrospectionSocket: o.introspection,
 	}
 	cfg.Health.RecoveryAfter, cfg.Health.IgnoredXIDs = o.recoveryAfter, xids
 	m := newMetrics()

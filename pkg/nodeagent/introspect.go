@@ -1,0 +1,98 @@
+package nodeagent
+
+import (
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/introspection"
+	agentv1 "github.com/resclass/resclass/proto/resclass/agent/v1"
+)
+
+// introspectionSource is what `node-agent status` sees: the devices of the
+// last discovery pass with the classes serving them, the allocator's records
+// and the health changes (introspection.Source).
+type introspectionSource struct {
+	*introspection.HealthHub
+
+	mu      sync.Mutex
+	devices []v1alpha1.Device
+	plugins *pluginSet // nil when no endpoints are served
+}
+
+func newIntrospectionSource() *introspectionSource {
+	return &introspectionSource{HealthHub: introspection.NewHealthHub(0)}
+}
+
+// update records the devices of a pass and publishes their health changes.
+func (s *introspectionSource) update(devices []v1alpha1.Device, plugins *pluginSet) {
+	s.mu.Lock()
+	old := s.devices
+	s.devices, s.plugins = cloneDevices(devices), plugins
+	s.mu.Unlock()
+
+	prev := make(map[string]v1alpha1.Device, len(old))
+	for _, d := range old {
+		prev[d.ID] = d
+	}
+	now := timestamppb.New(time.Now())
+	for _, d := range devices {
+		if p, ok := prev[d.ID]; ok && p.Healthy == d.Healthy && p.Reason == d.Reason {
+			delete(prev, d.ID)
+			continue
+		}
+		delete(prev, d.ID)
+		s.Publish(&agentv1.HealthEvent{DeviceId: d.ID, Kind: d.Kind, Healthy: d.Healthy, Reason: d.Reason, Time: now})
+	}
+	for id := range prev {
+		s.Forget(id)
+	}
+}
+
+// Devices implements introspection.Source.
+func (s *introspectionSource) Devices() []*agentv1.Device {
+	s.mu.Lock()
+	devices, plugins := s.devices, s.plugins
+	s.mu.Unlock()
+	var classes map[string][]string
+	if plugins != nil {
+		classes = plugins.matcher.classesOf()
+	}
+	out := make([]*agentv1.Device, 0, len(devices))
+	for _, d := range devices {
+		pd := &agentv1.Device{Id: d.ID, Kind: d.Kind, Healthy: d.Healthy, Reason: d.Reason, NumaNode: -1, Classes: classes[d.ID], Attributes: map[string]string{}}
+		if n := d.Attributes[v1alpha1.AttributeNUMANode].IntValue; n != nil {
+			pd.NumaNode = int32(*n)
+		}
+		for name, a := range d.Attributes {
+			pd.Attributes[name] = a.String()
+		}
+		out = append(out, pd)
+	}
+	return out
+}
+
+// Allocations implements introspection.Source.
+func (s *introspectionSource) Allocations() []*agentv1.Allocation {
+	s.mu.Lock()
+	plugins := s.plugins
+	s.mu.Unlock()
+	if plugins == nil {
+		return nil
+	}
+	records := plugins.allocator.Allocations()
+	out := make([]*agentv1.Allocation, 0, len(records))
+	for _, r := range records {
+		outcome := "allocated"
+		if r.Refused {
+			outcome = "refused"
+		}
+		out = append(out, &agentv1.Allocation{
+			PodNamespace: r.Namespace, PodName: r.Name, PodUid: string(r.PodUID), Container: r.Container,
+			ClassName: r.Class, DeviceIds: r.Devices, Time: timestamppb.New(r.Time), Outcome: outcome, Message: r.Message,
+		})
+	}
+	return out
+}
