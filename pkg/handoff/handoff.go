@@ -285,16 +285,20 @@ func (m *match) key(class string) allocKey {
 	return allocKey{pod: m.pod.UID, container: m.container, class: class}
 }
 
-// candidates returns the unallocated containers of live pods (in admission
-// order) with an assignment for class, from pods indexed under key in index.
-func (a *Allocator) candidates(index, key, class string, accept func(ids []string) bool) []match {
+// first returns, of the live pods indexed under key in index, the first in
+// admission order (see ordered) with an unallocated container whose assignment
+// for class accept takes. It makes one pass without sorting or allocating: on
+// a shared pool every pod of the node may be indexed under the key.
+func (a *Allocator) first(index, key, class string, accept func(ids []string) bool) (match, bool) {
 	objs, err := a.informer.GetIndexer().ByIndex(index, key)
 	if err != nil {
-		return nil
+		return match{}, false
 	}
-	var out []match
-	for _, p := range ordered(objs) {
-		if p.assignment == nil || p.assignment.Node != a.cfg.Node {
+	var best match
+	found := false
+	for _, o := range objs {
+		p := o.(*podInfo)
+		if p.assignment == nil || p.assignment.Node != a.cfg.Node || (found && !before(p, best.pod)) {
 			continue
 		}
 		for _, c := range p.assignment.Containers {
@@ -304,11 +308,12 @@ func (a *Allocator) candidates(index, key, class string, accept func(ids []strin
 			}
 			m := match{pod: p, container: c.Name, devices: ids}
 			if !a.isAllocated(m.key(class)) {
-				out = append(out, m)
+				best, found = m, true
+				break
 			}
 		}
 	}
-	return out
+	return best, found
 }
 
 // Preferred implements deviceplugin.Handler.
@@ -343,18 +348,19 @@ func (a *Allocator) Preferred(ctx context.Context, resource string, req *plugina
 		}
 		return true
 	}
-	var chosen []match
-	a.waitFor(ctx, func() bool {
-		chosen = a.candidates(byClass, class, class, fits)
-		return len(chosen) > 0
+	var chosen match
+	found := a.waitFor(ctx, func() bool {
+		var ok bool
+		chosen, ok = a.first(byClass, class, class, fits)
+		return ok
 	})
 	a.cfg.Metrics.observe("preferred", start)
-	if len(chosen) == 0 {
+	if !found {
 		klog.FromContext(ctx).V(2).Info("no pending assignment fits the kubelet's request; leaving the choice to the kubelet", "class", class, "size", size)
 		return nil
 	}
 	out := make([]string, 0, size)
-	for _, dev := range chosen[0].devices {
+	for _, dev := range chosen.devices {
 		switch {
 		case must[dev] != "":
 			out = append(out, must[dev])
@@ -378,18 +384,27 @@ func (a *Allocator) Allocate(ctx context.Context, resource string, kubeletIDs []
 		return nil, fmt.Errorf("%s: %w", resource, err)
 	}
 	want := slices.Sorted(slices.Values(devices))
+	// Ids are unique within a container's class (assignment.Validate), so equal
+	// lengths and containment are set equality.
 	exact := func(ids []string) bool {
-		return len(ids) == len(want) && slices.Equal(slices.Sorted(slices.Values(ids)), want)
+		if len(ids) != len(want) {
+			return false
+		}
+		for _, id := range ids {
+			if _, ok := slices.BinarySearch(want, id); !ok {
+				return false
+			}
+		}
+		return true
 	}
-	var found []match
-	a.waitFor(ctx, func() bool {
-		found = a.candidates(byDevice, deviceKey(class, want[0]), class, exact)
-		return len(found) > 0
-	})
-	if len(found) == 0 {
+	var m match
+	if !a.waitFor(ctx, func() bool {
+		var ok bool
+		m, ok = a.first(byDevice, deviceKey(class, want[0]), class, exact)
+		return ok
+	}) {
 		return nil, a.refuse(ctx, class, want)
 	}
-	m := found[0]
 	resp, err := a.response(m, class)
 	if err != nil {
 		a.record(m, class, err.Error())
@@ -430,9 +445,7 @@ func (a *Allocator) deviceIDs(kubeletIDs []string) ([]string, error) {
 // pod the kubelet most likely meant, and returns the error for the kubelet.
 func (a *Allocator) refuse(ctx context.Context, class string, devices []string) error {
 	logger := klog.FromContext(ctx)
-	pending := a.candidates(byClass, class, class, func(ids []string) bool { return len(ids) == len(devices) })
-	if len(pending) > 0 {
-		m := pending[0]
+	if m, ok := a.first(byClass, class, class, func(ids []string) bool { return len(ids) == len(devices) }); ok {
 		msg := fmt.Sprintf("the kubelet chose %s devices %v for container %q, but the resclass scheduler assigned %v: refusing to run on devices the scheduler did not account for",
 			class, devices, m.container, m.devices)
 		a.cfg.Metrics.outcome(class, "mismatch")

@@ -130,21 +130,26 @@ var indexers = cache.Indexers{
 	},
 }
 
-// ordered sorts pods as the kubelet admits them: oldest first, then by
+// compare orders pods as the kubelet admits them: oldest first, then by
 // namespace and name, so every choice among several pods is deterministic.
+func compare(a, b *podInfo) int {
+	if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
+}
+
+func before(a, b *podInfo) bool { return compare(a, b) < 0 }
+
+// ordered sorts pods by compare.
 func ordered(objs []any) []*podInfo {
 	pods := make([]*podInfo, 0, len(objs))
 	for _, o := range objs {
 		pods = append(pods, o.(*podInfo))
 	}
-	slices.SortFunc(pods, func(a, b *podInfo) int {
-		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
-			return c
-		}
-		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
+	slices.SortFunc(pods, compare)
 	return pods
 }
