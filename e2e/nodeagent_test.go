@@ -18,7 +18,6 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	resclassac "github.com/resclass/resclass/pkg/client/applyconfiguration/resclass/v1alpha1"
@@ -31,21 +30,11 @@ import (
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
 
-const agentServiceAccount = "system:serviceaccount:resclass-system:resclass-node-agent"
-
-// agentClients are clients with the node agent's identity, as deploy/node-agent
-// gives it: its ServiceAccount with a token bound to a pod on node (the
-// node-name claim). node "" is a token without the claim.
+// agentClients are clients with the node agent's identity on node (see
+// framework.Cluster.NodeAgentConfig).
 func agentClients(t *testing.T, node string) (versioned.Interface, kubernetes.Interface) {
 	t.Helper()
-	cfg := rest.CopyConfig(cluster.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{
-		UserName: agentServiceAccount,
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"},
-	}
-	if node != "" {
-		cfg.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/node-name": {node}}
-	}
+	cfg := cluster.NodeAgentConfig(node)
 	rc, err := versioned.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -149,6 +149,13 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		return err
 	}
 
+	p.section("8. The node agent hands the assigned devices to the container")
+	stopAgent, err := agentHandOff(ctx, p, cluster, opts.root)
+	defer stopAgent()
+	if err != nil {
+		return err
+	}
+
 	p.section("Done")
 	if opts.keep {
 		p.line("The cluster stays up until you press Ctrl-C. Try:")
@@ -156,6 +163,7 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		p.line("  kubectl get nodes,nodedevices,resourceclasses")
 		p.line("  kubectl get nodedevices dgx-a100 -o yaml")
 		p.line("  kubectl -n demo get pods -o wide")
+		p.line("  kubectl -n demo describe pod train-3")
 		if p.err != nil {
 			return p.err
 		}
@@ -378,7 +386,7 @@ func podWithDevices(ctx context.Context, p *printer, c *framework.Cluster, kubel
 		cdi = append(cdi, d.GetName())
 	}
 	p.line("    CDI devices %s", strings.Join(cdi, ", "))
-	p.line("  (the example device plugin stands in for the node agent, which serves classes next)")
+	p.line("  (the example device plugin; section 8 shows the node agent's own endpoints)")
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -81,4 +82,23 @@ func (c *Cluster) publishNodeDevices(ctx context.Context, node *corev1.Node, sta
 	pub := &inventory.Publisher{Resclass: rc, Kube: c.Client, Node: node}
 	_, err = pub.Publish(ctx, nil, status)
 	return err
+}
+
+// NodeAgentServiceAccount is the node agent's identity in deploy/node-agent.
+const NodeAgentServiceAccount = "system:serviceaccount:resclass-system:resclass-node-agent"
+
+// NodeAgentConfig is a client configuration with the node agent's identity as
+// deploy/node-agent gives it: its ServiceAccount, with a token bound to a pod on
+// node (the node-name claim the apiserver adds). node "" is a token without
+// the claim.
+func (c *Cluster) NodeAgentConfig(node string) *rest.Config {
+	cfg := rest.CopyConfig(c.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: NodeAgentServiceAccount,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"},
+	}
+	if node != "" {
+		cfg.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/node-name": {node}}
+	}
+	return cfg
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -104,8 +105,13 @@ func (e *endpoint) snapshot() ([]*pluginapi.Device, <-chan struct{}) {
 // stop ends every ListAndWatch stream of the endpoint.
 func (e *endpoint) stop() { close(e.stopped) }
 
-func (e *endpoint) newServer() *grpc.Server {
-	srv := grpc.NewServer()
+// newServer returns a gRPC server of the endpoint whose unary calls log with
+// logger (the kubelet's requests carry no logger of their own).
+func (e *endpoint) newServer(logger klog.Logger) *grpc.Server {
+	logger = logger.WithValues("resource", e.resource)
+	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		return handler(klog.NewContext(ctx, logger), req)
+	}))
 	pluginapi.RegisterDevicePluginServer(srv, e)
 	return srv
 }

@@ -262,7 +262,7 @@ func (m *Manager) ensure(ctx context.Context, s *server, kubelet fileID) error {
 				m.observer.Restarted(s.ep.resource)
 			}
 		}
-		if err := s.start(); err != nil {
+		if err := s.start(logger); err != nil {
 			return err
 		}
 		if err := confirm(ctx, s.ep.socket); err != nil {
@@ -317,7 +317,7 @@ func (s *server) serving() bool {
 	return inode(s.ep.socket) == s.ino
 }
 
-func (s *server) start() error {
+func (s *server) start(logger klog.Logger) error {
 	if err := os.Remove(s.ep.socket); err != nil && !os.IsNotExist(err) {
 		return err
 	}
@@ -326,7 +326,7 @@ func (s *server) start() error {
 		return err
 	}
 	s.ino = inode(s.ep.socket)
-	s.grpc = s.ep.newServer()
+	s.grpc = s.ep.newServer(logger)
 	s.done = make(chan struct{})
 	s.kubelet = fileID{}
 	srv, done := s.grpc, s.done

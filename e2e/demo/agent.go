@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
+
+	"github.com/resclass/resclass/e2e/framework"
+	"github.com/resclass/resclass/e2e/framework/cri"
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/assignment"
+	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
+	"github.com/resclass/resclass/pkg/nodeagent"
+)
+
+// agentNode is the demo's node with the real node agent: go-nvml's DGX A100
+// mock stands in for the GPUs, everything else is real (the agent's code, its
+// RBAC, the kubelet's device manager).
+const agentNode = "gpu-node"
+
+// agentHandOff runs the node agent on a kubelet node, writes an assignment on a
+// pod as the scheduler will, and shows what the container gets; then a pod
+// whose assignment the kubelet cannot honour.
+//
+// The agent runs until stop is called, which must happen before the cluster
+// stops: its watches would hold the apiserver's shutdown.
+func agentHandOff(ctx context.Context, p *printer, c *framework.Cluster, root string) (stop func(), err error) {
+	stop = func() {}
+	return stop, agentHandOffSteps(ctx, p, c, root, &stop)
+}
+
+func agentHandOffSteps(ctx context.Context, p *printer, c *framework.Cluster, root string, stop *func()) error {
+	if _, err := c.ApplyManifest(ctx, filepath.Join(root, "deploy/node-agent/rbac.yaml")); err != nil {
+		return err
+	}
+	kn, err := c.AddKubeletNode(ctx, framework.NodeOptions{Name: agentNode})
+	if err != nil {
+		return err
+	}
+	dgx := nvmlmock.New()
+	sysfs := filepath.Join(c.Dir, agentNode+"-sysfs")
+	if err := dgx.WriteSysfs(sysfs); err != nil {
+		return err
+	}
+	cfg := c.NodeAgentConfig(agentNode)
+	rc, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	agent := nodeagent.New(nodeagent.Config{
+		NodeName: agentNode, HostRoot: sysfs, NVML: dgx, PluginDir: kn.PluginDir(),
+		Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}, WaitForPod: time.Second,
+	}, rc, kc)
+	// The agent's own log would interleave with the narrative.
+	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, logr.Discard()))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = agent.Run(agentCtx) }()
+	*stop = func() { cancel(); <-done }
+	p.line("  Node %s: a real kubelet, and the node agent (as the resclass-node-agent", agentNode)
+	p.line("  ServiceAccount) on go-nvml's DGX A100 mock. It serves one device-plugin endpoint")
+	p.line("  per class that selects its GPUs; the kubelet's allocatable:")
+	var node *corev1.Node
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		node, err = c.Client.CoreV1().Nodes().Get(ctx, agentNode, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		q := node.Status.Allocatable[v1alpha1.ResourceNamePrefix+"nvidia.high.mem"]
+		return q.Value() == 8, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the node agent's endpoints never showed in %s's allocatable: %w", agentNode, err)
+	}
+	for name, q := range node.Status.Allocatable {
+		if strings.HasPrefix(string(name), v1alpha1.ResourceNamePrefix) {
+			p.line("    %s: %s", name, q.String())
+		}
+	}
+
+	uuids := dgx.UUIDs()
+	pod := func(name string, gpus ...string) *corev1.Pod {
+		a := &assignment.Assignment{Node: agentNode, Containers: []assignment.Container{{Name: "train", Classes: map[string][]string{"nvidia.high.mem": gpus}}}}
+		anns, err := assignment.Annotations(a)
+		if err != nil {
+			panic(err)
+		}
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "demo", Annotations: anns},
+			Spec: corev1.PodSpec{NodeName: agentNode, RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
+				Name: "train", Image: "registry.example/train:1",
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNamePrefix + "nvidia.high.mem": resource.MustParse("2")}},
+			}}},
+		}
+	}
+	p.line("  demo/train-2 gets GPUs %s and %s in its assignment (written here as", short(uuids[6]), short(uuids[3]))
+	p.line("  the scheduler's PreBind will), and is bound to %s.", agentNode)
+	if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, pod("train-2", uuids[6], uuids[3]), metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	rec, err := waitForContainer(ctx, kn, "train-2", "train")
+	if err != nil {
+		return err
+	}
+	p.line("  The kubelet asked the agent (GetPreferredAllocation, Allocate) and created the container with")
+	p.line("    NVIDIA_VISIBLE_DEVICES=%s", rec.Env["NVIDIA_VISIBLE_DEVICES"])
+	p.line("    RESCLASS_DEVICES_NVIDIA_HIGH_MEM=%s", rec.Env["RESCLASS_DEVICES_NVIDIA_HIGH_MEM"])
+	for _, d := range rec.CDIDevices {
+		p.line("    CDI device %s", d.GetName())
+	}
+
+	p.line("  demo/train-3's assignment names %s, which train-2 holds (a stale scheduler, say).", short(uuids[6]))
+	if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, pod("train-3", uuids[6], uuids[0]), metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	var msg string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		evs, err := c.Client.CoreV1().Events("demo").List(ctx, metav1.ListOptions{FieldSelector: fields.Set{"involvedObject.name": "train-3", "reason": "DeviceAssignmentMismatch"}.String()})
+		if err != nil || len(evs.Items) == 0 {
+			return false, err
+		}
+		msg = evs.Items[0].Message
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("no DeviceAssignmentMismatch Event on demo/train-3: %w", err)
+	}
+	got, err := c.Client.CoreV1().Pods("demo").Get(ctx, "train-3", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	p.line("  The agent refuses what the scheduler did not assign; kubectl describe pod train-3:")
+	p.line("    Warning DeviceAssignmentMismatch: %s", msg)
+	p.line("  and the kubelet rejects the pod: phase %s, reason %s.", got.Status.Phase, got.Status.Reason)
+	return nil
+}
+
+func waitForContainer(ctx context.Context, kn *framework.KubeletNode, pod, container string) (*cri.Record, error) {
+	var rec *cri.Record
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		records, err := kn.Records()
+		if err != nil {
+			return false, err
+		}
+		for i := range records {
+			if records[i].Pod == pod && records[i].Container == container {
+				rec = &records[i]
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("no CreateContainer for %s/%s: %w", pod, container, err)
+	}
+	return rec, nil
+}
+
+// short shortens a GPU UUID for the narrative.
+func short(uuid string) string {
+	if len(uuid) > 12 {
+		return uuid[:12] + "…"
+	}
+	return uuid
+}
