@@ -90,6 +90,10 @@ type Allocator struct {
 	changedMu sync.Mutex
 	changed   chan struct{}
 
+	// ready is set once the pod cache is filled and the kubelet's checkpoint
+	// read: only then do answers account for what containers already hold.
+	ready atomic.Bool
+
 	recordsMu sync.Mutex
 	allocated map[allocKey]*Record
 	refused   []*Record // the latest refusals, newest last
@@ -169,12 +173,14 @@ func (a *Allocator) Run(ctx context.Context, checkpoint string) error {
 			klog.FromContext(ctx).Info("allocation state rebuilt from the kubelet's checkpoint", "containers", n)
 		}
 	}
+	a.ready.Store(true)
 	<-ctx.Done()
 	return nil
 }
 
-// HasSynced reports whether the pod cache is filled.
-func (a *Allocator) HasSynced() bool { return a.informer.HasSynced() }
+// HasSynced reports whether the pod cache is filled and the kubelet's
+// checkpoint read: endpoints should serve only then.
+func (a *Allocator) HasSynced() bool { return a.ready.Load() }
 
 // SetDevices gives the allocator the node's current devices.
 func (a *Allocator) SetDevices(devices []v1alpha1.Device) {

@@ -54,7 +54,6 @@ type fixture struct {
 	alloc    *Allocator
 	recorder *record.FakeRecorder
 	metrics  *Metrics
-	created  time.Time
 }
 
 func newFixture(t testing.TB, pods ...*corev1.Pod) *fixture {
@@ -67,10 +66,6 @@ func newFixtureWaiting(t testing.TB, wait time.Duration, pods ...*corev1.Pod) *f
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
-	objs := make([]any, 0, len(pods))
-	for _, p := range pods {
-		objs = append(objs, p)
-	}
 	f := &fixture{t: t, ctx: ctx, recorder: record.NewFakeRecorder(100), metrics: NewMetrics(prometheus.NewRegistry())}
 	f.kube = fake.NewClientset()
 	for _, p := range pods {

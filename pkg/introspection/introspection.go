@@ -103,8 +103,9 @@ func Serve(ctx context.Context, socketPath string, src Source) error {
 		gs.Stop()
 		<-stopped
 	}
-	<-served // nil after GracefulStop or Stop
-	return nil
+	// Serve returns nil after GracefulStop or Stop; anything else is worth
+	// reporting.
+	return <-served
 }
 
 // listen creates the socket in a private directory next to socketPath, sets its

@@ -1,0 +1,92 @@
+package nodeagent
+
+import (
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+func class(name, rv string, exprs ...v1alpha1.ResourceSelectorRequirement) *v1alpha1.ResourceClass {
+	return &v1alpha1.ResourceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv},
+		Spec:       v1alpha1.ResourceClassSpec{ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: exprs}}},
+	}
+}
+
+func kindIs(kind string) v1alpha1.ResourceSelectorRequirement {
+	return v1alpha1.ResourceSelectorRequirement{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{kind}}
+}
+
+func TestClassMatcherEndpoints(t *testing.T) {
+	q := resource.MustParse("1Gi")
+	devices := []v1alpha1.Device{
+		{ID: "GPU-a", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{v1alpha1.AttributeNUMANode: v1alpha1.IntAttribute(1)}},
+		{ID: "GPU-b", Kind: v1alpha1.DeviceKindNvidiaGPU, Reason: "XID 79"},
+		{ID: "hugepages-1Gi-numa0", Kind: v1alpha1.DeviceKindHugePages, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{
+			v1alpha1.AttributeSize: {QuantityValue: &q}, v1alpha1.AttributeNUMANode: v1alpha1.IntAttribute(0),
+		}},
+	}
+	m := newClassMatcher(3)
+	classes := []*v1alpha1.ResourceClass{
+		class("any-gpu", "1", kindIs(v1alpha1.DeviceKindNvidiaGPU)),
+		class("also-gpu", "1", kindIs(v1alpha1.DeviceKindNvidiaGPU)),
+		class("pages", "1", kindIs(v1alpha1.DeviceKindHugePages)),
+		class("nics", "1", kindIs(v1alpha1.DeviceKindNIC)), // selects nothing here
+		class("broken", "1", v1alpha1.ResourceSelectorRequirement{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"lots"}}),
+	}
+	eps := m.endpoints(classes, devices)
+	if len(eps) != 3 {
+		t.Fatalf("endpoints %v, want any-gpu, also-gpu and pages", eps)
+	}
+	gpus := eps[v1alpha1.ResourceNamePrefix+"any-gpu"]
+	if len(gpus) != 2 || !gpus[0].Healthy || gpus[0].NUMANode != 1 || gpus[1].Healthy || gpus[1].NUMANode != -1 {
+		t.Errorf("any-gpu devices %+v: the unhealthy GPU is advertised as such, NUMA -1 when unknown", gpus)
+	}
+	pool := eps[v1alpha1.ResourceNamePrefix+"pages"]
+	if len(pool) != 3 || pool[2].ID != "hugepages-1Gi-numa0/2" || pool[0].NUMANode != 0 {
+		t.Errorf("pool slots %+v", pool)
+	}
+	if got := m.classesOf()["GPU-a"]; len(got) != 2 || got[0] != "also-gpu" || got[1] != "any-gpu" {
+		t.Errorf("classes serving GPU-a: %v", got)
+	}
+
+	// A class compiles once per resourceVersion; a deleted one is dropped.
+	before := m.compiled["any-gpu"].class
+	m.endpoints(classes[:1], devices)
+	if m.compiled["any-gpu"].class != before {
+		t.Error("an unchanged class was compiled again")
+	}
+	if _, ok := m.compiled["pages"]; ok {
+		t.Error("a deleted class stays compiled")
+	}
+	changed := class("any-gpu", "2", kindIs(v1alpha1.DeviceKindHugePages))
+	if eps := m.endpoints([]*v1alpha1.ResourceClass{changed}, devices); len(eps[v1alpha1.ResourceNamePrefix+"any-gpu"]) != 3 {
+		t.Errorf("a changed class is not recompiled: %v", eps)
+	}
+}
+
+func TestIntrospectionHealthEvents(t *testing.T) {
+	s := newIntrospectionSource()
+	s.update([]v1alpha1.Device{{ID: "GPU-a", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true}}, nil)
+	current, changes, cancel := s.SubscribeHealth()
+	defer cancel()
+	if len(current) != 1 || !current[0].GetHealthy() {
+		t.Fatalf("current %v", current)
+	}
+	s.update([]v1alpha1.Device{{ID: "GPU-a", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true}}, nil)
+	s.update([]v1alpha1.Device{{ID: "GPU-a", Kind: v1alpha1.DeviceKindNvidiaGPU, Reason: "XID 79"}}, nil)
+	if ev := <-changes; ev.GetHealthy() || ev.GetReason() != "XID 79" {
+		t.Errorf("change %v", ev)
+	}
+	select {
+	case ev := <-changes:
+		t.Errorf("an unchanged pass published %v", ev)
+	default:
+	}
+	if d := s.Devices(); len(d) != 1 || d[0].GetNumaNode() != -1 || d[0].GetHealthy() {
+		t.Errorf("devices %v", d)
+	}
+}
