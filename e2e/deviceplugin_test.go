@@ -313,25 +313,12 @@ func ptrTo[T any](v T) *T { return &v }
 // waitRecord waits for the runtime's CreateContainer of pod/container.
 func waitRecord(t *testing.T, ctx context.Context, kn *framework.KubeletNode, ns, pod, container string) cri.Record {
 	t.Helper()
-	var found *cri.Record
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		records, err := kn.Records()
-		if err != nil {
-			return false, nil
-		}
-		for i := range records {
-			if r := records[i]; r.Namespace == ns && r.Pod == pod && r.Container == container {
-				found = &r
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	r, err := kn.WaitForRecord(ctx, ns, pod, container)
 	if err != nil {
 		p, _ := cluster.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
-		t.Fatalf("no container %s/%s/%s reached the runtime: %v\npod status: %+v", ns, pod, container, err, p.Status)
+		t.Fatalf("%v\npod status: %+v", err, p.Status)
 	}
-	return *found
+	return r
 }
 
 // wantGPUs checks the GPUs a container got: NVIDIA_VISIBLE_DEVICES (visible, in

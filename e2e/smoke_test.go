@@ -24,7 +24,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/resclass/resclass/e2e/framework"
-	"github.com/resclass/resclass/e2e/framework/cri"
 	"github.com/resclass/resclass/e2e/framework/exampleplugin"
 )
 
@@ -126,20 +125,10 @@ func TestPodGetsDevicesThroughTheKubelet(t *testing.T) {
 		t.Errorf("no Scheduled event for the pod (err %v)", err)
 	}
 
-	var rec *cri.Record
-	poll(t, ctx, 10*time.Second, "CreateContainer recorded", func(context.Context) (bool, error) {
-		records, err := node1.Records()
-		if err != nil {
-			return false, err
-		}
-		for i := range records {
-			if records[i].Namespace == ns && records[i].Pod == pod.Name && records[i].Container == "main" {
-				rec = &records[i]
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	rec, err := node1.WaitForRecord(ctx, ns, pod.Name, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ids := strings.Split(rec.Env[exampleplugin.EnvDevices], ",")
 	if len(ids) != 2 || !strings.HasPrefix(ids[0], "example-") || ids[0] == ids[1] {
 		t.Errorf("container env %s = %q, want two distinct example devices", exampleplugin.EnvDevices, rec.Env[exampleplugin.EnvDevices])

@@ -18,7 +18,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/resclass/resclass/e2e/framework"
-	"github.com/resclass/resclass/e2e/framework/cri"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
@@ -115,7 +114,7 @@ func agentHandOffSteps(ctx context.Context, p *printer, c *framework.Cluster, ro
 	if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, pod("train-2", uuids[6], uuids[3]), metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	rec, err := waitForContainer(ctx, kn, "train-2", "train")
+	rec, err := kn.WaitForRecord(ctx, "demo", "train-2", "train")
 	if err != nil {
 		return err
 	}
@@ -150,27 +149,6 @@ func agentHandOffSteps(ctx context.Context, p *printer, c *framework.Cluster, ro
 	p.line("    Warning DeviceAssignmentMismatch: %s", msg)
 	p.line("  and the kubelet rejects the pod: phase %s, reason %s.", got.Status.Phase, got.Status.Reason)
 	return nil
-}
-
-func waitForContainer(ctx context.Context, kn *framework.KubeletNode, pod, container string) (*cri.Record, error) {
-	var rec *cri.Record
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		records, err := kn.Records()
-		if err != nil {
-			return false, err
-		}
-		for i := range records {
-			if records[i].Pod == pod && records[i].Container == container {
-				rec = &records[i]
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("no CreateContainer for %s/%s: %w", pod, container, err)
-	}
-	return rec, nil
 }
 
 // short shortens a GPU UUID for the narrative.

@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/e2e/framework"
-	"github.com/resclass/resclass/e2e/framework/cri"
 	"github.com/resclass/resclass/e2e/framework/exampleplugin"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
@@ -362,22 +361,9 @@ func podWithDevices(ctx context.Context, p *printer, c *framework.Cluster, kubel
 		return fmt.Errorf("pod demo/train-0 did not start: %w", err)
 	}
 	p.line("  Scheduled to %s and Running.", got.Spec.NodeName)
-	var rec *cri.Record
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		records, err := kubelets[got.Spec.NodeName].Records()
-		if err != nil {
-			return false, err
-		}
-		for i := range records {
-			if records[i].Pod == pod.Name && records[i].Container == "train" {
-				rec = &records[i]
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	rec, err := kubelets[got.Spec.NodeName].WaitForRecord(ctx, "demo", pod.Name, "train")
 	if err != nil {
-		return fmt.Errorf("no CreateContainer for demo/train-0: %w", err)
+		return err
 	}
 	p.line("  The kubelet asked the runtime to create container \"train\" with")
 	p.line("    env %s=%s", exampleplugin.EnvDevices, rec.Env[exampleplugin.EnvDevices])

@@ -163,3 +163,26 @@ func nodeReady(n *corev1.Node) bool {
 func tailFile(path string, n int) string {
 	return (&process{logPath: path}).tail(n)
 }
+
+// WaitForRecord waits up to a minute for the runtime's CreateContainer of
+// container in pod (namespace "" matches any) and returns it.
+func (n *KubeletNode) WaitForRecord(ctx context.Context, namespace, pod, container string) (cri.Record, error) {
+	var found cri.Record
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		records, err := n.Records()
+		if err != nil {
+			return false, nil // the file appears with the first container
+		}
+		for _, r := range records {
+			if (namespace == "" || r.Namespace == namespace) && r.Pod == pod && r.Container == container {
+				found = r
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return cri.Record{}, fmt.Errorf("no container %s of pod %s reached %s's runtime: %w", container, pod, n.Name, err)
+	}
+	return found, nil
+}
