@@ -182,11 +182,20 @@ func (a *Allocator) Run(ctx context.Context, checkpoint string) error {
 // checkpoint read: endpoints should serve only then.
 func (a *Allocator) HasSynced() bool { return a.ready.Load() }
 
-// SetDevices gives the allocator the node's current devices.
+// SetDevices gives the allocator the node's current devices. It keeps a copy:
+// the caller goes on using its own (publishing it, for one).
 func (a *Allocator) SetDevices(devices []v1alpha1.Device) {
 	m := make(map[string]*v1alpha1.Device, len(devices))
 	for i := range devices {
-		m[devices[i].ID] = &devices[i]
+		d := devices[i].DeepCopy()
+		// Quantity.String caches its result in the Quantity: render each once
+		// here, so that concurrent Allocate calls only read.
+		for _, attr := range d.Attributes {
+			if attr.QuantityValue != nil {
+				_ = attr.QuantityValue.String()
+			}
+		}
+		m[d.ID] = d
 	}
 	a.devices.Store(&m)
 }

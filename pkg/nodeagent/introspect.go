@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -19,18 +20,34 @@ type introspectionSource struct {
 
 	mu      sync.Mutex
 	devices []v1alpha1.Device
-	plugins *pluginSet // nil when no endpoints are served
+	// rendered are the devices as the API returns them, made in update: the
+	// agent's devices share Quantities with the published copy, and rendering
+	// one writes to it (Quantity.String caches), so no request renders.
+	rendered []*agentv1.Device
+	plugins  *pluginSet // nil when no endpoints are served
 }
 
 func newIntrospectionSource() *introspectionSource {
 	return &introspectionSource{HealthHub: introspection.NewHealthHub(0)}
 }
 
-// update records the devices of a pass and publishes their health changes.
+// update records the devices of a pass and publishes their health changes. It
+// runs in the agent's loop, the only goroutine that touches devices.
 func (s *introspectionSource) update(devices []v1alpha1.Device, plugins *pluginSet) {
+	rendered := make([]*agentv1.Device, 0, len(devices))
+	for _, d := range devices {
+		pd := &agentv1.Device{Id: d.ID, Kind: d.Kind, Healthy: d.Healthy, Reason: d.Reason, NumaNode: -1, Attributes: make(map[string]string, len(d.Attributes))}
+		if n := d.Attributes[v1alpha1.AttributeNUMANode].IntValue; n != nil {
+			pd.NumaNode = int32(*n)
+		}
+		for name, a := range d.Attributes {
+			pd.Attributes[name] = a.String()
+		}
+		rendered = append(rendered, pd)
+	}
 	s.mu.Lock()
 	old := s.devices
-	s.devices, s.plugins = cloneDevices(devices), plugins
+	s.devices, s.rendered, s.plugins = cloneDevices(devices), rendered, plugins
 	s.mu.Unlock()
 
 	prev := make(map[string]v1alpha1.Device, len(old))
@@ -54,22 +71,17 @@ func (s *introspectionSource) update(devices []v1alpha1.Device, plugins *pluginS
 // Devices implements introspection.Source.
 func (s *introspectionSource) Devices() []*agentv1.Device {
 	s.mu.Lock()
-	devices, plugins := s.devices, s.plugins
+	rendered, plugins := s.rendered, s.plugins
 	s.mu.Unlock()
 	var classes map[string][]string
 	if plugins != nil {
 		classes = plugins.matcher.classesOf()
 	}
-	out := make([]*agentv1.Device, 0, len(devices))
-	for _, d := range devices {
-		pd := &agentv1.Device{Id: d.ID, Kind: d.Kind, Healthy: d.Healthy, Reason: d.Reason, NumaNode: -1, Classes: classes[d.ID], Attributes: map[string]string{}}
-		if n := d.Attributes[v1alpha1.AttributeNUMANode].IntValue; n != nil {
-			pd.NumaNode = int32(*n)
-		}
-		for name, a := range d.Attributes {
-			pd.Attributes[name] = a.String()
-		}
-		out = append(out, pd)
+	out := make([]*agentv1.Device, 0, len(rendered))
+	for _, d := range rendered {
+		c := proto.CloneOf(d)
+		c.Classes = classes[d.GetId()]
+		out = append(out, c)
 	}
 	return out
 }
