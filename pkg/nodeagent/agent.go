@@ -8,6 +8,7 @@ import (
 	"time"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,6 +28,7 @@ import (
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/introspection"
 	"github.com/resclass/resclass/pkg/inventory"
+	agentv1 "github.com/resclass/resclass/proto/resclass/agent/v1"
 )
 
 // Config is what a running agent needs besides its clients.
@@ -229,7 +231,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		devices := append(cloneDevices(gpus), host...)
 		applyHealth(devices, unhealthyGPUs)
 		status := assemble(devices, append([]metav1.Condition{gpuCond}, hostConds...)...)
-		prev = a.reportHealth(ctx, recorder, node, prev, status.Devices)
+		prev = a.reportHealth(ctx, recorder, node, introspect.HealthHub, prev, status.Devices)
 		a.metrics.observe(status.Devices)
 		if plugins != nil {
 			plugins.update(status.Devices)
@@ -294,13 +296,19 @@ func (a *Agent) publish(ctx context.Context, pub *inventory.Publisher, nds inter
 
 // reportHealth records an Event on the Node for each device whose health
 // changed since prev, and returns the devices by id for the next call. The
-// first call (prev nil) reports the devices that start unhealthy.
-func (a *Agent) reportHealth(ctx context.Context, recorder record.EventRecorder, node *corev1.Node, prev map[string]v1alpha1.Device, devices []v1alpha1.Device) map[string]v1alpha1.Device {
+// first call (prev nil) reports the devices that start unhealthy. The hub
+// (`node-agent status --watch`) gets every new device's state and every change,
+// and forgets the devices that are gone.
+func (a *Agent) reportHealth(ctx context.Context, recorder record.EventRecorder, node *corev1.Node, hub *introspection.HealthHub, prev map[string]v1alpha1.Device, devices []v1alpha1.Device) map[string]v1alpha1.Device {
 	logger := klog.FromContext(ctx)
+	now := timestamppb.Now()
 	next := make(map[string]v1alpha1.Device, len(devices))
 	for _, d := range devices {
 		next[d.ID] = d
 		old, known := prev[d.ID]
+		if !known || old.Healthy != d.Healthy || old.Reason != d.Reason {
+			hub.Publish(&agentv1.HealthEvent{DeviceId: d.ID, Kind: d.Kind, Healthy: d.Healthy, Reason: d.Reason, Time: now})
+		}
 		switch {
 		case !d.Healthy && (!known || old.Healthy || old.Reason != d.Reason):
 			logger.Info("device unhealthy", "device", d.ID, "kind", d.Kind, "reason", d.Reason)
@@ -310,6 +318,11 @@ func (a *Agent) reportHealth(ctx context.Context, recorder record.EventRecorder,
 			logger.Info("device healthy again", "device", d.ID, "kind", d.Kind)
 			recorder.Eventf(node, corev1.EventTypeNormal, "DeviceHealthy", "%s %s is healthy again", d.Kind, d.ID)
 			a.metrics.transitions.WithLabelValues(d.Kind, "healthy").Inc()
+		}
+	}
+	for id := range prev {
+		if _, ok := next[id]; !ok {
+			hub.Forget(id)
 		}
 	}
 	return next

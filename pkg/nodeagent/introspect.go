@@ -2,7 +2,6 @@ package nodeagent
 
 import (
 	"sync"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -16,10 +15,9 @@ import (
 // last discovery pass with the classes serving them, the allocator's records
 // and the health changes (introspection.Source).
 type introspectionSource struct {
-	*introspection.HealthHub
+	*introspection.HealthHub // fed by Agent.reportHealth
 
-	mu      sync.Mutex
-	devices []v1alpha1.Device
+	mu sync.Mutex
 	// rendered are the devices as the API returns them, made in update: the
 	// agent's devices share Quantities with the published copy, and rendering
 	// one writes to it (Quantity.String caches), so no request renders.
@@ -31,8 +29,8 @@ func newIntrospectionSource() *introspectionSource {
 	return &introspectionSource{HealthHub: introspection.NewHealthHub(0)}
 }
 
-// update records the devices of a pass and publishes their health changes. It
-// runs in the agent's loop, the only goroutine that touches devices.
+// update records the devices of a pass. It runs in the agent's loop, the only
+// goroutine that touches devices.
 func (s *introspectionSource) update(devices []v1alpha1.Device, plugins *pluginSet) {
 	rendered := make([]*agentv1.Device, 0, len(devices))
 	for _, d := range devices {
@@ -46,26 +44,8 @@ func (s *introspectionSource) update(devices []v1alpha1.Device, plugins *pluginS
 		rendered = append(rendered, pd)
 	}
 	s.mu.Lock()
-	old := s.devices
-	s.devices, s.rendered, s.plugins = cloneDevices(devices), rendered, plugins
+	s.rendered, s.plugins = rendered, plugins
 	s.mu.Unlock()
-
-	prev := make(map[string]v1alpha1.Device, len(old))
-	for _, d := range old {
-		prev[d.ID] = d
-	}
-	now := timestamppb.New(time.Now())
-	for _, d := range devices {
-		if p, ok := prev[d.ID]; ok && p.Healthy == d.Healthy && p.Reason == d.Reason {
-			delete(prev, d.ID)
-			continue
-		}
-		delete(prev, d.ID)
-		s.Publish(&agentv1.HealthEvent{DeviceId: d.ID, Kind: d.Kind, Healthy: d.Healthy, Reason: d.Reason, Time: now})
-	}
-	for id := range prev {
-		s.Forget(id)
-	}
 }
 
 // Devices implements introspection.Source.

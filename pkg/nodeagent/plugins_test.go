@@ -3,8 +3,11 @@ package nodeagent
 import (
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
@@ -68,16 +71,24 @@ func TestClassMatcherEndpoints(t *testing.T) {
 	}
 }
 
-func TestIntrospectionHealthEvents(t *testing.T) {
+func TestHealthReachesIntrospection(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	a := newAgent(Config{NodeName: "n"}, nil, nil, nil)
+	recorder := record.NewFakeRecorder(10)
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}}
 	s := newIntrospectionSource()
-	s.update([]v1alpha1.Device{{ID: "GPU-a", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true}}, nil)
+	healthy := []v1alpha1.Device{{ID: "GPU-a", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true}, {ID: "GPU-b", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true}}
+	prev := a.reportHealth(ctx, recorder, node, s.HealthHub, nil, healthy)
+	s.update(healthy, nil)
 	current, changes, cancel := s.SubscribeHealth()
 	defer cancel()
-	if len(current) != 1 || !current[0].GetHealthy() {
+	if len(current) != 2 || !current[0].GetHealthy() {
 		t.Fatalf("current %v", current)
 	}
-	s.update([]v1alpha1.Device{{ID: "GPU-a", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true}}, nil)
-	s.update([]v1alpha1.Device{{ID: "GPU-a", Kind: v1alpha1.DeviceKindNvidiaGPU, Reason: "XID 79"}}, nil)
+	prev = a.reportHealth(ctx, recorder, node, s.HealthHub, prev, healthy)
+	failed := []v1alpha1.Device{{ID: "GPU-a", Kind: v1alpha1.DeviceKindNvidiaGPU, Reason: "XID 79"}}
+	a.reportHealth(ctx, recorder, node, s.HealthHub, prev, failed)
+	s.update(failed, nil)
 	if ev := <-changes; ev.GetHealthy() || ev.GetReason() != "XID 79" {
 		t.Errorf("change %v", ev)
 	}
@@ -85,6 +96,14 @@ func TestIntrospectionHealthEvents(t *testing.T) {
 	case ev := <-changes:
 		t.Errorf("an unchanged pass published %v", ev)
 	default:
+	}
+	current, _, cancelAgain := s.SubscribeHealth()
+	cancelAgain()
+	if len(current) != 1 {
+		t.Errorf("GPU-b is gone but still watched: %v", current)
+	}
+	if ev := <-recorder.Events; ev != "Warning DeviceUnhealthy nvidia-gpu GPU-a is unhealthy: XID 79" {
+		t.Errorf("event %q", ev)
 	}
 	if d := s.Devices(); len(d) != 1 || d[0].GetNumaNode() != -1 || d[0].GetHealthy() {
 		t.Errorf("devices %v", d)
