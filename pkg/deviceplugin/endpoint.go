@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -72,15 +73,7 @@ func (e *endpoint) setDevices(devices []Device) bool {
 		}
 		list = append(list, pd)
 	}
-	slices.SortFunc(list, func(a, b *pluginapi.Device) int {
-		if a.ID < b.ID {
-			return -1
-		}
-		if a.ID > b.ID {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(list, func(a, b *pluginapi.Device) int { return strings.Compare(a.ID, b.ID) })
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if slices.EqualFunc(e.devices, list, sameDevice) {

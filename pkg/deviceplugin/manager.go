@@ -60,9 +60,6 @@ type Manager struct {
 	// Owned by Run's goroutine: the running endpoints and the kubelet.sock last seen.
 	running map[string]*server
 	kubelet fileID
-
-	statusMu sync.Mutex
-	status   map[string]EndpointStatus
 }
 
 // server is a running endpoint.
@@ -77,22 +74,13 @@ type server struct {
 	retryAt  time.Time
 }
 
-// EndpointStatus is what Status reports of one endpoint.
-type EndpointStatus struct {
-	Resource   string
-	Socket     string
-	Serving    bool
-	Registered bool
-	Error      string
-}
-
 // NewManager returns a manager of endpoints in dir (the kubelet's device-plugin
 // directory) whose allocation calls go to handler.
 func NewManager(dir string, handler Handler, observer Observer) *Manager {
 	return &Manager{
 		dir: dir, handler: handler, observer: observer,
 		desired: map[string]*endpoint{}, kick: make(chan struct{}, 1),
-		running: map[string]*server{}, status: map[string]EndpointStatus{},
+		running: map[string]*server{},
 	}
 }
 
@@ -136,17 +124,6 @@ func (m *Manager) trigger() {
 	case m.kick <- struct{}{}:
 	default:
 	}
-}
-
-// Status reports every endpoint, sorted by resource.
-func (m *Manager) Status() []EndpointStatus {
-	m.statusMu.Lock()
-	defer m.statusMu.Unlock()
-	out := make([]EndpointStatus, 0, len(m.status))
-	for _, name := range slices.Sorted(maps.Keys(m.status)) {
-		out = append(out, m.status[name])
-	}
-	return out
 }
 
 // Run keeps the endpoints served and registered until ctx ends, then stops them
@@ -209,7 +186,6 @@ func (m *Manager) reconcile(ctx context.Context) time.Time {
 			s.stop()
 			s.ep.stop()
 			delete(m.running, name)
-			m.setStatus(name, nil)
 		}
 	}
 	kubelet := inode(filepath.Join(m.dir, KubeletSocket))
@@ -242,16 +218,12 @@ func (m *Manager) reconcile(ctx context.Context) time.Time {
 		} else {
 			s.failures, s.retryAt = 0, time.Time{}
 		}
-		m.setStatus(name, &EndpointStatus{
-			Resource: name, Socket: s.ep.socket, Serving: s.grpc != nil,
-			Registered: s.kubelet != (fileID{}) && s.kubelet == kubelet, Error: errString(err),
-		})
 	}
 	return next
 }
 
 // ensure starts s if it is not serving on its socket, and registers it with the
-// kubelet that owns kubelet.sock (inode kubelet) unless it already did.
+// kubelet whose kubelet.sock is the file kubelet, unless it already did.
 func (m *Manager) ensure(ctx context.Context, s *server, kubelet fileID) error {
 	logger := klog.FromContext(ctx)
 	if !s.serving() {
@@ -284,16 +256,6 @@ func (m *Manager) ensure(ctx context.Context, s *server, kubelet fileID) error {
 	s.kubelet = kubelet
 	logger.Info("registered with the kubelet", "resource", s.ep.resource)
 	return nil
-}
-
-func (m *Manager) setStatus(name string, st *EndpointStatus) {
-	m.statusMu.Lock()
-	defer m.statusMu.Unlock()
-	if st == nil {
-		delete(m.status, name)
-		return
-	}
-	m.status[name] = *st
 }
 
 func (m *Manager) stopAll() {
@@ -405,11 +367,4 @@ func earliest(a, b time.Time) time.Time {
 		return b
 	}
 	return a
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }
