@@ -135,8 +135,8 @@ func serveBench(b *testing.B, pods []*corev1.Pod, resource string) (*fixture, pl
 // they count as running.
 func (f *fixture) allocateAllBut(resource, slot, pending string) {
 	objs := f.alloc.informer.GetIndexer().List()
-	for _, p := range ordered(objs) {
-		if p.Name == pending {
+	for _, o := range objs {
+		if o.(*podInfo).Name == pending {
 			continue
 		}
 		if _, err := f.alloc.Allocate(f.ctx, resource, []string{slot}); err != nil {

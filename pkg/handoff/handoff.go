@@ -117,7 +117,9 @@ type Record struct {
 	Class     string
 	// Devices are the device ids (pools, not slots).
 	Devices []string
-	Time    time.Time
+	// Time is when the agent answered, or, for what it rebuilt from the
+	// kubelet's checkpoint after a restart, when it read the checkpoint.
+	Time time.Time
 	// Refused is set, with Message, for a refused Allocate.
 	Refused bool
 	Message string
@@ -301,7 +303,7 @@ func (m *match) key(class string) allocKey {
 }
 
 // first returns, of the live pods indexed under key in index, the first in
-// admission order (see ordered) with an unallocated container whose assignment
+// admission order (see compare) with an unallocated container whose assignment
 // for class accept takes. It makes one pass without sorting or allocating: on
 // a shared pool every pod of the node may be indexed under the key.
 func (a *Allocator) first(index, key, class string, accept func(ids []string) bool) (match, bool) {
@@ -475,8 +477,7 @@ func (a *Allocator) refuse(ctx context.Context, class string, devices []string) 
 		a.cfg.Node, class, devices, v1alpha1.ResourceNamePrefix, class, "resclass.io/assignment")
 	a.cfg.Metrics.outcome(class, "unassigned")
 	objs, _ := a.informer.GetIndexer().ByIndex(byUnassigned, class)
-	if pods := ordered(objs); len(pods) > 0 {
-		p := pods[0]
+	if p := earliest(objs); p != nil {
 		detail := msg
 		if p.assignmentErr != nil {
 			detail = fmt.Sprintf("the pod's resclass.io/assignment is unusable (%v); %s", p.assignmentErr, msg)

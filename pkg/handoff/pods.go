@@ -144,12 +144,13 @@ func compare(a, b *podInfo) int {
 
 func before(a, b *podInfo) bool { return compare(a, b) < 0 }
 
-// ordered sorts pods by compare.
-func ordered(objs []any) []*podInfo {
-	pods := make([]*podInfo, 0, len(objs))
-	for _, o := range objs {
-		pods = append(pods, o.(*podInfo))
+// earliest returns the first of pods by compare, nil if there are none.
+func earliest(pods []any) *podInfo {
+	var first *podInfo
+	for _, o := range pods {
+		if p := o.(*podInfo); first == nil || before(p, first) {
+			first = p
+		}
 	}
-	slices.SortFunc(pods, compare)
-	return pods
+	return first
 }

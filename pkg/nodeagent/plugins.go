@@ -14,9 +14,8 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
-	"github.com/resclass/resclass/pkg/client/informers/externalversions"
-
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/client/informers/externalversions"
 	"github.com/resclass/resclass/pkg/deviceplugin"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/selector"
