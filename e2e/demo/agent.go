@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,38 +33,30 @@ import (
 // RBAC, the kubelet's device manager).
 const agentNode = "gpu-node"
 
-// agentHandOff runs the node agent on a kubelet node, writes an assignment on a
-// pod as the scheduler will, and shows what the container gets; then a pod
-// whose assignment the kubelet cannot honour.
-//
-// The agent runs until stop is called, which must happen before the cluster
-// stops: its watches would hold the apiserver's shutdown.
-func agentHandOff(ctx context.Context, p *printer, c *framework.Cluster, root string) (stop func(), err error) {
-	stop = func() {}
-	return stop, agentHandOffSteps(ctx, p, c, root, &stop)
-}
-
-func agentHandOffSteps(ctx context.Context, p *printer, c *framework.Cluster, root string, stop *func()) error {
+// startNodeAgent starts the agent node: a kubelet, and the node agent with the
+// agent's RBAC identity on go-nvml's DGX A100 mock. The agent runs until stop
+// is called, which must happen before the cluster stops: its watches would hold
+// the apiserver's shutdown.
+func startNodeAgent(ctx context.Context, c *framework.Cluster, root string) (kn *framework.KubeletNode, gpus []string, stop func(), err error) {
 	if _, err := c.ApplyManifest(ctx, filepath.Join(root, "deploy/node-agent/rbac.yaml")); err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	kn, err := c.AddKubeletNode(ctx, framework.NodeOptions{Name: agentNode})
-	if err != nil {
-		return err
+	if kn, err = c.AddKubeletNode(ctx, framework.NodeOptions{Name: agentNode}); err != nil {
+		return nil, nil, nil, err
 	}
 	dgx := nvmlmock.New()
 	sysfs := filepath.Join(c.Dir, agentNode+"-sysfs")
 	if err := dgx.WriteSysfs(sysfs); err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	cfg := c.NodeAgentConfig(agentNode)
 	rc, err := versioned.NewForConfig(cfg)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	agent := nodeagent.New(nodeagent.Config{
 		NodeName: agentNode, HostRoot: sysfs, NVML: dgx, PluginDir: kn.PluginDir(),
@@ -72,29 +66,36 @@ func agentHandOffSteps(ctx context.Context, p *printer, c *framework.Cluster, ro
 	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, logr.Discard()))
 	done := make(chan struct{})
 	go func() { defer close(done); _ = agent.Run(agentCtx) }()
-	*stop = func() { cancel(); <-done }
+	return kn, dgx.UUIDs(), func() { cancel(); <-done }, nil
+}
+
+// agentHandOff shows the agent node's allocatable, writes an assignment on a
+// pod as the scheduler will and shows what the container gets; then a pod whose
+// assignment the kubelet cannot honour.
+func agentHandOff(ctx context.Context, p *printer, c *framework.Cluster, kn *framework.KubeletNode, uuids []string) error {
 	p.line("  Node %s: a real kubelet, and the node agent (as the resclass-node-agent", agentNode)
 	p.line("  ServiceAccount) on go-nvml's DGX A100 mock. It serves one device-plugin endpoint")
 	p.line("  per class that selects its GPUs; the kubelet's allocatable:")
 	var node *corev1.Node
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		node, err = c.Client.CoreV1().Nodes().Get(ctx, agentNode, metav1.GetOptions{})
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, agentNode, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
+		node = n
 		q := node.Status.Allocatable[v1alpha1.ResourceNamePrefix+"nvidia.high.mem"]
 		return q.Value() == 8, nil
 	})
 	if err != nil {
 		return fmt.Errorf("the node agent's endpoints never showed in %s's allocatable: %w", agentNode, err)
 	}
-	for name, q := range node.Status.Allocatable {
+	for _, name := range slices.Sorted(maps.Keys(node.Status.Allocatable)) {
 		if strings.HasPrefix(string(name), v1alpha1.ResourceNamePrefix) {
+			q := node.Status.Allocatable[name]
 			p.line("    %s: %s", name, q.String())
 		}
 	}
 
-	uuids := dgx.UUIDs()
 	pod := func(name string, gpus ...string) *corev1.Pod {
 		a := &assignment.Assignment{Node: agentNode, Containers: []assignment.Container{{Name: "train", Classes: map[string][]string{"nvidia.high.mem": gpus}}}}
 		anns, err := assignment.Annotations(a)

@@ -149,9 +149,12 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 	}
 
 	p.section("8. The node agent hands the assigned devices to the container")
-	stopAgent, err := agentHandOff(ctx, p, cluster, opts.root)
-	defer stopAgent()
+	agentKubelet, gpus, stopAgent, err := startNodeAgent(ctx, cluster, opts.root)
 	if err != nil {
+		return err
+	}
+	defer stopAgent()
+	if err := agentHandOff(ctx, p, cluster, agentKubelet, gpus); err != nil {
 		return err
 	}
 
