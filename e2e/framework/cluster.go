@@ -17,12 +17,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,7 +34,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/resclass/resclass/deploy/crds"
+	deployscheduler "github.com/resclass/resclass/deploy/scheduler"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 )
 
@@ -66,6 +71,10 @@ type Cluster struct {
 	saKey     string     // service account signing key
 
 	kwokStarted bool
+
+	scheduler     *process
+	schedulerArgs []string
+	schedulerPort int
 
 	resclassOnce sync.Once
 	resclass     versioned.Interface
@@ -298,7 +307,15 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 }
 
 func (c *Cluster) startScheduler(ctx context.Context) error {
-	kubeconfig, err := c.componentKubeconfig("scheduler", "system:kube-scheduler", nil)
+	// The scheduler runs as the ServiceAccount deploy/scheduler/rbac.yaml
+	// grants, so every e2e test also proves that RBAC suffices. A client
+	// certificate with the ServiceAccount's user name and groups is what RBAC
+	// sees for its token.
+	if _, err := c.ApplyManifestData(ctx, "deploy/scheduler/rbac.yaml", append([]byte(resclassNamespace+"\n---\n"), deployscheduler.RBAC...)); err != nil {
+		return err
+	}
+	kubeconfig, err := c.componentKubeconfig("scheduler", "system:serviceaccount:resclass-system:resclass-scheduler",
+		[]string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"})
 	if err != nil {
 		return err
 	}
@@ -306,29 +323,79 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	config := filepath.Join(c.Dir, "scheduler-config.yaml")
-	// Client QPS as scheduler_perf sets it: the default 50 caps binding at ~55 pods/s.
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-leaderElection:
-  leaderElect: false
-clientConnection:
-  kubeconfig: %s
-  qps: 5000
-  burst: 5000
-`, kubeconfig)), 0o644); err != nil {
+	config, err := SchedulerConfig(kubeconfig)
+	if err != nil {
 		return err
 	}
-	c.progress("starting the resclass scheduler")
-	if _, err := c.start("scheduler", c.bins.scheduler, nil,
-		"--config="+config,
-		"--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
-		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port),
+	path := filepath.Join(c.Dir, "scheduler-config.yaml")
+	if err := os.WriteFile(path, config, 0o644); err != nil {
+		return err
+	}
+	c.schedulerArgs = []string{"--config=" + path,
+		"--authentication-kubeconfig=" + kubeconfig, "--authorization-kubeconfig=" + kubeconfig,
+		"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port),
 		"--v=2",
-	); err != nil {
+	}
+	c.schedulerPort = port
+	c.progress("starting the resclass scheduler")
+	if c.scheduler, err = c.start("scheduler", c.bins.scheduler, nil, c.schedulerArgs...); err != nil {
 		return err
 	}
 	return c.waitHealthy(ctx, "scheduler", port)
+}
+
+// RestartScheduler kills the scheduler (SIGKILL: no clean shutdown, as when its
+// node dies) and starts it again with the same configuration. It returns once
+// the new one is healthy; its caches are rebuilt from the apiserver alone.
+func (c *Cluster) RestartScheduler(ctx context.Context) error {
+	if c.scheduler == nil {
+		return fmt.Errorf("the cluster runs no scheduler")
+	}
+	if done, err := c.scheduler.exited(); done {
+		return fmt.Errorf("the scheduler had already exited: %w", err)
+	}
+	_ = c.scheduler.cmd.Process.Kill()
+	<-c.scheduler.done
+	c.mu.Lock()
+	c.processes = slices.DeleteFunc(c.processes, func(p *process) bool { return p == c.scheduler })
+	c.mu.Unlock()
+	// The log of the killed one stays beside the new one's.
+	_ = os.Rename(filepath.Join(c.Dir, "scheduler.log"), filepath.Join(c.Dir, fmt.Sprintf("scheduler-%d.log", time.Now().UnixNano())))
+	var err error
+	if c.scheduler, err = c.start("scheduler", c.bins.scheduler, nil, c.schedulerArgs...); err != nil {
+		return err
+	}
+	return c.waitHealthy(ctx, "scheduler", c.schedulerPort)
+}
+
+const resclassNamespace = `apiVersion: v1
+kind: Namespace
+metadata:
+  name: resclass-system`
+
+// SchedulerConfig is deploy/scheduler/config.yaml as the embedded cluster runs
+// it: with kubeconfig, without leader election (one replica), client QPS as
+// scheduler_perf sets it (the default 50 caps binding at ~55 pods/s), and the
+// resclass-scheduler profile also named default-scheduler, because here it is
+// the cluster's only scheduler.
+func SchedulerConfig(kubeconfig string) ([]byte, error) {
+	var cfg map[string]any
+	if err := yaml.Unmarshal(deployscheduler.Config, &cfg); err != nil {
+		return nil, fmt.Errorf("deploy/scheduler/config.yaml: %w", err)
+	}
+	cfg["leaderElection"] = map[string]any{"leaderElect": false}
+	cfg["clientConnection"] = map[string]any{"kubeconfig": kubeconfig, "qps": 5000, "burst": 5000}
+	profiles, _ := cfg["profiles"].([]any)
+	if len(profiles) != 1 {
+		return nil, fmt.Errorf("deploy/scheduler/config.yaml: want one profile, found %d", len(profiles))
+	}
+	def := map[string]any{}
+	for k, v := range profiles[0].(map[string]any) {
+		def[k] = v
+	}
+	def["schedulerName"] = corev1.DefaultSchedulerName
+	cfg["profiles"] = append(profiles, def)
+	return yaml.Marshal(cfg)
 }
 
 // componentKubeconfig writes a kubeconfig with a client certificate for user in

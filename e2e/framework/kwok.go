@@ -58,6 +58,19 @@ func (c *Cluster) AddSimulatedNodes(ctx context.Context, opts SimulatedNodes) ([
 		corev1.ResourceMemory: resource.MustParse("512Gi"),
 		corev1.ResourcePods:   resource.MustParse("110"),
 	}
+	if devices != nil {
+		// The kubelet reports the hugepages a pool holds as node capacity.
+		for _, d := range devices.Devices {
+			size, total := d.Attributes[v1alpha1.AttributeSize].QuantityValue, d.Attributes[v1alpha1.AttributePagesTotal].IntValue
+			if d.Kind != v1alpha1.DeviceKindHugePages || size == nil || total == nil {
+				continue
+			}
+			name := corev1.ResourceName(corev1.ResourceHugePagesPrefix + size.String())
+			q := capacity[name]
+			q.Add(*resource.NewQuantity(size.Value()**total, resource.BinarySI))
+			capacity[name] = q
+		}
+	}
 	err := parallel(ctx, names, 16, func(ctx context.Context, name string) error {
 		labels := map[string]string{SimulatedNodeLabel: "true", corev1.LabelHostname: name}
 		for k, v := range opts.Labels {

@@ -24,6 +24,12 @@ func (c *Cluster) ApplyManifest(ctx context.Context, path string) ([]*unstructur
 	if err != nil {
 		return nil, err
 	}
+	return c.ApplyManifestData(ctx, path, data)
+}
+
+// ApplyManifestData is ApplyManifest for a manifest already read; name labels
+// errors.
+func (c *Cluster) ApplyManifestData(ctx context.Context, path string, data []byte) ([]*unstructured.Unstructured, error) {
 	dc, err := discovery.NewDiscoveryClientForConfig(c.Config)
 	if err != nil {
 		return nil, err

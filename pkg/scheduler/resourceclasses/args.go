@@ -1,0 +1,132 @@
+package resourceclasses
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	sigsjson "sigs.k8s.io/json"
+)
+
+// Strategy decides which free devices a pod gets on a node, and how the plugin
+// scores nodes.
+type Strategy string
+
+// The strategies.
+const (
+	// FirstFit takes the devices in the order the node publishes them (the seed's
+	// behaviour) and does not score nodes: other plugins choose the node.
+	FirstFit Strategy = "FirstFit"
+	// BinPack prefers nodes whose devices of the requested classes are already
+	// most used, and on a node the NUMA node with the fewest free devices, so
+	// that whole nodes and NUMA nodes stay free for large pods.
+	BinPack Strategy = "BinPack"
+	// Spread prefers the least used nodes and NUMA nodes.
+	Spread Strategy = "Spread"
+	// NUMAAligned prefers devices on one NUMA node across all of a pod's classes
+	// (GPU and NIC on the same socket for GPUDirect, hugepages beside them), the
+	// fullest NUMA node that fits; nodes where the pod fits on one NUMA node score
+	// highest.
+	NUMAAligned Strategy = "NUMAAligned"
+)
+
+var strategies = []Strategy{FirstFit, BinPack, Spread, NUMAAligned}
+
+// Args configure the ResourceClasses plugin, in the KubeSchedulerConfiguration:
+//
+//	pluginConfig:
+//	- name: ResourceClasses
+//	  args:
+//	    strategy: NUMAAligned
+//	    statusUpdateInterval: 2s
+type Args struct {
+	// Strategy is one of FirstFit (default), BinPack, Spread, NUMAAligned.
+	Strategy Strategy `json:"strategy,omitempty"`
+	// StatusUpdateInterval is the debounce of ResourceClass status writes: changes
+	// within it are written together. Default 1s; 0 turns status writing off.
+	StatusUpdateInterval *metav1.Duration `json:"statusUpdateInterval,omitempty"`
+	// StatusLeaseNamespace and StatusLeaseName name the Lease through which one
+	// replica, the leader, writes ResourceClass status. Default: the namespace in
+	// POD_NAMESPACE (else kube-system) and "resclass-class-status".
+	StatusLeaseNamespace string `json:"statusLeaseNamespace,omitempty"`
+	StatusLeaseName      string `json:"statusLeaseName,omitempty"`
+}
+
+const (
+	defaultStatusUpdateInterval = time.Second
+	defaultStatusLeaseName      = "resclass-class-status"
+)
+
+// DecodeArgs reads the plugin's args strictly (an unknown field is an error, a
+// misspelt option is never ignored), fills in defaults and validates them.
+func DecodeArgs(obj runtime.Object, podNamespace string) (*Args, error) {
+	args := &Args{}
+	if obj != nil {
+		var raw []byte
+		switch o := obj.(type) {
+		case *runtime.Unknown:
+			raw = o.Raw
+		default:
+			return nil, fmt.Errorf("ResourceClasses args: want an object, got %T", obj)
+		}
+		if len(raw) > 0 {
+			strict, err := sigsjson.UnmarshalStrict(raw, args)
+			if err != nil {
+				return nil, fmt.Errorf("ResourceClasses args: %w", err)
+			}
+			if len(strict) > 0 {
+				return nil, fmt.Errorf("ResourceClasses args: %v", strict[0])
+			}
+		}
+	}
+	if args.Strategy == "" {
+		args.Strategy = FirstFit
+	}
+	if args.StatusUpdateInterval == nil {
+		args.StatusUpdateInterval = &metav1.Duration{Duration: defaultStatusUpdateInterval}
+	}
+	if args.StatusLeaseNamespace == "" {
+		args.StatusLeaseNamespace = podNamespace
+		if args.StatusLeaseNamespace == "" {
+			args.StatusLeaseNamespace = metav1.NamespaceSystem
+		}
+	}
+	if args.StatusLeaseName == "" {
+		args.StatusLeaseName = defaultStatusLeaseName
+	}
+	if errs := ValidateArgs(args, field.NewPath("args")); len(errs) > 0 {
+		return nil, fmt.Errorf("ResourceClasses args: %w", errs.ToAggregate())
+	}
+	return args, nil
+}
+
+// ValidateArgs checks defaulted args.
+func ValidateArgs(a *Args, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	valid := false
+	names := make([]string, len(strategies))
+	for i, s := range strategies {
+		names[i] = string(s)
+		valid = valid || a.Strategy == s
+	}
+	if !valid {
+		errs = append(errs, field.NotSupported(p.Child("strategy"), a.Strategy, names))
+	}
+	if a.StatusUpdateInterval != nil && a.StatusUpdateInterval.Duration < 0 {
+		errs = append(errs, field.Invalid(p.Child("statusUpdateInterval"), a.StatusUpdateInterval.Duration.String(), "must not be negative (0 turns status writing off)"))
+	}
+	for _, f := range []struct{ name, value string }{{"statusLeaseNamespace", a.StatusLeaseNamespace}, {"statusLeaseName", a.StatusLeaseName}} {
+		check := validation.IsDNS1123Subdomain
+		if f.name == "statusLeaseNamespace" {
+			check = validation.IsDNS1123Label
+		}
+		if msgs := check(f.value); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(p.Child(f.name), f.value, strings.Join(msgs, "; ")))
+		}
+	}
+	return errs
+}

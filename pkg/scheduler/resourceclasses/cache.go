@@ -1,0 +1,350 @@
+package resourceclasses
+
+import (
+	"slices"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	v1helper "k8s.io/kubernetes/pkg/apis/core/v1/helper"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/assignment"
+	"github.com/resclass/resclass/pkg/selector"
+)
+
+// cache is the plugin's view of devices: every node's published devices, every
+// class's compiled selector and, per (class, device), whether it matches, and
+// which devices pods hold. It is fed by informers (NodeDevices, ResourceClasses,
+// pods) and by the plugin's own Reserve/Unreserve, so after a restart it is
+// rebuilt from the pods' assignment annotations alone.
+type cache struct {
+	mu      sync.RWMutex
+	nodes   map[string]*nodeState
+	classes map[string]*classState
+	pods    map[types.UID]*holding
+	byNode  map[string]map[types.UID]*holding
+
+	// freed is called, outside the lock, after a change that may let a waiting
+	// pod fit: devices released, added or healed, a class created or changed.
+	freed func()
+	// changed is called, outside the lock, after any change that moves a class's
+	// status.
+	changed func()
+}
+
+type nodeState struct {
+	name            string
+	resourceVersion string
+	devices         []*deviceState
+	index           map[string]int   // device id -> position
+	matches         map[string][]int // class -> devices it selects, in published order
+}
+
+type deviceState struct {
+	id       string
+	kind     string
+	healthy  bool
+	numa     int // -1: unknown
+	excluded bool
+	sel      *selector.Device
+	pool     *poolState // huge-pages only
+	holders  int        // pods holding an exclusive device (more than 1 is a conflict)
+}
+
+// poolState is a hugepage pool: shared by the pods it serves, which draw pages.
+type poolState struct {
+	resourceName corev1.ResourceName
+	pageSize     int64
+	total, free  int64 // bytes: pagesTotal, pagesFree
+	charged      int64 // bytes the pods assigned to it request natively
+}
+
+// freeBytes is what a new pod may still draw: the published free pages lag
+// behind pods that have not touched theirs yet, so the charge of assigned pods
+// bounds it too (docs/hugepages.md).
+func (p *poolState) freeBytes() int64 {
+	return max(0, min(p.free, p.total-p.charged))
+}
+
+type classState struct {
+	uid        types.UID
+	generation int64
+	compiled   *selector.Class // nil: the class does not compile and selects nothing
+}
+
+// holding is what one pod holds: its devices per class and, for hugepage pools,
+// which containers draw pages from them (charged by the pool's page size).
+type holding struct {
+	uid      types.UID
+	node     string
+	assumed  bool                          // Reserved by this scheduler, not yet seen bound
+	devices  map[string][]string           // class -> distinct devices across the pod's containers
+	users    map[string][]*containerDemand // device id -> the containers using it, for pool charges
+	raw      string                        // the encoded assignment, to tell changes apart
+	assigned *assignment.Assignment
+}
+
+func newCache() *cache {
+	return &cache{
+		nodes:   map[string]*nodeState{},
+		classes: map[string]*classState{},
+		pods:    map[types.UID]*holding{},
+		byNode:  map[string]map[types.UID]*holding{},
+		freed:   func() {},
+		changed: func() {},
+	}
+}
+
+// setNodeDevices replaces a node's devices. Unchanged objects (same
+// resourceVersion) are ignored, so replays are cheap.
+func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) {
+	c.mu.Lock()
+	if old := c.nodes[nd.Name]; old != nil && old.resourceVersion == nd.ResourceVersion {
+		c.mu.Unlock()
+		return
+	}
+	n := &nodeState{name: nd.Name, resourceVersion: nd.ResourceVersion, index: map[string]int{}, matches: map[string][]int{}}
+	for i := range nd.Status.Devices {
+		d := &nd.Status.Devices[i]
+		if _, dup := n.index[d.ID]; dup {
+			continue // ids are unique on a node; the first one wins
+		}
+		ds := &deviceState{id: d.ID, kind: d.Kind, healthy: d.Healthy, numa: -1, sel: selector.NewDevice(d)}
+		if v := d.Attributes[v1alpha1.AttributeNUMANode].IntValue; v != nil {
+			ds.numa = int(*v)
+		}
+		// A GPU in MIG mode is served through its MIG devices; giving the whole
+		// GPU too would hand the same silicon to two pods.
+		if b := d.Attributes[v1alpha1.AttributeMIGEnabled].BoolValue; d.Kind == v1alpha1.DeviceKindNvidiaGPU && b != nil && *b {
+			ds.excluded = true
+		}
+		if d.Kind == v1alpha1.DeviceKindHugePages {
+			ds.pool = newPool(d)
+			if ds.pool == nil {
+				ds.healthy = false
+			}
+		}
+		n.index[d.ID] = len(n.devices)
+		n.devices = append(n.devices, ds)
+	}
+	for name, cl := range c.classes {
+		n.computeMatches(name, cl)
+	}
+	c.nodes[nd.Name] = n
+	for _, h := range c.byNode[nd.Name] {
+		c.charge(n, h, 1)
+	}
+	c.mu.Unlock()
+	c.freed()
+	c.changed()
+}
+
+func newPool(d *v1alpha1.Device) *poolState {
+	a := d.Attributes
+	size, total, free, name := a[v1alpha1.AttributeSize].QuantityValue, a[v1alpha1.AttributePagesTotal].IntValue, a[v1alpha1.AttributePagesFree].IntValue, a[v1alpha1.AttributeResourceName].StringValue
+	if size == nil || total == nil || free == nil || size.Value() <= 0 {
+		return nil // a pool the scheduler cannot account for serves nobody
+	}
+	s := size.Value()
+	p := &poolState{resourceName: v1helper.HugePageResourceName(*size), pageSize: s, total: *total * s, free: *free * s}
+	if name != nil {
+		p.resourceName = corev1.ResourceName(*name)
+	}
+	return p
+}
+
+func (c *cache) deleteNodeDevices(name string) {
+	c.mu.Lock()
+	delete(c.nodes, name)
+	c.mu.Unlock()
+	c.changed()
+}
+
+func (n *nodeState) computeMatches(name string, cl *classState) {
+	var idx []int
+	if cl.compiled != nil {
+		for i, d := range n.devices {
+			if cl.compiled.Matches(d.sel) {
+				idx = append(idx, i)
+			}
+		}
+	}
+	if len(idx) == 0 {
+		delete(n.matches, name)
+		return
+	}
+	n.matches[name] = idx
+}
+
+// setClass compiles rc once and recomputes which devices it selects on every
+// node: selection is never evaluated per pod.
+func (c *cache) setClass(rc *v1alpha1.ResourceClass) {
+	c.mu.Lock()
+	// Status writes change the resourceVersion, not the generation: only a new
+	// spec (a re-created class) needs recomputing.
+	if old := c.classes[rc.Name]; old != nil && old.uid == rc.UID && old.generation == rc.Generation {
+		c.mu.Unlock()
+		return
+	}
+	cl := &classState{uid: rc.UID, generation: rc.Generation}
+	if compiled, errs := selector.Compile(&rc.Spec, field.NewPath("spec")); len(errs) == 0 {
+		cl.compiled = compiled
+	}
+	c.classes[rc.Name] = cl
+	for _, n := range c.nodes {
+		n.computeMatches(rc.Name, cl)
+	}
+	c.mu.Unlock()
+	c.freed()
+	c.changed()
+}
+
+func (c *cache) deleteClass(name string) {
+	c.mu.Lock()
+	delete(c.classes, name)
+	for _, n := range c.nodes {
+		delete(n.matches, name)
+	}
+	c.mu.Unlock()
+	c.changed()
+}
+
+// charge adds (sign 1) or removes (sign -1) h's hold on n's devices.
+func (c *cache) charge(n *nodeState, h *holding, sign int) {
+	for _, ids := range h.devices {
+		for _, id := range ids {
+			if i, ok := n.index[id]; ok && n.devices[i].pool == nil {
+				n.devices[i].holders += sign
+			}
+		}
+	}
+	for id, users := range h.users {
+		if i, ok := n.index[id]; ok && n.devices[i].pool != nil {
+			p := n.devices[i].pool
+			p.charged += int64(sign) * pageBytes(users, p.resourceName)
+		}
+	}
+}
+
+// hold records h, replacing what the same pod held before.
+func (c *cache) hold(h *holding) {
+	c.mu.Lock()
+	if old := c.pods[h.uid]; old != nil && old.node == h.node && old.raw == h.raw {
+		// The informer confirming what Reserve assumed, or a status update of a
+		// pod whose devices did not change.
+		old.assumed = old.assumed && h.assumed
+		c.mu.Unlock()
+		return
+	}
+	freed := c.holdLocked(h)
+	c.mu.Unlock()
+	if freed {
+		c.freed()
+	}
+	c.changed()
+}
+
+// holdLocked records h; it reports whether the pod held other devices before.
+func (c *cache) holdLocked(h *holding) bool {
+	freed := c.releaseLocked(h.uid)
+	c.pods[h.uid] = h
+	if c.byNode[h.node] == nil {
+		c.byNode[h.node] = map[types.UID]*holding{}
+	}
+	c.byNode[h.node][h.uid] = h
+	if n := c.nodes[h.node]; n != nil {
+		c.charge(n, h, 1)
+	}
+	return freed
+}
+
+// release forgets what pod uid holds; it reports whether it held anything.
+func (c *cache) release(uid types.UID) bool {
+	c.mu.Lock()
+	freed := c.releaseLocked(uid)
+	c.mu.Unlock()
+	if freed {
+		c.freed()
+		c.changed()
+	}
+	return freed
+}
+
+func (c *cache) releaseLocked(uid types.UID) bool {
+	h := c.pods[uid]
+	if h == nil {
+		return false
+	}
+	delete(c.pods, uid)
+	delete(c.byNode[h.node], uid)
+	if len(c.byNode[h.node]) == 0 {
+		delete(c.byNode, h.node)
+	}
+	if n := c.nodes[h.node]; n != nil {
+		c.charge(n, h, -1)
+	}
+	return true
+}
+
+// isAssumed reports whether uid holds devices through Reserve only.
+func (c *cache) isAssumed(uid types.UID) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	h := c.pods[uid]
+	return h != nil && h.assumed
+}
+
+// holdingFromPod turns a bound pod's assignment into a holding. Pods that hold
+// nothing (finished, not bound, no or a foreign assignment) return nil.
+func holdingFromPod(pod *corev1.Pod) (*holding, error) {
+	if pod.Spec.NodeName == "" || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return nil, nil
+	}
+	a, found, err := assignment.FromPod(pod)
+	if !found || err != nil {
+		return nil, err
+	}
+	if a.Node != pod.Spec.NodeName {
+		return nil, errNodeMismatch{assigned: a.Node, bound: pod.Spec.NodeName}
+	}
+	d, err := podDemand(pod)
+	if err != nil {
+		d = nil // pages then go uncharged; the devices are still held
+	}
+	h := newHolding(pod.UID, a, d)
+	h.raw = pod.Annotations[assignment.AnnotationKey]
+	return h, nil
+}
+
+type errNodeMismatch struct{ assigned, bound string }
+
+func (e errNodeMismatch) Error() string {
+	return "assignment names node " + e.assigned + " but the pod is bound to " + e.bound + "; its devices are not counted"
+}
+
+// newHolding collects what a holds. Pools are told apart from devices when
+// charged, by the node's inventory: here every id is listed under its class.
+func newHolding(uid types.UID, a *assignment.Assignment, d *demand) *holding {
+	h := &holding{uid: uid, node: a.Node, devices: map[string][]string{}, users: map[string][]*containerDemand{}, assigned: a}
+	for _, ac := range a.Containers {
+		var cd *containerDemand
+		if d != nil {
+			if i := slices.IndexFunc(d.containers, func(c containerDemand) bool { return c.name == ac.Name }); i >= 0 {
+				cd = &d.containers[i]
+			}
+		}
+		for class, ids := range ac.Classes {
+			for _, id := range ids {
+				if !slices.Contains(h.devices[class], id) {
+					h.devices[class] = append(h.devices[class], id)
+				}
+				if cd != nil && !slices.Contains(h.users[id], cd) {
+					h.users[id] = append(h.users[id], cd)
+				}
+			}
+		}
+	}
+	return h
+}

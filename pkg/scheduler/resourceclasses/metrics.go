@@ -1,0 +1,34 @@
+package resourceclasses
+
+import (
+	"k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
+)
+
+// The plugin's metrics, served on the scheduler's /metrics with its own.
+var (
+	reservations = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace: "resclass", Subsystem: "scheduler", Name: "reservations_total",
+		Help:           "Pods whose devices were reserved, by strategy and whether they are on one NUMA node (unknown: the devices publish none).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"strategy", "numa_aligned"})
+	assignments = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace: "resclass", Subsystem: "scheduler", Name: "assignment_writes_total",
+		Help:           "Assignment annotations written in PreBind, by result (written, error, invalid).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"result"})
+	statusWrites = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace: "resclass", Subsystem: "scheduler", Name: "class_status_writes_total",
+		Help:           "ResourceClass status writes by the leader, by result (written, conflict, error).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"result"})
+	conflicts = metrics.NewGauge(&metrics.GaugeOpts{
+		Namespace: "resclass", Subsystem: "scheduler", Name: "devices_held_twice",
+		Help:           "Devices that more than one pod's assignment names (should be 0; see docs/scheduler.md).",
+		StabilityLevel: metrics.ALPHA,
+	})
+)
+
+func init() {
+	legacyregistry.MustRegister(reservations, assignments, statusWrites, conflicts)
+}

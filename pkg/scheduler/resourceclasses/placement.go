@@ -1,0 +1,269 @@
+package resourceclasses
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/resclass/resclass/pkg/scheduler/matching"
+)
+
+// placement is a pod's devices on one node: per class, one device id per draw
+// (a pool id may serve several draws).
+type placement struct {
+	drawn   map[string][]string
+	numas   int   // distinct NUMA nodes among the chosen devices
+	aligned bool  // all on one NUMA node
+	util    int64 // 0..100: share of the requested classes' devices in use once placed
+}
+
+// unfit says why a pod does not fit a node. unresolvable means no change to the
+// node's devices would help (the pod itself must change).
+type unfit struct {
+	reason       string
+	unresolvable bool
+}
+
+// place chooses pod's devices on node n with strategy s. The caller holds c.mu.
+func (c *cache) place(n *nodeState, d *demand, s Strategy) (*placement, *unfit) {
+	if n == nil {
+		return nil, &unfit{reason: "node publishes no devices (no NodeDevices)"}
+	}
+	var exclusive, pools []string
+	for _, class := range d.classes {
+		if d.draws[class] == 0 {
+			continue
+		}
+		if slices.ContainsFunc(n.matches[class], func(i int) bool { return n.devices[i].pool != nil }) {
+			pools = append(pools, class)
+		} else {
+			exclusive = append(exclusive, class)
+		}
+	}
+	for _, class := range pools {
+		if u := d.checkPoolRequests(class); u != nil {
+			return nil, u
+		}
+	}
+	free := make([]bool, len(n.devices))
+	freeInNUMA := map[int]int{}
+	for i, dev := range n.devices {
+		free[i] = dev.healthy && !dev.excluded && (dev.pool != nil || dev.holders == 0)
+		if free[i] && dev.pool == nil {
+			freeInNUMA[dev.numa]++
+		}
+	}
+	try := func(onlyNUMA int, order func([]int) []int) (*placement, *unfit) {
+		return c.tryPlace(n, d, exclusive, pools, free, onlyNUMA, order)
+	}
+	byNUMAFree := func(fullestFirst bool) func([]int) []int {
+		return func(idx []int) []int {
+			out := slices.Clone(idx)
+			slices.SortStableFunc(out, func(a, b int) int {
+				fa, fb := freeInNUMA[n.devices[a].numa], freeInNUMA[n.devices[b].numa]
+				if fullestFirst {
+					return fa - fb
+				}
+				return fb - fa
+			})
+			return out
+		}
+	}
+	var p *placement
+	var u *unfit
+	switch s {
+	case BinPack:
+		p, u = try(anyNUMA, byNUMAFree(true))
+	case Spread:
+		p, u = try(anyNUMA, byNUMAFree(false))
+	case NUMAAligned:
+		// The fullest NUMA node that takes the whole pod keeps the emptier ones
+		// whole for later pods; failing that, the emptiest first uses the fewest.
+		numas := numaNodes(n)
+		slices.SortStableFunc(numas, func(a, b int) int { return freeInNUMA[a] - freeInNUMA[b] })
+		for _, numa := range numas {
+			if p, _ = try(numa, byNUMAFree(true)); p != nil {
+				break
+			}
+		}
+		if p == nil {
+			p, u = try(anyNUMA, byNUMAFree(false))
+		}
+	default:
+		p, u = try(anyNUMA, slices.Clone[[]int])
+	}
+	if p == nil {
+		return nil, u
+	}
+	p.util = c.utilization(n, d, p)
+	return p, nil
+}
+
+const anyNUMA = -2
+
+func numaNodes(n *nodeState) []int {
+	var out []int
+	for _, d := range n.devices {
+		if d.numa >= 0 && !slices.Contains(out, d.numa) {
+			out = append(out, d.numa)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, free []bool, onlyNUMA int, order func([]int) []int) (*placement, *unfit) {
+	usable := func(i int) bool { return free[i] && (onlyNUMA == anyNUMA || n.devices[i].numa == onlyNUMA) }
+	p := &placement{drawn: map[string][]string{}}
+	prob := matching.Problem{Devices: len(n.devices)}
+	for _, class := range exclusive {
+		var cand []int
+		for _, i := range n.matches[class] {
+			if usable(i) {
+				cand = append(cand, i)
+			}
+		}
+		prob.Demand = append(prob.Demand, d.draws[class])
+		prob.Candidates = append(prob.Candidates, order(cand))
+	}
+	got, ok := matching.Solve(prob)
+	if !ok {
+		return nil, explainShortage(n, d, exclusive, prob)
+	}
+	for ci, class := range exclusive {
+		for _, i := range got[ci] {
+			p.drawn[class] = append(p.drawn[class], n.devices[i].id)
+		}
+	}
+	// Pools are shared: each draw takes a pool of its class whose free pages
+	// cover the native request of its containers, counting what this pod's
+	// earlier draws took.
+	taken := map[int]int64{}
+	for _, class := range pools {
+		draws := d.drawUsers(class)
+		for _, users := range draws {
+			chosen := -1
+			for _, i := range order(n.matches[class]) {
+				pool := n.devices[i].pool
+				if pool == nil || !usable(i) {
+					continue
+				}
+				need := pageBytes(users, pool.resourceName)
+				if need > 0 && pool.freeBytes()-taken[i] >= need && requestsAll(users, pool) {
+					chosen = i
+					taken[i] += need
+					break
+				}
+			}
+			if chosen < 0 {
+				return nil, &unfit{reason: fmt.Sprintf("no hugepage pool of class %s has the free pages its containers request", class)}
+			}
+			p.drawn[class] = append(p.drawn[class], n.devices[chosen].id)
+		}
+	}
+	used := map[int]bool{}
+	for _, ids := range p.drawn {
+		for _, id := range ids {
+			if numa := n.devices[n.index[id]].numa; numa >= 0 {
+				used[numa] = true
+			}
+		}
+	}
+	p.numas = len(used)
+	p.aligned = len(used) <= 1
+	return p, nil
+}
+
+// requestsAll reports whether every container drawing from a pool requests its
+// page size natively: without that request the kubelet sets the container's
+// hugetlb limit to 0 and the first page it touches kills it.
+func requestsAll(users []*containerDemand, pool *poolState) bool {
+	for _, u := range users {
+		if u.hugepages[pool.resourceName] <= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// explainShortage names the class that lacks devices, or, when each class alone
+// would fit, the classes that compete for the same devices. The reasons are the
+// same on every node with the same shortage, so the scheduler's FailedScheduling
+// message counts nodes per reason, as for "Insufficient nvidia.com/gpu".
+func explainShortage(n *nodeState, d *demand, classes []string, prob matching.Problem) *unfit {
+	var short []string
+	for ci, class := range classes {
+		if len(prob.Candidates[ci]) < prob.Demand[ci] {
+			short = append(short, class)
+		}
+	}
+	if len(short) > 0 {
+		return &unfit{reason: "Insufficient free devices of class " + strings.Join(short, ", ")}
+	}
+	return &unfit{reason: "Insufficient free devices for classes " + strings.Join(classes, ", ") + " together (they select the same devices)"}
+}
+
+// utilization is the share (0..100) of the devices the pod's classes select on n
+// that are held once p is placed: what BinPack maximises and Spread minimises.
+func (c *cache) utilization(n *nodeState, d *demand, p *placement) int64 {
+	seen := map[int]bool{}
+	var total, used int64
+	for _, class := range d.classes {
+		for _, i := range n.matches[class] {
+			dev := n.devices[i]
+			if seen[i] || dev.pool != nil || dev.excluded || !dev.healthy {
+				continue
+			}
+			seen[i] = true
+			total++
+			if dev.holders > 0 {
+				used++
+			}
+		}
+	}
+	for _, ids := range p.drawn {
+		for _, id := range ids {
+			if i := n.index[id]; n.devices[i].pool == nil {
+				used++
+			}
+		}
+	}
+	if total == 0 {
+		return 0
+	}
+	return min(100, used*100/total)
+}
+
+// checkPoolRequests: a hugepage class is a placement class, one unit per
+// container (docs/hugepages.md).
+func (d *demand) checkPoolRequests(class string) *unfit {
+	for _, c := range d.containers {
+		if n := c.classes[class]; n > 1 {
+			return &unfit{unresolvable: true, reason: fmt.Sprintf("class %s selects hugepage pools: a container requests 1 of it (the pool) and the pages as hugepages-<size>; container %q requests %d", class, c.name, n)}
+		}
+		if c.classes[class] == 1 && len(c.hugepages) == 0 {
+			return &unfit{unresolvable: true, reason: fmt.Sprintf("class %s selects hugepage pools but container %q requests no hugepages-<size>: add the pages it needs, e.g. hugepages-1Gi: 2Gi", class, c.name)}
+		}
+	}
+	return nil
+}
+
+// drawUsers lists, per draw of class, the containers that use the device drawn.
+func (d *demand) drawUsers(class string) [][]*containerDemand {
+	n := d.draws[class]
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = strconv.Itoa(i)
+	}
+	perContainer := d.assign(class, ids)
+	out := make([][]*containerDemand, n)
+	for ci := range d.containers {
+		c := &d.containers[ci]
+		for _, id := range perContainer[c.name] {
+			i, _ := strconv.Atoi(id)
+			out[i] = append(out[i], c)
+		}
+	}
+	return out
+}

@@ -1,0 +1,455 @@
+// Package resourceclasses is the ResourceClasses scheduler plugin: it picks, with
+// the node, the exact devices that serve a pod's class.resclass.io/<class>
+// requests, and writes them into the pod's assignment annotation for the node
+// agent's Allocate (docs/scheduler.md).
+package resourceclasses
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/assignment"
+	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/client/informers/externalversions"
+)
+
+// Name is the plugin's name in the KubeSchedulerConfiguration.
+const Name = "ResourceClasses"
+
+const stateKey fwk.StateKey = Name
+
+// Plugin is the ResourceClasses plugin.
+type Plugin struct {
+	handle   fwk.Handle
+	args     *Args
+	cache    *cache
+	synced   func() bool
+	resclass versioned.Interface
+
+	mu      sync.Mutex
+	waiting map[types.UID]*corev1.Pod // pods with class requests not yet placed
+}
+
+var (
+	_ fwk.PreFilterPlugin   = &Plugin{}
+	_ fwk.FilterPlugin      = &Plugin{}
+	_ fwk.PreScorePlugin    = &Plugin{}
+	_ fwk.ScorePlugin       = &Plugin{}
+	_ fwk.ReservePlugin     = &Plugin{}
+	_ fwk.PreBindPlugin     = &Plugin{}
+	_ fwk.EnqueueExtensions = &Plugin{}
+)
+
+// New is the plugin's factory, for app.WithPlugin(Name, New).
+func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+	args, err := DecodeArgs(obj, os.Getenv("POD_NAMESPACE"))
+	if err != nil {
+		return nil, err
+	}
+	// The scheduler's config asks for protobuf, which custom resources do not speak.
+	cfg := rest.CopyConfig(h.KubeConfig())
+	cfg.ContentType, cfg.AcceptContentTypes = runtime.ContentTypeJSON, runtime.ContentTypeJSON
+	rc, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: resclass client: %w", Name, err)
+	}
+	p := &Plugin{handle: h, args: args, cache: newCache(), resclass: rc, waiting: map[types.UID]*corev1.Pod{}}
+	p.cache.freed = p.activateWaiting
+
+	logger := klog.FromContext(ctx).WithName(Name)
+	factory := externalversions.NewSharedInformerFactory(rc, 0)
+	nd := factory.Resclass().V1alpha1().NodeDevices().Informer()
+	ndReg, err := nd.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.cache.setNodeDevices(obj.(*v1alpha1.NodeDevices)) },
+		UpdateFunc: func(_, obj any) { p.cache.setNodeDevices(obj.(*v1alpha1.NodeDevices)) },
+		DeleteFunc: func(obj any) {
+			if nd, ok := tombstone[*v1alpha1.NodeDevices](obj); ok {
+				p.cache.deleteNodeDevices(nd.Name)
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	classes := factory.Resclass().V1alpha1().ResourceClasses()
+	rcReg, err := classes.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.cache.setClass(obj.(*v1alpha1.ResourceClass)) },
+		UpdateFunc: func(_, obj any) { p.cache.setClass(obj.(*v1alpha1.ResourceClass)) },
+		DeleteFunc: func(obj any) {
+			if rc, ok := tombstone[*v1alpha1.ResourceClass](obj); ok {
+				p.cache.deleteClass(rc.Name)
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The scheduler's own pod informer: it starts it, and it holds every pod
+	// already, so the devices held are rebuilt from the same watch.
+	podReg, err := h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.podChanged(logger, obj.(*corev1.Pod)) },
+		UpdateFunc: func(_, obj any) { p.podChanged(logger, obj.(*corev1.Pod)) },
+		DeleteFunc: func(obj any) {
+			if pod, ok := tombstone[*corev1.Pod](obj); ok {
+				p.podDeleted(pod)
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.synced = func() bool { return ndReg.HasSynced() && rcReg.HasSynced() && podReg.HasSynced() }
+	factory.Start(ctx.Done())
+
+	if args.StatusUpdateInterval.Duration > 0 {
+		w := newStatusWriter(p.cache, rc, classes.Lister(), h.ClientSet(), args, p.synced)
+		p.cache.changed = w.kick
+		go w.run(ctx)
+	}
+	return p, nil
+}
+
+// tombstone unwraps a deleted object.
+func tombstone[T any](obj any) (T, bool) {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	t, ok := obj.(T)
+	return t, ok
+}
+
+// Name returns the plugin's name.
+func (p *Plugin) Name() string { return Name }
+
+// podChanged keeps the devices a pod holds in step with its annotation and phase.
+func (p *Plugin) podChanged(logger klog.Logger, pod *corev1.Pod) {
+	if pod.Spec.NodeName == "" {
+		return // pending, or between PreBind and bind: Reserve's hold stands
+	}
+	p.forget(pod.UID)
+	h, err := holdingFromPod(pod)
+	if err != nil {
+		logger.Info("Ignoring the pod's device assignment", "pod", klog.KObj(pod), "err", err)
+	}
+	if h == nil {
+		p.cache.release(pod.UID)
+		return
+	}
+	p.cache.hold(h)
+}
+
+func (p *Plugin) podDeleted(pod *corev1.Pod) {
+	p.forget(pod.UID)
+	p.cache.release(pod.UID)
+}
+
+func (p *Plugin) forget(uid types.UID) {
+	p.mu.Lock()
+	delete(p.waiting, uid)
+	p.mu.Unlock()
+}
+
+// activateWaiting moves the pods this plugin may have turned away back to the
+// active queue once devices are freed. The queueing hints do the same for the
+// scheduler's own events, but those can reach the queue before this plugin's
+// informer has updated the cache (handlers run independently), and a pod retried
+// against the old cache would wait for the next event.
+func (p *Plugin) activateWaiting() {
+	p.mu.Lock()
+	if len(p.waiting) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	pods := make(map[string]*corev1.Pod, len(p.waiting))
+	for _, pod := range p.waiting {
+		pods[pod.Namespace+"/"+pod.Name] = pod
+	}
+	p.mu.Unlock()
+	p.handle.Activate(klog.Background(), pods)
+}
+
+// state is a pod's class demand and, after Reserve, its placement.
+type state struct {
+	demand  *demand
+	placed  *assignment.Assignment
+	patched bool // PreBind wrote the annotations
+}
+
+func (s *state) Clone() fwk.StateData { return s }
+
+func getState(cs fwk.CycleState) (*state, bool) {
+	data, err := cs.Read(stateKey)
+	if err != nil {
+		return nil, false
+	}
+	s, ok := data.(*state)
+	return s, ok
+}
+
+// PreFilter reads the pod's class requests; a pod without any skips the plugin.
+// It narrows the nodes to those whose devices every requested class selects.
+func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	d, err := podDemand(pod)
+	if err != nil {
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+	}
+	if d == nil {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	if !p.synced() {
+		return nil, fwk.AsStatus(fmt.Errorf("the device cache is not synced yet"))
+	}
+	p.mu.Lock()
+	p.waiting[pod.UID] = pod
+	p.mu.Unlock()
+
+	p.cache.mu.RLock()
+	defer p.cache.mu.RUnlock()
+	for _, class := range d.classes {
+		if p.cache.classes[class] == nil {
+			return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("ResourceClass %q does not exist", class))
+		}
+	}
+	nodes := sets.New[string]()
+	for name, n := range p.cache.nodes {
+		if !slices.ContainsFunc(d.classes, func(class string) bool { return len(n.matches[class]) == 0 }) {
+			nodes.Insert(name)
+		}
+	}
+	cs.Write(stateKey, &state{demand: d})
+	if len(nodes) == 0 {
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "no node has devices of class "+strings.Join(d.classes, ", "))
+	}
+	if len(nodes) == len(p.cache.nodes) {
+		return nil, nil // every node with devices: no narrowing to report
+	}
+	return &fwk.PreFilterResult{NodeNames: nodes}, nil
+}
+
+// PreFilterExtensions: the plugin does not need to know about preemption's
+// what-ifs, because preempting pods never frees devices for it in this version.
+func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+// Filter: the node's free, healthy devices serve every class request at once.
+func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, ni fwk.NodeInfo) *fwk.Status {
+	s, ok := getState(cs)
+	if !ok {
+		return fwk.AsStatus(fmt.Errorf("%s: PreFilter state missing", Name))
+	}
+	p.cache.mu.RLock()
+	defer p.cache.mu.RUnlock()
+	if _, u := p.cache.place(p.cache.nodes[ni.Node().Name], s.demand, p.args.Strategy); u != nil {
+		return unfitStatus(u)
+	}
+	return nil
+}
+
+func unfitStatus(u *unfit) *fwk.Status {
+	if u.unresolvable {
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, u.reason)
+	}
+	return fwk.NewStatus(fwk.Unschedulable, u.reason)
+}
+
+// PreScore skips scoring for pods without class requests and for FirstFit.
+func (p *Plugin) PreScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) *fwk.Status {
+	if _, ok := getState(cs); !ok || p.args.Strategy == FirstFit {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	return nil
+}
+
+// Score ranks a node by the strategy (see Strategy).
+func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, ni fwk.NodeInfo) (int64, *fwk.Status) {
+	s, ok := getState(cs)
+	if !ok {
+		return 0, nil
+	}
+	p.cache.mu.RLock()
+	defer p.cache.mu.RUnlock()
+	pl, u := p.cache.place(p.cache.nodes[ni.Node().Name], s.demand, p.args.Strategy)
+	if u != nil {
+		return 0, nil
+	}
+	switch p.args.Strategy {
+	case BinPack:
+		return pl.util, nil
+	case Spread:
+		return fwk.MaxNodeScore - pl.util, nil
+	case NUMAAligned:
+		if pl.aligned {
+			return fwk.MaxNodeScore, nil
+		}
+		return fwk.MaxNodeScore / int64(pl.numas+1), nil
+	}
+	return 0, nil
+}
+
+// ScoreExtensions: scores are already 0..100.
+func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
+
+// Reserve chooses the devices on the chosen node and holds them in the cache, so
+// that the next pod's Filter sees them taken before this pod is bound.
+func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
+	s, ok := getState(cs)
+	if !ok {
+		return nil
+	}
+	c := p.cache
+	c.mu.Lock()
+	pl, u := c.place(c.nodes[nodeName], s.demand, p.args.Strategy)
+	if u != nil {
+		c.mu.Unlock()
+		return unfitStatus(u)
+	}
+	a := s.demand.assignment(nodeName, pl)
+	raw, err := assignment.Encode(a)
+	if err != nil {
+		c.mu.Unlock()
+		return fwk.AsStatus(err)
+	}
+	h := newHolding(pod.UID, a, s.demand)
+	h.assumed, h.raw = true, raw
+	c.holdLocked(h)
+	c.mu.Unlock()
+	c.changed()
+	s.placed = a
+	p.forget(pod.UID)
+	reservations.WithLabelValues(string(p.args.Strategy), alignedLabel(pl)).Inc()
+	return nil
+}
+
+func alignedLabel(pl *placement) string {
+	if pl.numas == 0 {
+		return "unknown"
+	}
+	if pl.aligned {
+		return "true"
+	}
+	return "false"
+}
+
+// Unreserve releases what Reserve held and, if PreBind already wrote the
+// annotations, removes them, so a pod that goes back to the queue does not carry
+// devices it does not hold.
+func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) {
+	s, ok := getState(cs)
+	if !ok || s.placed == nil {
+		return
+	}
+	if p.cache.isAssumed(pod.UID) {
+		p.cache.release(pod.UID)
+	}
+	s.placed = nil
+	if s.patched {
+		s.patched = false
+		patch := map[string]any{}
+		for key := range pod.Annotations {
+			if assignment.IsAnnotation(key) {
+				patch[key] = nil
+			}
+		}
+		written, _ := s.demandAnnotations()
+		for key := range written {
+			patch[key] = nil
+		}
+		if err := p.patchAnnotations(ctx, pod, patch); err != nil {
+			klog.FromContext(ctx).Error(err, "Removing the device assignment of an unreserved pod", "pod", klog.KObj(pod))
+		}
+	}
+	p.mu.Lock()
+	p.waiting[pod.UID] = pod
+	p.mu.Unlock()
+}
+
+// PreBindPreFlight: only pods with devices placed have annotations to write.
+func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
+	if s, ok := getState(cs); !ok || s.placed == nil {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
+}
+
+// PreBind writes the assignment annotations (resclass.io/assignment and the
+// seed's per-device keys) with one merge patch. Stale resclass keys from an
+// earlier attempt are removed in the same patch.
+func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
+	s, ok := getState(cs)
+	if !ok || s.placed == nil {
+		return nil
+	}
+	anns, err := s.demandAnnotations()
+	if err != nil {
+		assignments.WithLabelValues("invalid").Inc()
+		return fwk.AsStatus(err)
+	}
+	patch := map[string]any{}
+	for key := range pod.Annotations {
+		if assignment.IsAnnotation(key) {
+			patch[key] = nil
+		}
+	}
+	for key, value := range anns {
+		patch[key] = value
+	}
+	if err := p.patchAnnotations(ctx, pod, patch); err != nil {
+		assignments.WithLabelValues("error").Inc()
+		return fwk.AsStatus(fmt.Errorf("writing the device assignment: %w", err))
+	}
+	s.patched = true
+	assignments.WithLabelValues("written").Inc()
+	return nil
+}
+
+func (s *state) demandAnnotations() (map[string]string, error) {
+	if s.placed == nil {
+		return nil, nil
+	}
+	return assignment.Annotations(s.placed)
+}
+
+func (p *Plugin) patchAnnotations(ctx context.Context, pod *corev1.Pod, annotations map[string]any) error {
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+	if err != nil {
+		return err
+	}
+	_, err = p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, body, metav1.PatchOptions{})
+	return err
+}
+
+// assignment turns a placement into each container's devices.
+func (d *demand) assignment(node string, pl *placement) *assignment.Assignment {
+	a := &assignment.Assignment{Node: node}
+	perContainer := map[string]map[string][]string{}
+	for _, class := range slices.Sorted(maps.Keys(pl.drawn)) {
+		for name, ids := range d.assign(class, pl.drawn[class]) {
+			if perContainer[name] == nil {
+				perContainer[name] = map[string][]string{}
+			}
+			perContainer[name][class] = ids
+		}
+	}
+	for _, c := range d.containers {
+		if classes := perContainer[c.name]; len(classes) > 0 {
+			a.Containers = append(a.Containers, assignment.Container{Name: c.name, Init: c.init, Classes: classes})
+		}
+	}
+	return a
+}
