@@ -203,6 +203,25 @@ func TestSchedulerAssignsDevices(t *testing.T) {
 		t.Errorf("pod c: want 5 distinct GPUs, got %v", got)
 	}
 	waitClassStatus(t, ctx, "sa-a100", 16, 8)
+
+	// The PreBind mode (assignmentWrite: PreBind) writes the same assignment
+	// with a patch before the default binder binds.
+	d := schedPod(ns, "d", pool, map[string]int64{"sa-gpu": 1}, nil)
+	d.Spec.SchedulerName = framework.PreBindSchedulerName
+	if _, err := pods.Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, asgD := boundAssignment(t, ctx, ns, "d")
+	// The profile's device ids repeat on every simulated node: compare per node.
+	held := map[string]bool{}
+	for _, a := range []*assignment.Assignment{asgB, asgC} {
+		for _, id := range a.DeviceIDs() {
+			held[a.Node+"/"+id] = true
+		}
+	}
+	if got := asgD.Devices("main", "sa-gpu"); len(got) != 1 || held[asgD.Node+"/"+got[0]] {
+		t.Errorf("pod d got %v on %s; want one GPU that b and c do not hold", got, asgD.Node)
+	}
 }
 
 // waitClassStatus waits until class's status shows allocatable and requested.

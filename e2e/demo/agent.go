@@ -110,15 +110,35 @@ func agentHandOff(ctx context.Context, p *printer, c *framework.Cluster, kn *fra
 			}}},
 		}
 	}
-	p.line("  demo/train-2 gets GPUs %s and %s in its assignment (written here as", short(uuids[6]), short(uuids[3]))
-	p.line("  the scheduler's PreBind will), and is bound to %s.", agentNode)
-	if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, pod("train-2", uuids[6], uuids[3]), metav1.CreateOptions{}); err != nil {
+	p.line("  demo/train-2 asks for class.resclass.io/nvidia.high.mem: 2 with schedulerName: resclass-scheduler.")
+	p.line("  The ResourceClasses plugin picks %s and two of its free GPUs, NUMA-aligned,", agentNode)
+	p.line("  and writes them on the pod before binding it:")
+	train2 := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "train-2", Namespace: "demo"},
+		Spec: corev1.PodSpec{SchedulerName: "resclass-scheduler", RestartPolicy: corev1.RestartPolicyNever,
+			NodeSelector: map[string]string{corev1.LabelHostname: agentNode},
+			Containers: []corev1.Container{{
+				Name: "train", Image: "registry.example/train:1",
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNamePrefix + "nvidia.high.mem": resource.MustParse("2")}},
+			}}},
+	}
+	if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, train2, metav1.CreateOptions{}); err != nil {
 		return err
 	}
 	rec, err := kn.WaitForRecord(ctx, "demo", "train-2", "train")
 	if err != nil {
 		return err
 	}
+	scheduled, err := c.Client.CoreV1().Pods("demo").Get(ctx, "train-2", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	chosen, found, err := assignment.FromPod(scheduled)
+	if err != nil || !found {
+		return fmt.Errorf("demo/train-2 runs without a valid assignment (found %v): %w", found, err)
+	}
+	p.line("    %s: %s", assignment.AnnotationKey, scheduled.Annotations[assignment.AnnotationKey])
+	held := chosen.Devices("train", "nvidia.high.mem")
 	p.line("  The kubelet asked the agent (GetPreferredAllocation, Allocate) and created the container with")
 	p.line("    NVIDIA_VISIBLE_DEVICES=%s", rec.Env["NVIDIA_VISIBLE_DEVICES"])
 	p.line("    RESCLASS_DEVICES_NVIDIA_HIGH_MEM=%s", rec.Env["RESCLASS_DEVICES_NVIDIA_HIGH_MEM"])
@@ -126,8 +146,17 @@ func agentHandOff(ctx context.Context, p *printer, c *framework.Cluster, kn *fra
 		p.line("    CDI device %s", d.GetName())
 	}
 
-	p.line("  demo/train-3's assignment names %s, which train-2 holds (a stale scheduler, say).", short(uuids[6]))
-	if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, pod("train-3", uuids[6], uuids[0]), metav1.CreateOptions{}); err != nil {
+	if err := classStatus(ctx, p, c, "nvidia.high.mem", 2); err != nil {
+		return err
+	}
+
+	other := uuids[0]
+	if slices.Contains(held, other) {
+		other = uuids[1]
+	}
+	p.line("  demo/train-3 is bound by hand with an assignment naming %s, which train-2 holds", short(held[0]))
+	p.line("  (a stale or foreign scheduler, say).")
+	if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, pod("train-3", held[0], other), metav1.CreateOptions{}); err != nil {
 		return err
 	}
 	var msg string
@@ -150,6 +179,36 @@ func agentHandOff(ctx context.Context, p *printer, c *framework.Cluster, kn *fra
 	p.line("    Warning DeviceAssignmentMismatch: %s", msg)
 	p.line("  and the kubelet rejects the pod: phase %s, reason %s.", got.Status.Phase, got.Status.Reason)
 	return nil
+}
+
+// classStatus waits for the scheduler's status of class to show requested and
+// prints it as kubectl get resourceclass does.
+func classStatus(ctx context.Context, p *printer, c *framework.Cluster, class string, requested int64) error {
+	rc, err := c.Resclass()
+	if err != nil {
+		return err
+	}
+	var got *v1alpha1.ResourceClass
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err = rc.ResclassV1alpha1().ResourceClasses().Get(ctx, class, metav1.GetOptions{})
+		return err == nil && got.Status.Requested.Value() == requested, nil
+	})
+	if err != nil {
+		return fmt.Errorf("ResourceClass %s status never showed %d requested: %w", class, requested, err)
+	}
+	p.line("  The scheduler keeps the class's status (kubectl get resourceclass %s):", class)
+	p.line("    allocatable %s, requested %s; on %s: %d of %d", got.Status.Allocatable.String(), got.Status.Requested.String(),
+		agentNode, nodeStatus(got, agentNode).Requested, nodeStatus(got, agentNode).Allocatable)
+	return nil
+}
+
+func nodeStatus(rc *v1alpha1.ResourceClass, node string) v1alpha1.ResourceClassNodeStatus {
+	for _, n := range rc.Status.Nodes {
+		if n.Name == node {
+			return n
+		}
+	}
+	return v1alpha1.ResourceClassNodeStatus{Name: node}
 }
 
 // short shortens a GPU UUID for the narrative.

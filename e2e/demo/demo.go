@@ -383,7 +383,7 @@ func podWithDevices(ctx context.Context, p *printer, c *framework.Cluster, kubel
 func handOff(p *printer, classes []class, nodes []node) error {
 	p.line("  Pod train-1 on dgx-a100: container \"train\" requests class.resclass.io/nvidia.high.mem: 2")
 	p.line("  and class.resclass.io/fast.nic: 1; init container \"stage\" requests hugepages-1gig: 1.")
-	p.line("  Devices picked first-fit here; the scheduler plugin adds its strategies.")
+	p.line("  Picked first-fit here to show the format; in section 8 the scheduler chooses.")
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "train-1", Namespace: "demo"}}
 	dgx := findNode(nodes, "dgx-a100")
 	taken := map[string]bool{}

@@ -368,6 +368,10 @@ func (c *Cluster) RestartScheduler(ctx context.Context) error {
 	return c.waitHealthy(ctx, "scheduler", c.schedulerPort)
 }
 
+// PreBindSchedulerName is the embedded cluster's third profile: the shipped one
+// with assignmentWrite: PreBind.
+const PreBindSchedulerName = "resclass-scheduler-prebind"
+
 const resclassNamespace = `apiVersion: v1
 kind: Namespace
 metadata:
@@ -377,7 +381,7 @@ metadata:
 // it: with kubeconfig, without leader election (one replica), client QPS as
 // scheduler_perf sets it (the default 50 caps binding at ~55 pods/s), and the
 // resclass-scheduler profile also named default-scheduler, because here it is
-// the cluster's only scheduler.
+// the cluster's only scheduler, and once more as PreBindSchedulerName.
 func SchedulerConfig(kubeconfig string) ([]byte, error) {
 	var cfg map[string]any
 	if err := yaml.Unmarshal(deployscheduler.Config, &cfg); err != nil {
@@ -389,12 +393,34 @@ func SchedulerConfig(kubeconfig string) ([]byte, error) {
 	if len(profiles) != 1 {
 		return nil, fmt.Errorf("deploy/scheduler/config.yaml: want one profile, found %d", len(profiles))
 	}
-	def := map[string]any{}
-	for k, v := range profiles[0].(map[string]any) {
-		def[k] = v
+	profile, err := yaml.Marshal(profiles[0])
+	if err != nil {
+		return nil, err
 	}
-	def["schedulerName"] = corev1.DefaultSchedulerName
-	cfg["profiles"] = append(profiles, def)
+	clone := func(name string) (map[string]any, error) {
+		var p map[string]any
+		if err := yaml.Unmarshal(profile, &p); err != nil {
+			return nil, err
+		}
+		p["schedulerName"] = name
+		return p, nil
+	}
+	def, err := clone(corev1.DefaultSchedulerName)
+	if err != nil {
+		return nil, err
+	}
+	// The same profile writing assignments in PreBind instead of the Binding,
+	// for tests and benchmarks of that mode.
+	prebind, err := clone(PreBindSchedulerName)
+	if err != nil {
+		return nil, err
+	}
+	for _, pc := range prebind["pluginConfig"].([]any) {
+		if pc := pc.(map[string]any); pc["name"] == "ResourceClasses" {
+			pc["args"].(map[string]any)["assignmentWrite"] = "PreBind"
+		}
+	}
+	cfg["profiles"] = append(profiles, def, prebind)
 	return yaml.Marshal(cfg)
 }
 

@@ -32,6 +32,9 @@ type SimulatedNodes struct {
 	// each node's NodeDevices.
 	Profile string
 	Labels  map[string]string
+	// Capacity adds to (or overrides) the nodes' capacity and allocatable, e.g.
+	// a plain extended resource to compare against.
+	Capacity corev1.ResourceList
 }
 
 // AddSimulatedNodes creates kwok nodes, publishes their NodeDevices and waits until
@@ -70,6 +73,9 @@ func (c *Cluster) AddSimulatedNodes(ctx context.Context, opts SimulatedNodes) ([
 			q.Add(*resource.NewQuantity(size.Value()**total, resource.BinarySI))
 			capacity[name] = q
 		}
+	}
+	for name, q := range opts.Capacity {
+		capacity[name] = q
 	}
 	err := parallel(ctx, names, 16, func(ctx context.Context, name string) error {
 		labels := map[string]string{SimulatedNodeLabel: "true", corev1.LabelHostname: name}

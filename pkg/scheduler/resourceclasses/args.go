@@ -36,16 +36,32 @@ const (
 
 var strategies = []Strategy{FirstFit, BinPack, Spread, NUMAAligned}
 
+// AssignmentWrite is how the assignment annotations reach the pod.
+type AssignmentWrite string
+
+const (
+	// WriteInBinding puts the annotations on the Binding: the apiserver sets
+	// the node and the annotations in one write, so no pod is ever bound
+	// without its assignment and binding costs no extra API call.
+	WriteInBinding AssignmentWrite = "Binding"
+	// WriteInPreBind patches the pod in PreBind, then the default binder binds
+	// it: one more write per pod, for setups where another Bind plugin must bind.
+	WriteInPreBind AssignmentWrite = "PreBind"
+)
+
 // Args configure the ResourceClasses plugin, in the KubeSchedulerConfiguration:
 //
 //	pluginConfig:
 //	- name: ResourceClasses
 //	  args:
 //	    strategy: NUMAAligned
+//	    assignmentWrite: Binding
 //	    statusUpdateInterval: 2s
 type Args struct {
 	// Strategy is one of FirstFit (default), BinPack, Spread, NUMAAligned.
 	Strategy Strategy `json:"strategy,omitempty"`
+	// AssignmentWrite is Binding (default) or PreBind.
+	AssignmentWrite AssignmentWrite `json:"assignmentWrite,omitempty"`
 	// StatusUpdateInterval is the debounce of ResourceClass status writes: changes
 	// within it are written together. Default 1s; 0 turns status writing off.
 	StatusUpdateInterval *metav1.Duration `json:"statusUpdateInterval,omitempty"`
@@ -86,6 +102,9 @@ func DecodeArgs(obj runtime.Object, podNamespace string) (*Args, error) {
 	if args.Strategy == "" {
 		args.Strategy = FirstFit
 	}
+	if args.AssignmentWrite == "" {
+		args.AssignmentWrite = WriteInBinding
+	}
 	if args.StatusUpdateInterval == nil {
 		args.StatusUpdateInterval = &metav1.Duration{Duration: defaultStatusUpdateInterval}
 	}
@@ -115,6 +134,9 @@ func ValidateArgs(a *Args, p *field.Path) field.ErrorList {
 	}
 	if !valid {
 		errs = append(errs, field.NotSupported(p.Child("strategy"), a.Strategy, names))
+	}
+	if a.AssignmentWrite != WriteInBinding && a.AssignmentWrite != WriteInPreBind {
+		errs = append(errs, field.NotSupported(p.Child("assignmentWrite"), a.AssignmentWrite, []string{string(WriteInBinding), string(WriteInPreBind)}))
 	}
 	if a.StatusUpdateInterval != nil && a.StatusUpdateInterval.Duration < 0 {
 		errs = append(errs, field.Invalid(p.Child("statusUpdateInterval"), a.StatusUpdateInterval.Duration.String(), "must not be negative (0 turns status writing off)"))

@@ -14,7 +14,7 @@ var (
 	}, []string{"strategy", "numa_aligned"})
 	assignments = metrics.NewCounterVec(&metrics.CounterOpts{
 		Namespace: "resclass", Subsystem: "scheduler", Name: "assignment_writes_total",
-		Help:           "Assignment annotations written in PreBind, by result (written, error, invalid).",
+		Help:           "Assignment annotations written (in the Binding or by the PreBind patch), by result (written, error, invalid).",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"result"})
 	statusWrites = metrics.NewCounterVec(&metrics.CounterOpts{

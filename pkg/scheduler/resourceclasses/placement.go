@@ -137,9 +137,11 @@ func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, fre
 		}
 	}
 	// Pools are shared: each draw takes a pool of its class whose free pages
-	// cover the native request of its containers, counting what this pod's
-	// earlier draws took.
-	taken := map[int]int64{}
+	// cover the native request of its containers together with this pod's
+	// earlier draws from the same pool. The pod's request is not the sum of its
+	// draws' (an init container's pages are back before the app containers
+	// start), so it is counted over all of them, as the pool will be charged.
+	onPool := map[int][]*containerDemand{}
 	for _, class := range pools {
 		draws := d.drawUsers(class)
 		for _, users := range draws {
@@ -149,10 +151,10 @@ func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, fre
 				if pool == nil || !usable(i) {
 					continue
 				}
-				need := pageBytes(users, pool.resourceName)
-				if need > 0 && pool.freeBytes()-taken[i] >= need && requestsAll(users, pool) {
+				all := d.inPodOrder(onPool[i], users)
+				if pageBytes(users, pool.resourceName) > 0 && pool.freeBytes() >= pageBytes(all, pool.resourceName) && requestsAll(users, pool) {
 					chosen = i
-					taken[i] += need
+					onPool[i] = all
 					break
 				}
 			}
@@ -266,4 +268,63 @@ func (d *demand) drawUsers(class string) [][]*containerDemand {
 		}
 	}
 	return out
+}
+
+// maxNUMA bounds the NUMA nodes the quick path tells apart; devices on others
+// (or on none) are counted together.
+const maxNUMA = 16
+
+// quick answers Filter and Score without building a placement for the common
+// pod: one class of exclusive devices. Filter and Score run for every pod on
+// hundreds of nodes, so this path must not allocate; Reserve, once per pod,
+// always takes the full path. handled is false for any other pod.
+func (c *cache) quick(n *nodeState, d *demand) (fits bool, util int64, numas int, handled bool) {
+	if n == nil || len(d.classes) != 1 {
+		return false, 0, 0, false
+	}
+	class := d.classes[0]
+	want := d.draws[class]
+	var total, held, free int
+	var perNUMA [maxNUMA + 1]int
+	for _, i := range n.matches[class] {
+		dev := n.devices[i]
+		if dev.pool != nil {
+			return false, 0, 0, false
+		}
+		if !dev.healthy || dev.excluded {
+			continue
+		}
+		total++
+		if dev.holders > 0 {
+			held++
+			continue
+		}
+		free++
+		numa := dev.numa
+		if numa < 0 || numa >= maxNUMA {
+			numa = maxNUMA
+		}
+		perNUMA[numa]++
+	}
+	if free < want {
+		return false, 0, 0, true
+	}
+	if total > 0 {
+		util = min(100, int64(held+want)*100/int64(total))
+	}
+	// The fewest NUMA nodes that hold want free devices, largest first.
+	if perNUMA[maxNUMA] == 0 {
+		counts := perNUMA[:maxNUMA]
+		for left := want; left > 0; numas++ {
+			best := 0
+			for i := range counts {
+				if counts[i] > counts[best] {
+					best = i
+				}
+			}
+			left -= counts[best]
+			counts[best] = 0
+		}
+	}
+	return true, util, numas, true
 }

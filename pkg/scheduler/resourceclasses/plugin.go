@@ -255,7 +255,14 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	}
 	p.cache.mu.RLock()
 	defer p.cache.mu.RUnlock()
-	if _, u := p.cache.place(p.cache.nodes[ni.Node().Name], s.demand, p.args.Strategy); u != nil {
+	n := p.cache.nodes[ni.Node().Name]
+	if fits, _, _, handled := p.cache.quick(n, s.demand); handled {
+		if !fits {
+			return fwk.NewStatus(fwk.Unschedulable, "Insufficient free devices of class "+s.demand.classes[0])
+		}
+		return nil
+	}
+	if _, u := p.cache.place(n, s.demand, p.args.Strategy); u != nil {
 		return unfitStatus(u)
 	}
 	return nil
@@ -284,20 +291,30 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 	}
 	p.cache.mu.RLock()
 	defer p.cache.mu.RUnlock()
-	pl, u := p.cache.place(p.cache.nodes[ni.Node().Name], s.demand, p.args.Strategy)
-	if u != nil {
+	n := p.cache.nodes[ni.Node().Name]
+	fits, util, numas, handled := p.cache.quick(n, s.demand)
+	if !handled {
+		pl, u := p.cache.place(n, s.demand, p.args.Strategy)
+		if u != nil {
+			return 0, nil
+		}
+		fits, util, numas = true, pl.util, pl.numas
+	}
+	if !fits {
 		return 0, nil
 	}
 	switch p.args.Strategy {
 	case BinPack:
-		return pl.util, nil
+		return util, nil
 	case Spread:
-		return fwk.MaxNodeScore - pl.util, nil
+		return fwk.MaxNodeScore - util, nil
 	case NUMAAligned:
-		if pl.aligned {
+		// One NUMA node (or none known) scores highest; each further NUMA node
+		// the pod must span lowers the score.
+		if numas <= 1 {
 			return fwk.MaxNodeScore, nil
 		}
-		return fwk.MaxNodeScore / int64(pl.numas+1), nil
+		return fwk.MaxNodeScore / int64(numas), nil
 	}
 	return 0, nil
 }
@@ -357,6 +374,9 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	if p.cache.isAssumed(pod.UID) {
 		p.cache.release(pod.UID)
 	}
+	// What PreBind wrote is known from the placement only: read it before
+	// forgetting the placement.
+	written, _ := s.demandAnnotations()
 	s.placed = nil
 	if s.patched {
 		s.patched = false
@@ -366,7 +386,6 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 				patch[key] = nil
 			}
 		}
-		written, _ := s.demandAnnotations()
 		for key := range written {
 			patch[key] = nil
 		}
@@ -379,17 +398,24 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	p.mu.Unlock()
 }
 
-// PreBindPreFlight: only pods with devices placed have annotations to write.
+// PreBindPreFlight: with WriteInPreBind, pods with devices placed have
+// annotations to write; with WriteInBinding, only pods carrying stale resclass
+// annotations (from an attempt that failed) need PreBind, to remove them.
 func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
-	if s, ok := getState(cs); !ok || s.placed == nil {
+	s, ok := getState(cs)
+	if !ok || s.placed == nil {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	if p.args.AssignmentWrite == WriteInBinding && !slices.ContainsFunc(slices.Collect(maps.Keys(pod.Annotations)), assignment.IsAnnotation) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
 }
 
 // PreBind writes the assignment annotations (resclass.io/assignment and the
-// seed's per-device keys) with one merge patch. Stale resclass keys from an
-// earlier attempt are removed in the same patch.
+// seed's per-device keys) with one merge patch, removing stale resclass keys
+// from an earlier attempt in the same patch. With WriteInBinding it only
+// removes stale keys; Bind writes the assignment.
 func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	s, ok := getState(cs)
 	if !ok || s.placed == nil {
@@ -406,14 +432,47 @@ func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 			patch[key] = nil
 		}
 	}
-	for key, value := range anns {
-		patch[key] = value
+	if p.args.AssignmentWrite == WriteInPreBind {
+		for key, value := range anns {
+			patch[key] = value
+		}
+	}
+	if len(patch) == 0 {
+		return nil
 	}
 	if err := p.patchAnnotations(ctx, pod, patch); err != nil {
 		assignments.WithLabelValues("error").Inc()
 		return fwk.AsStatus(fmt.Errorf("writing the device assignment: %w", err))
 	}
-	s.patched = true
+	if p.args.AssignmentWrite == WriteInPreBind {
+		s.patched = true
+		assignments.WithLabelValues("written").Inc()
+	}
+	return nil
+}
+
+// Bind, with WriteInBinding, binds a pod with devices placed through a
+// Binding that carries the assignment annotations: the apiserver merges them
+// into the pod as it sets spec.nodeName, in one write. Other pods, and all pods
+// with WriteInPreBind, are left to the default binder.
+func (p *Plugin) Bind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
+	s, ok := getState(cs)
+	if !ok || s.placed == nil || p.args.AssignmentWrite != WriteInBinding {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	anns, err := s.demandAnnotations()
+	if err != nil {
+		assignments.WithLabelValues("invalid").Inc()
+		return fwk.AsStatus(err)
+	}
+	binding := &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, Annotations: anns},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: nodeName},
+	}
+	if err := p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
+		assignments.WithLabelValues("error").Inc()
+		return fwk.AsStatus(fmt.Errorf("binding with the device assignment: %w", err))
+	}
 	assignments.WithLabelValues("written").Inc()
 	return nil
 }

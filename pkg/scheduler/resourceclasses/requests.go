@@ -150,18 +150,33 @@ func (d *demand) assign(class string, drawn []string) map[string][]string {
 }
 
 // pageBytes is how many bytes of hugepages of resource name the containers using
-// a pool charge it: the kubelet runs init containers one at a time before the
-// others, so the pod's charge is the larger of its biggest init container and
-// the sum of its other containers.
+// a pool charge it, counted as the kubelet counts a pod's request (containers in
+// the pod's order): each init container runs alone beside the sidecars started
+// before it, then the app containers run beside all sidecars.
 func pageBytes(containers []*containerDemand, name corev1.ResourceName) int64 {
-	var initMax, sum int64
+	var initMax, sidecars, apps int64
 	for _, c := range containers {
 		v := c.hugepages[name]
-		if c.init && !c.restartable {
-			initMax = max(initMax, v)
-		} else {
-			sum += v
+		switch {
+		case c.restartable:
+			sidecars += v
+		case c.init:
+			initMax = max(initMax, sidecars+v)
+		default:
+			apps += v
 		}
 	}
-	return max(initMax, sum)
+	return max(initMax, sidecars+apps)
+}
+
+// inPodOrder lists the containers in a or b once each, in the pod's order, which
+// pageBytes needs.
+func (d *demand) inPodOrder(a, b []*containerDemand) []*containerDemand {
+	var out []*containerDemand
+	for i := range d.containers {
+		if c := &d.containers[i]; slices.Contains(a, c) || slices.Contains(b, c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }

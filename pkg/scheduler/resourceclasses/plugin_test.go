@@ -1,0 +1,1235 @@
+package resourceclasses
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	clienttesting "k8s.io/client-go/testing"
+	resourcehelper "k8s.io/component-helpers/resource"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	schedulerapi "k8s.io/kubernetes/pkg/scheduler/apis/config"
+	internalcache "k8s.io/kubernetes/pkg/scheduler/backend/cache"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/defaultbinder"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/queuesort"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+	schedulermetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
+	tf "k8s.io/kubernetes/pkg/scheduler/testing/framework"
+	"k8s.io/utils/ptr"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/assignment"
+)
+
+// These tests run the plugin through its real factory, New, inside the real
+// scheduler framework: New builds its resclass client from the handle's
+// KubeConfig, so the harness serves NodeDevices and ResourceClasses from a small
+// fake API server (list, and a watch that stays quiet), and the pods from a fake
+// clientset through the framework's informer factory, as kube-scheduler does.
+
+// ---- devices, classes and pods ----
+
+func gpu(id string, numa int64, memory string) v1alpha1.Device {
+	d := v1alpha1.Device{ID: id, Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{
+		v1alpha1.AttributeMemory: {QuantityValue: ptr.To(resource.MustParse(memory))},
+	}}
+	setNUMA(&d, numa)
+	return d
+}
+
+func nic(id string, numa int64) v1alpha1.Device {
+	d := v1alpha1.Device{ID: id, Kind: v1alpha1.DeviceKindNIC, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
+	setNUMA(&d, numa)
+	return d
+}
+
+// hugePool is a hugepage pool as the node agent publishes it (docs/hugepages.md).
+func hugePool(id string, numa int64, size string, total, free int64) v1alpha1.Device {
+	d := v1alpha1.Device{ID: id, Kind: v1alpha1.DeviceKindHugePages, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{
+		v1alpha1.AttributeSize:         {QuantityValue: ptr.To(resource.MustParse(size))},
+		v1alpha1.AttributePagesTotal:   {IntValue: ptr.To(total)},
+		v1alpha1.AttributePagesFree:    {IntValue: ptr.To(free)},
+		v1alpha1.AttributeResourceName: {StringValue: ptr.To("hugepages-" + size)},
+	}}
+	setNUMA(&d, numa)
+	return d
+}
+
+// setNUMA: a negative numa publishes none, as for a machine-wide pool.
+func setNUMA(d *v1alpha1.Device, numa int64) {
+	if numa >= 0 {
+		d.Attributes[v1alpha1.AttributeNUMANode] = v1alpha1.DeviceAttribute{IntValue: ptr.To(numa)}
+	}
+}
+
+func unhealthy(d v1alpha1.Device) v1alpha1.Device {
+	d.Healthy = false
+	return d
+}
+
+func migEnabled(d v1alpha1.Device) v1alpha1.Device {
+	d.Attributes[v1alpha1.AttributeMIGEnabled] = v1alpha1.DeviceAttribute{BoolValue: ptr.To(true)}
+	return d
+}
+
+func nodeDevices(name string, devs ...v1alpha1.Device) *v1alpha1.NodeDevices {
+	return &v1alpha1.NodeDevices{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: "1"}, Status: v1alpha1.NodeDevicesStatus{Devices: devs}}
+}
+
+func expr(key string, op v1alpha1.ResourceSelectorOperator, values ...string) v1alpha1.ResourceSelectorRequirement {
+	return v1alpha1.ResourceSelectorRequirement{Key: key, Operator: op, Values: values}
+}
+
+func rclass(name string, exprs ...v1alpha1.ResourceSelectorRequirement) *v1alpha1.ResourceClass {
+	return &v1alpha1.ResourceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name), Generation: 1},
+		Spec:       v1alpha1.ResourceClassSpec{ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: exprs}}},
+	}
+}
+
+// The classes the tests use. gpu and gpu-big overlap: every big GPU is also a gpu.
+var (
+	gpuClass    = rclass("gpu", expr("kind", v1alpha1.ResourceSelectorOpIn, v1alpha1.DeviceKindNvidiaGPU))
+	bigGPUClass = rclass("gpu-big", expr("kind", v1alpha1.ResourceSelectorOpIn, v1alpha1.DeviceKindNvidiaGPU), expr(v1alpha1.AttributeMemory, v1alpha1.ResourceSelectorOpGtEq, "80Gi"))
+	nicClass    = rclass("nic", expr("kind", v1alpha1.ResourceSelectorOpIn, v1alpha1.DeviceKindNIC))
+	hpClass     = rclass("hp-1g", expr("kind", v1alpha1.ResourceSelectorOpIn, v1alpha1.DeviceKindHugePages), expr(v1alpha1.AttributeSize, v1alpha1.ResourceSelectorOpGtEq, "1Gi"))
+	allClasses  = []*v1alpha1.ResourceClass{gpuClass, bigGPUClass, nicClass, hpClass}
+)
+
+func cls(class string) corev1.ResourceName {
+	return corev1.ResourceName(v1alpha1.ResourceNamePrefix + class)
+}
+
+type containerKind int
+
+const (
+	app containerKind = iota
+	initC
+	sidecar // an init container with restartPolicy Always
+)
+
+type ctr struct {
+	name   string
+	kind   containerKind
+	limits map[corev1.ResourceName]string
+}
+
+// testPod builds a pod whose containers set limits only: requests default to them
+// for extended resources and hugepages, which is how users write them.
+func testPod(name string, ctrs ...ctr) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)}}
+	for _, c := range ctrs {
+		k := corev1.Container{Name: c.name, Image: "busybox", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{}}}
+		for r, q := range c.limits {
+			k.Resources.Limits[r] = resource.MustParse(q)
+		}
+		switch c.kind {
+		case app:
+			p.Spec.Containers = append(p.Spec.Containers, k)
+		case initC:
+			p.Spec.InitContainers = append(p.Spec.InitContainers, k)
+		case sidecar:
+			k.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
+			p.Spec.InitContainers = append(p.Spec.InitContainers, k)
+		}
+	}
+	return p
+}
+
+// gpuPod is a one-container pod asking for n devices of class.
+func gpuPod(name, class string, n int) *corev1.Pod {
+	return testPod(name, ctr{name: "app", limits: map[corev1.ResourceName]string{cls(class): fmt.Sprint(n)}})
+}
+
+// boundPod is a pod bound to node that carries a resclass assignment of ids of
+// class to its container "app", as PreBind writes it.
+func boundPod(t *testing.T, name, node, assignedNode, class string, ids ...string) *corev1.Pod {
+	t.Helper()
+	p := gpuPod(name, class, len(ids))
+	p.Spec.NodeName = node
+	p.Status.Phase = corev1.PodRunning
+	anns, err := assignment.Annotations(&assignment.Assignment{Node: assignedNode, Containers: []assignment.Container{{Name: "app", Classes: map[string][]string{class: ids}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Annotations = anns
+	return p
+}
+
+// ---- a fake resclass API server ----
+
+// fakeResclassAPI serves the lists New's informers read. Watches stay open and
+// quiet until the test ends; a watch asking for initial events (WatchList) is
+// refused as an apiserver without that feature would, so client-go lists instead.
+type fakeResclassAPI struct {
+	nodeDevices []v1alpha1.NodeDevices
+	classes     []v1alpha1.ResourceClass
+	stop        chan struct{}
+}
+
+func (a *fakeResclassAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	gv := v1alpha1.SchemeGroupVersion.String()
+	var list runtime.Object
+	switch r.URL.Path {
+	case "/apis/resclass.io/v1alpha1/nodedevices":
+		list = &v1alpha1.NodeDevicesList{TypeMeta: metav1.TypeMeta{APIVersion: gv, Kind: "NodeDevicesList"}, ListMeta: metav1.ListMeta{ResourceVersion: "1"}, Items: a.nodeDevices}
+	case "/apis/resclass.io/v1alpha1/resourceclasses":
+		list = &v1alpha1.ResourceClassList{TypeMeta: metav1.TypeMeta{APIVersion: gv, Kind: "ResourceClassList"}, ListMeta: metav1.ListMeta{ResourceVersion: "1"}, Items: a.classes}
+	default:
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	q := r.URL.Query()
+	switch {
+	case r.Method != http.MethodGet:
+		writeAPIStatus(w, http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed)
+	case q.Get("watch") != "" && q.Get("sendInitialEvents") == "true":
+		writeAPIStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest)
+	case q.Get("watch") != "":
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-a.stop:
+		}
+	default:
+		_ = json.NewEncoder(w).Encode(list)
+	}
+}
+
+func writeAPIStatus(w http.ResponseWriter, code int, reason metav1.StatusReason) {
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(&metav1.Status{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Status"}, Status: metav1.StatusFailure, Code: int32(code), Reason: reason, Message: "not supported by the fake"})
+}
+
+// recordingActivator is the scheduling queue's side of Handle.Activate.
+type recordingActivator struct {
+	mu        sync.Mutex
+	activated []string
+}
+
+func (r *recordingActivator) Activate(_ klog.Logger, pods map[string]*corev1.Pod) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.activated = append(r.activated, slices.Sorted(maps.Keys(pods))...)
+}
+
+func (r *recordingActivator) got() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.activated)
+}
+
+// ---- the harness ----
+
+type harness struct {
+	t         *testing.T
+	ctx       context.Context
+	fw        framework.Framework
+	plugin    *Plugin
+	client    *fake.Clientset
+	activator *recordingActivator
+	nodes     map[string]fwk.NodeInfo
+}
+
+// newHarness starts a framework whose ResourceClasses plugin sees nds and classes
+// through its informers and pods (plus one Node per NodeDevices) in the fake
+// clientset. Status writing is off: it needs a leader election the tests do not
+// exercise.
+func newHarness(t *testing.T, strategy Strategy, nds []*v1alpha1.NodeDevices, classes []*v1alpha1.ResourceClass, pods ...*corev1.Pod) *harness {
+	t.Helper()
+	// The framework instruments plugins with the scheduler's metrics, which
+	// kube-scheduler registers at start-up (once; later calls do nothing).
+	schedulermetrics.Register()
+	api := &fakeResclassAPI{stop: make(chan struct{})}
+	for _, nd := range nds {
+		api.nodeDevices = append(api.nodeDevices, *nd)
+	}
+	for _, rc := range classes {
+		api.classes = append(api.classes, *rc)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(func() {
+		close(api.stop)
+		srv.Close()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // runs before the server closes: informers stop first
+
+	h := &harness{t: t, ctx: ctx, activator: &recordingActivator{}, nodes: map[string]fwk.NodeInfo{}}
+	var objs []runtime.Object
+	var nodes []*corev1.Node
+	for _, nd := range nds {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nd.Name}}
+		nodes = append(nodes, node)
+		objs = append(objs, node)
+		ni := framework.NewNodeInfo()
+		ni.SetNode(node)
+		h.nodes[nd.Name] = ni
+	}
+	for _, p := range pods {
+		objs = append(objs, p)
+	}
+	h.client = fake.NewClientset(objs...)
+	informerFactory := informers.NewSharedInformerFactory(h.client, 0)
+
+	factory := func(ctx context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
+		pl, err := New(ctx, obj, fh)
+		if err == nil {
+			h.plugin = pl.(*Plugin)
+		}
+		return pl, err
+	}
+	args := &runtime.Unknown{ContentType: runtime.ContentTypeJSON, Raw: fmt.Appendf(nil, `{"strategy":%q,"statusUpdateInterval":"0s"}`, strategy)}
+	fw, err := tf.NewFramework(ctx, []tf.RegisterPluginFunc{
+		tf.RegisterQueueSortPlugin(queuesort.Name, queuesort.New),
+		tf.RegisterBindPlugin(defaultbinder.Name, defaultbinder.New),
+		tf.RegisterPluginAsExtensions(Name, factory, "PreFilter", "Filter", "PreScore", "Score", "Reserve", "PreBind"),
+		withPluginArgs(args),
+	}, "default-scheduler",
+		frameworkruntime.WithClientSet(h.client),
+		frameworkruntime.WithKubeConfig(&rest.Config{Host: srv.URL}),
+		frameworkruntime.WithInformerFactory(informerFactory),
+		frameworkruntime.WithSnapshotSharedLister(internalcache.NewSnapshot(nil, nodes)),
+		frameworkruntime.WithPodActivator(h.activator),
+	)
+	if err != nil {
+		t.Fatalf("NewFramework: %v", err)
+	}
+	h.fw = fw
+	informerFactory.Start(ctx.Done())
+	informerFactory.WaitForCacheSync(ctx.Done())
+	h.waitFor("the plugin's informers to sync", func() bool { return h.plugin.synced() })
+	return h
+}
+
+func withPluginArgs(args runtime.Object) tf.RegisterPluginFunc {
+	return func(_ *frameworkruntime.Registry, profile *schedulerapi.KubeSchedulerProfile) {
+		profile.PluginConfig = append(profile.PluginConfig, schedulerapi.PluginConfig{Name: Name, Args: args})
+	}
+}
+
+// waitFor polls for what informers deliver asynchronously.
+func (h *harness) waitFor(what string, cond func() bool) {
+	h.t.Helper()
+	if err := wait.PollUntilContextTimeout(h.ctx, 5*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+		h.t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+func (h *harness) holds(uid types.UID) bool {
+	h.plugin.cache.mu.RLock()
+	defer h.plugin.cache.mu.RUnlock()
+	return h.plugin.cache.pods[uid] != nil
+}
+
+func (h *harness) preFilter(pod *corev1.Pod) (fwk.CycleState, *fwk.PreFilterResult, *fwk.Status) {
+	cs := framework.NewCycleState()
+	res, st, _ := h.fw.RunPreFilterPlugins(h.ctx, cs, pod)
+	return cs, res, st
+}
+
+func (h *harness) filter(cs fwk.CycleState, pod *corev1.Pod, node string) *fwk.Status {
+	h.t.Helper()
+	ni, ok := h.nodes[node]
+	if !ok {
+		h.t.Fatalf("no node %s", node)
+	}
+	return h.fw.RunFilterPlugins(h.ctx, cs, pod, ni)
+}
+
+// fits runs PreFilter and Filter for pod on node and returns Filter's status.
+func (h *harness) fits(pod *corev1.Pod, node string) (fwk.CycleState, *fwk.Status) {
+	h.t.Helper()
+	cs, _, st := h.preFilter(pod)
+	if !st.IsSuccess() {
+		h.t.Fatalf("PreFilter %s: %v", pod.Name, st)
+	}
+	return cs, h.filter(cs, pod, node)
+}
+
+// reserve runs PreFilter, Filter and Reserve, each of which must succeed, and
+// returns the cycle state and the devices the pod got.
+func (h *harness) reserve(pod *corev1.Pod, node string) (fwk.CycleState, *assignment.Assignment) {
+	h.t.Helper()
+	cs, st := h.fits(pod, node)
+	if !st.IsSuccess() {
+		h.t.Fatalf("Filter %s on %s: %v", pod.Name, node, st)
+	}
+	if st := h.fw.RunReservePluginsReserve(h.ctx, cs, pod, node); !st.IsSuccess() {
+		h.t.Fatalf("Reserve %s on %s: %v", pod.Name, node, st)
+	}
+	s, ok := getState(cs)
+	if !ok || s.placed == nil {
+		h.t.Fatalf("Reserve %s left no placement in the cycle state", pod.Name)
+	}
+	return cs, s.placed
+}
+
+// scores runs PreScore and Score over nodes and returns this plugin's scores; a
+// plugin that PreScore skipped has none.
+func (h *harness) scores(cs fwk.CycleState, pod *corev1.Pod, nodes ...string) map[string]int64 {
+	h.t.Helper()
+	var infos []fwk.NodeInfo
+	for _, n := range nodes {
+		infos = append(infos, h.nodes[n])
+	}
+	if st := h.fw.RunPreScorePlugins(h.ctx, cs, pod, infos); !st.IsSuccess() {
+		h.t.Fatalf("PreScore: %v", st)
+	}
+	ns, st := h.fw.RunScorePlugins(h.ctx, cs, pod, infos)
+	if !st.IsSuccess() {
+		h.t.Fatalf("Score: %v", st)
+	}
+	out := map[string]int64{}
+	for _, n := range ns {
+		for _, s := range n.Scores {
+			if s.Name == Name {
+				out[n.Name] = s.Score
+			}
+		}
+	}
+	return out
+}
+
+func wantCode(t *testing.T, st *fwk.Status, code fwk.Code, msgContains ...string) {
+	t.Helper()
+	if st.Code() != code {
+		t.Fatalf("status %v, want code %v", st, code)
+	}
+	for _, m := range msgContains {
+		if !strings.Contains(st.Message(), m) {
+			t.Errorf("status message %q does not contain %q", st.Message(), m)
+		}
+	}
+}
+
+// ---- the framework and New ----
+
+func TestNewRejectsInvalidArgs(t *testing.T) {
+	schedulermetrics.Register()
+	_, err := tf.NewFramework(t.Context(), []tf.RegisterPluginFunc{
+		tf.RegisterQueueSortPlugin(queuesort.Name, queuesort.New),
+		tf.RegisterBindPlugin(defaultbinder.Name, defaultbinder.New),
+		tf.RegisterPluginAsExtensions(Name, New, "PreFilter", "Filter"),
+		withPluginArgs(&runtime.Unknown{Raw: []byte(`{"strategy":"Random"}`)}),
+	}, "default-scheduler", frameworkruntime.WithKubeConfig(&rest.Config{Host: "http://127.0.0.1:1"}))
+	if err == nil || !strings.Contains(err.Error(), "strategy") {
+		t.Fatalf("NewFramework with strategy Random: err %v, want one naming the strategy", err)
+	}
+}
+
+// ---- PreFilter ----
+
+func TestPreFilter(t *testing.T) {
+	h := newHarness(t, FirstFit,
+		[]*v1alpha1.NodeDevices{
+			nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"), nic("nic0", 0)),
+			nodeDevices("n2", gpu("h0", 0, "80Gi"), gpu("h1", 0, "80Gi")),
+		},
+		append(slices.Clone(allClasses), rclass("fpga", expr("kind", v1alpha1.ResourceSelectorOpIn, "fpga"))))
+
+	t.Run("no class requests: skipped", func(t *testing.T) {
+		p := testPod("plain", ctr{name: "app", limits: map[corev1.ResourceName]string{corev1.ResourceCPU: "1"}})
+		cs, res, st := h.preFilter(p)
+		if !st.IsSuccess() || !res.AllNodes() {
+			t.Fatalf("PreFilter: %v, %v; want success for all nodes", res, st)
+		}
+		if !cs.GetSkipFilterPlugins().Has(Name) {
+			t.Errorf("the plugin returned no Skip for a pod without class requests (skipped: %v)", cs.GetSkipFilterPlugins())
+		}
+		if _, ok := getState(cs); ok {
+			t.Errorf("state written for a pod without class requests")
+		}
+	})
+
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		msgs []string
+	}{
+		{"fractional count", gpuPodQ("half", "gpu", "500m"), []string{"not a whole number", `"app"`}},
+		{"negative count", gpuPodQ("neg", "gpu", "-1"), []string{"not a whole number"}},
+		{"absurd count", gpuPodQ("huge", "gpu", "1M"), []string{"between 0 and 65536"}},
+		{"unknown class", gpuPod("tpu", "tpu", 1), []string{`ResourceClass "tpu" does not exist`}},
+		{"class with no device anywhere", gpuPod("fpga", "fpga", 1), []string{"no node has devices of class fpga"}},
+		{"init containers leave more for reuse than the next container takes", testPod("ambiguous",
+			ctr{name: "setup", kind: initC, limits: map[corev1.ResourceName]string{cls("gpu"): "2"}},
+			ctr{name: "main", limits: map[corev1.ResourceName]string{cls("gpu"): "1"}},
+		), []string{`container "main" requests 1`, "leave 2 of them for reuse"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, st := h.preFilter(tc.pod)
+			wantCode(t, st, fwk.UnschedulableAndUnresolvable, tc.msgs...)
+			if st.Plugin() != Name {
+				t.Errorf("rejected by %q, want %q", st.Plugin(), Name)
+			}
+		})
+	}
+
+	t.Run("nodes narrowed to those with every class", func(t *testing.T) {
+		p := testPod("gpu-nic", ctr{name: "app", limits: map[corev1.ResourceName]string{cls("gpu"): "1", cls("nic"): "1"}})
+		_, res, st := h.preFilter(p)
+		if !st.IsSuccess() {
+			t.Fatal(st)
+		}
+		if res.AllNodes() || !res.NodeNames.Equal(sets.New("n1")) {
+			t.Errorf("PreFilterResult %v, want only n1 (n2 has no NIC)", res)
+		}
+		_, res, st = h.preFilter(gpuPod("gpu-only", "gpu", 1))
+		if !st.IsSuccess() || !res.AllNodes() {
+			t.Errorf("PreFilter for a class on every node: %v, %v; want all nodes", res, st)
+		}
+	})
+
+	for _, tc := range []struct {
+		name  string
+		pod   *corev1.Pod
+		draws int
+		// want is each container's share of the drawn devices: the indices of
+		// the draws it gets, in the order the kubelet forms them.
+		want map[string][]int
+	}{
+		{"init 1 then app 2: the app reuses the init container's device", testPod("reuse",
+			ctr{name: "setup", kind: initC, limits: map[corev1.ResourceName]string{cls("gpu"): "1"}},
+			ctr{name: "main", limits: map[corev1.ResourceName]string{cls("gpu"): "2"}},
+		), 2, map[string][]int{"setup": {0}, "main": {0, 1}}},
+		{"sidecar keeps its device: draws add up", testPod("sidecar",
+			ctr{name: "proxy", kind: sidecar, limits: map[corev1.ResourceName]string{cls("gpu"): "1"}},
+			ctr{name: "main", limits: map[corev1.ResourceName]string{cls("gpu"): "1"}},
+		), 2, map[string][]int{"proxy": {0}, "main": {1}}},
+		{"two app containers draw separately", testPod("two",
+			ctr{name: "a", limits: map[corev1.ResourceName]string{cls("gpu"): "1"}},
+			ctr{name: "b", limits: map[corev1.ResourceName]string{cls("gpu"): "1"}},
+		), 2, map[string][]int{"a": {0}, "b": {1}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs, placed := h.reserve(tc.pod, "n1")
+			t.Cleanup(func() { h.fw.RunReservePluginsUnreserve(h.ctx, cs, tc.pod, "n1") })
+			s, _ := getState(cs)
+			if got := s.demand.draws["gpu"]; got != tc.draws {
+				t.Errorf("draws %d, want %d", got, tc.draws)
+			}
+			drawn := map[int]string{}
+			for name, idx := range tc.want {
+				got := placed.Devices(name, "gpu")
+				if len(got) != len(idx) {
+					t.Fatalf("container %s got %v, want %d devices", name, got, len(idx))
+				}
+				for k, i := range idx {
+					if prev, ok := drawn[i]; ok && prev != got[k] {
+						t.Errorf("container %s got %v: draw %d is %s elsewhere", name, got, i, prev)
+					}
+					drawn[i] = got[k]
+				}
+			}
+			if len(slices.Compact(slices.Sorted(maps.Values(drawn)))) != tc.draws {
+				t.Errorf("assignment %+v does not use %d distinct devices", placed.Containers, tc.draws)
+			}
+		})
+	}
+}
+
+func gpuPodQ(name, class, q string) *corev1.Pod {
+	return testPod(name, ctr{name: "app", limits: map[corev1.ResourceName]string{cls(class): q}})
+}
+
+func TestPreFilterWaitsForSync(t *testing.T) {
+	p := &Plugin{args: &Args{Strategy: FirstFit}, cache: newCache(), synced: func() bool { return false }, waiting: map[types.UID]*corev1.Pod{}}
+	_, st := p.PreFilter(t.Context(), framework.NewCycleState(), gpuPod("early", "gpu", 1), nil)
+	wantCode(t, st, fwk.Error, "not synced")
+}
+
+// ---- Filter ----
+
+func TestFilterMatchesOverlappingClasses(t *testing.T) {
+	// g-big is the only big GPU; both GPUs are of class gpu.
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g-big", 0, "80Gi"), gpu("g-small", 0, "40Gi"))}, allClasses)
+
+	// Counting per class accepts: each class alone has the devices.
+	for _, p := range []*corev1.Pod{gpuPod("two-gpu", "gpu", 2), gpuPod("one-big", "gpu-big", 1)} {
+		if _, st := h.fits(p, "n1"); !st.IsSuccess() {
+			t.Fatalf("%s alone: %v", p.Name, st)
+		}
+	}
+	// Together they need three devices of two.
+	both := testPod("big-and-two", ctr{name: "app", limits: map[corev1.ResourceName]string{cls("gpu"): "2", cls("gpu-big"): "1"}})
+	_, st := h.fits(both, "n1")
+	wantCode(t, st, fwk.Unschedulable, "together", "gpu, gpu-big")
+
+	// Greedily, in class order, gpu would take g-big (published first) and leave
+	// gpu-big nothing; the matching gives gpu the small one.
+	pod := testPod("one-each", ctr{name: "app", limits: map[corev1.ResourceName]string{cls("gpu"): "1", cls("gpu-big"): "1"}})
+	_, placed := h.reserve(pod, "n1")
+	if got := placed.Devices("app", "gpu-big"); !slices.Equal(got, []string{"g-big"}) {
+		t.Errorf("gpu-big got %v, want [g-big]", got)
+	}
+	if got := placed.Devices("app", "gpu"); !slices.Equal(got, []string{"g-small"}) {
+		t.Errorf("gpu got %v, want [g-small]", got)
+	}
+}
+
+func TestFilterSkipsUnusableDevices(t *testing.T) {
+	// g-bound is held by a bound pod, read from its annotation by the informer.
+	holder := boundPod(t, "holder", "n1", "n1", "gpu", "g-bound")
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1",
+		unhealthy(gpu("g-sick", 0, "80Gi")),
+		migEnabled(gpu("g-mig", 0, "80Gi")),
+		gpu("g-bound", 0, "80Gi"),
+		gpu("g-free1", 0, "80Gi"),
+		gpu("g-free2", 0, "80Gi"),
+	)}, allClasses, holder)
+	h.waitFor("the bound pod's devices to be held", func() bool { return h.holds(holder.UID) })
+
+	if _, st := h.fits(gpuPod("three", "gpu", 3), "n1"); st.Code() != fwk.Unschedulable {
+		t.Fatalf("3 GPUs where 2 are usable: %v, want Unschedulable", st)
+	}
+	_, placed := h.reserve(gpuPod("two", "gpu", 2), "n1")
+	if got := placed.Devices("app", "gpu"); !slices.Equal(got, []string{"g-free1", "g-free2"}) {
+		t.Errorf("got %v, want the two free healthy GPUs not in MIG mode", got)
+	}
+	_, st := h.fits(gpuPod("one-more", "gpu", 1), "n1")
+	wantCode(t, st, fwk.Unschedulable, "Insufficient free devices of class gpu")
+
+	// A MIG-mode GPU is never given, even when it is the only one of its class.
+	h2 := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", migEnabled(gpu("g-mig", 0, "80Gi")))}, allClasses)
+	_, st = h2.fits(gpuPod("mig", "gpu-big", 1), "n1")
+	wantCode(t, st, fwk.Unschedulable, "Insufficient free devices of class gpu-big")
+}
+
+func TestFilterNodeWithoutNodeDevices(t *testing.T) {
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses)
+	other := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "bare"}}
+	ni := framework.NewNodeInfo()
+	ni.SetNode(other)
+	h.nodes["bare"] = ni
+	_, st := h.fits(gpuPod("p", "gpu", 1), "bare")
+	wantCode(t, st, fwk.Unschedulable, "no NodeDevices")
+}
+
+// ---- strategies ----
+
+// holdDirectly makes pod uid hold ids of class on node through the cache, as
+// Reserve or the pod informer would.
+func holdDirectly(c *cache, uid types.UID, node, class string, ids ...string) {
+	a := &assignment.Assignment{Node: node, Containers: []assignment.Container{{Name: "app", Classes: map[string][]string{class: ids}}}}
+	raw, _ := assignment.Encode(a)
+	h := newHolding(uid, a, nil)
+	h.raw = raw
+	c.hold(h)
+}
+
+func TestStrategiesChooseDevices(t *testing.T) {
+	// Two NUMA nodes with two GPUs each; one GPU is taken. BinPack and NUMAAligned
+	// take the last free GPU of the fuller NUMA node, Spread one of the emptier,
+	// FirstFit the first free one published.
+	fourGPUs := nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"), gpu("g2", 1, "80Gi"), gpu("g3", 1, "80Gi"))
+	for _, tc := range []struct {
+		taken string
+		want  map[Strategy]string
+	}{
+		{"g3", map[Strategy]string{FirstFit: "g0", BinPack: "g2", Spread: "g0", NUMAAligned: "g2"}},
+		{"g0", map[Strategy]string{FirstFit: "g1", BinPack: "g1", Spread: "g2", NUMAAligned: "g1"}},
+	} {
+		for _, s := range strategies {
+			t.Run(fmt.Sprintf("%s taken/%s", tc.taken, s), func(t *testing.T) {
+				h := newHarness(t, s, []*v1alpha1.NodeDevices{fourGPUs}, allClasses)
+				holdDirectly(h.plugin.cache, "other", "n1", "gpu", tc.taken)
+				_, placed := h.reserve(gpuPod("p", "gpu", 1), "n1")
+				if got := placed.Devices("app", "gpu"); !slices.Equal(got, []string{tc.want[s]}) {
+					t.Errorf("got %v, want [%s]", got, tc.want[s])
+				}
+			})
+		}
+	}
+
+	t.Run("FirstFit takes devices in published order", func(t *testing.T) {
+		h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g-c", 0, "80Gi"), gpu("g-a", 0, "80Gi"), gpu("g-b", 0, "80Gi"))}, allClasses)
+		_, placed := h.reserve(gpuPod("p", "gpu", 2), "n1")
+		if got := placed.Devices("app", "gpu"); !slices.Equal(got, []string{"g-c", "g-a"}) {
+			t.Errorf("got %v, want [g-c g-a]", got)
+		}
+	})
+}
+
+func TestStrategiesScoreNodes(t *testing.T) {
+	nds := []*v1alpha1.NodeDevices{
+		nodeDevices("full", gpu("f0", 0, "80Gi"), gpu("f1", 0, "80Gi"), gpu("f2", 1, "80Gi"), gpu("f3", 1, "80Gi")),
+		nodeDevices("empty", gpu("e0", 0, "80Gi"), gpu("e1", 0, "80Gi"), gpu("e2", 1, "80Gi"), gpu("e3", 1, "80Gi")),
+	}
+	// On "full" two of four GPUs are held, so placing one more uses 3/4; on
+	// "empty" 1/4.
+	for _, tc := range []struct {
+		s    Strategy
+		want map[string]int64
+	}{
+		{BinPack, map[string]int64{"full": 75, "empty": 25}},
+		{Spread, map[string]int64{"full": 25, "empty": 75}},
+		{FirstFit, map[string]int64{}}, // PreScore skips: other plugins choose
+	} {
+		t.Run(string(tc.s), func(t *testing.T) {
+			h := newHarness(t, tc.s, nds, allClasses)
+			holdDirectly(h.plugin.cache, "other", "full", "gpu", "f0", "f2")
+			pod := gpuPod("p", "gpu", 1)
+			cs, _, st := h.preFilter(pod)
+			if !st.IsSuccess() {
+				t.Fatal(st)
+			}
+			got := h.scores(cs, pod, "full", "empty")
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("scores %v, want %v", got, tc.want)
+			}
+			if tc.s == FirstFit && !cs.GetSkipScorePlugins().Has(Name) {
+				t.Errorf("FirstFit did not skip scoring")
+			}
+		})
+	}
+
+	t.Run(string(NUMAAligned), func(t *testing.T) {
+		h := newHarness(t, NUMAAligned, []*v1alpha1.NodeDevices{
+			nodeDevices("aligned", gpu("a-g", 0, "80Gi"), nic("a-nic", 0)),
+			nodeDevices("split", gpu("s-g", 0, "80Gi"), nic("s-nic", 1)),
+		}, allClasses)
+		pod := testPod("p", ctr{name: "app", limits: map[corev1.ResourceName]string{cls("gpu"): "1", cls("nic"): "1"}})
+		cs, _, st := h.preFilter(pod)
+		if !st.IsSuccess() {
+			t.Fatal(st)
+		}
+		// The exact score of a split node is a tuning choice; that it is below an
+		// aligned one is the strategy.
+		got := h.scores(cs, pod, "aligned", "split")
+		if got["aligned"] != fwk.MaxNodeScore || got["split"] >= got["aligned"] || got["split"] <= 0 {
+			t.Errorf("scores %v, want %d for aligned and less, but more than 0, for split", got, fwk.MaxNodeScore)
+		}
+	})
+}
+
+func TestNUMAAlignedPlacesGPUNICAndPoolTogether(t *testing.T) {
+	// Published so that taking the first of each class mixes NUMA nodes; the
+	// pool of NUMA node 0 has no free pages, so only NUMA node 1 takes all three.
+	nd := nodeDevices("n1",
+		gpu("g0", 0, "80Gi"), gpu("g1", 1, "80Gi"),
+		nic("nic-a", 1), nic("nic-b", 0),
+		hugePool("hugepages-1Gi-numa0", 0, "1Gi", 8, 0), hugePool("hugepages-1Gi-numa1", 1, "1Gi", 8, 8),
+	)
+	pod := testPod("dpdk", ctr{name: "fwd", limits: map[corev1.ResourceName]string{cls("gpu"): "1", cls("nic"): "1", cls("hp-1g"): "1", "hugepages-1Gi": "2Gi"}})
+	want := map[string][]string{"gpu": {"g1"}, "nic": {"nic-a"}, "hp-1g": {"hugepages-1Gi-numa1"}}
+
+	h := newHarness(t, NUMAAligned, []*v1alpha1.NodeDevices{nd}, allClasses)
+	cs, placed := h.reserve(pod, "n1")
+	for class, ids := range want {
+		if got := placed.Devices("fwd", class); !slices.Equal(got, ids) {
+			t.Errorf("NUMAAligned: %s got %v, want %v", class, got, ids)
+		}
+	}
+	h.fw.RunReservePluginsUnreserve(h.ctx, cs, pod, "n1")
+	cs, _, _ = h.preFilter(pod)
+	if got := h.scores(cs, pod, "n1"); got["n1"] != fwk.MaxNodeScore {
+		t.Errorf("score %v, want %d for a node where the pod fits on one NUMA node", got, fwk.MaxNodeScore)
+	}
+
+	// The same pod under FirstFit: GPU from NUMA 0, NIC from NUMA 1.
+	h = newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nd}, allClasses)
+	_, placed = h.reserve(pod, "n1")
+	if got := placed.Devices("fwd", "gpu"); !slices.Equal(got, []string{"g0"}) {
+		t.Errorf("FirstFit: gpu got %v, want [g0] (the test's premise)", got)
+	}
+}
+
+// ---- hugepage pools ----
+
+func hugePod(name string, class string, n int, native map[corev1.ResourceName]string) *corev1.Pod {
+	limits := map[corev1.ResourceName]string{cls(class): fmt.Sprint(n)}
+	maps.Copy(limits, native)
+	return testPod(name, ctr{name: "app", limits: limits})
+}
+
+func TestHugepagePools(t *testing.T) {
+	const poolID = "hugepages-1Gi-numa0"
+	// 8 pages reserved, 4 of them free as the kernel reports it.
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", hugePool(poolID, 0, "1Gi", 8, 4))}, allClasses)
+	gi := func(n int) map[corev1.ResourceName]string {
+		return map[corev1.ResourceName]string{"hugepages-1Gi": fmt.Sprintf("%dGi", n)}
+	}
+
+	t.Run("two units of a pool class", func(t *testing.T) {
+		_, st := h.fits(hugePod("two", "hp-1g", 2, gi(2)), "n1")
+		wantCode(t, st, fwk.UnschedulableAndUnresolvable, `container "app" requests 2`)
+	})
+	t.Run("no native hugepages request", func(t *testing.T) {
+		_, st := h.fits(hugePod("none", "hp-1g", 1, nil), "n1")
+		wantCode(t, st, fwk.UnschedulableAndUnresolvable, "requests no hugepages-<size>")
+	})
+	t.Run("pages of another size", func(t *testing.T) {
+		_, st := h.fits(hugePod("2mi", "hp-1g", 1, map[corev1.ResourceName]string{"hugepages-2Mi": "2Gi"}), "n1")
+		if st.IsSuccess() {
+			t.Fatalf("a pod asking hugepages-2Mi fits a 1Gi pool")
+		}
+	})
+	t.Run("more than pagesFree", func(t *testing.T) {
+		_, st := h.fits(hugePod("five", "hp-1g", 1, gi(5)), "n1")
+		wantCode(t, st, fwk.Unschedulable, "no hugepage pool of class hp-1g")
+	})
+
+	// pagesFree lags: 4 free pages are still reported after a pod is given 4,
+	// so pagesTotal minus the charges of assigned pods is what stops a third.
+	var reserved []fwk.CycleState
+	var pods []*corev1.Pod
+	for _, name := range []string{"first", "second"} {
+		p := hugePod(name, "hp-1g", 1, gi(4))
+		cs, placed := h.reserve(p, "n1")
+		if got := placed.Devices("app", "hp-1g"); !slices.Equal(got, []string{poolID}) {
+			t.Fatalf("%s got %v, want the pool", name, got)
+		}
+		reserved, pods = append(reserved, cs), append(pods, p)
+	}
+	third := hugePod("third", "hp-1g", 1, gi(1))
+	_, st := h.fits(third, "n1")
+	wantCode(t, st, fwk.Unschedulable, "no hugepage pool")
+
+	h.fw.RunReservePluginsUnreserve(h.ctx, reserved[1], pods[1], "n1")
+	if _, st := h.fits(third, "n1"); !st.IsSuccess() {
+		t.Errorf("after Unreserve released 4Gi: %v", st)
+	}
+}
+
+func TestHugepageChargeOfBoundPod(t *testing.T) {
+	const poolID = "hugepages-1Gi-numa0"
+	// A bound pod assigned to the pool with 6Gi of native requests: only 2 of the
+	// 8 pages are left to others, although all 8 are still reported free.
+	holder := boundPod(t, "holder", "n1", "n1", "hp-1g", poolID)
+	holder.Spec.Containers[0].Resources.Limits = corev1.ResourceList{cls("hp-1g"): resource.MustParse("1"), "hugepages-1Gi": resource.MustParse("6Gi")}
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", hugePool(poolID, 0, "1Gi", 8, 8))}, allClasses, holder)
+	h.waitFor("the holder's pages to be charged", func() bool { return h.holds(holder.UID) })
+
+	gi := func(n int) map[corev1.ResourceName]string {
+		return map[corev1.ResourceName]string{"hugepages-1Gi": fmt.Sprintf("%dGi", n)}
+	}
+	if _, st := h.fits(hugePod("three", "hp-1g", 1, gi(3)), "n1"); st.Code() != fwk.Unschedulable {
+		t.Errorf("3Gi with 2Gi left: %v, want Unschedulable", st)
+	}
+	if _, st := h.fits(hugePod("two", "hp-1g", 1, gi(2)), "n1"); !st.IsSuccess() {
+		t.Errorf("2Gi with 2Gi left: %v", st)
+	}
+}
+
+func TestHugepageDrawsOfOnePodShareThePoolFreePages(t *testing.T) {
+	// Two app containers each draw a pool and 3Gi; one pool has 4Gi free, so the
+	// second draw must go to the other pool.
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1",
+		hugePool("hp0", 0, "1Gi", 4, 4), hugePool("hp1", 1, "1Gi", 4, 4))}, allClasses)
+	pod := testPod("two-apps",
+		ctr{name: "a", limits: map[corev1.ResourceName]string{cls("hp-1g"): "1", "hugepages-1Gi": "3Gi"}},
+		ctr{name: "b", limits: map[corev1.ResourceName]string{cls("hp-1g"): "1", "hugepages-1Gi": "3Gi"}},
+	)
+	_, placed := h.reserve(pod, "n1")
+	if a, b := placed.Devices("a", "hp-1g"), placed.Devices("b", "hp-1g"); !slices.Equal(a, []string{"hp0"}) || !slices.Equal(b, []string{"hp1"}) {
+		t.Errorf("a got %v, b got %v; want hp0 and hp1", a, b)
+	}
+	third := hugePod("third", "hp-1g", 1, map[corev1.ResourceName]string{"hugepages-1Gi": "2Gi"})
+	if _, st := h.fits(third, "n1"); st.Code() != fwk.Unschedulable {
+		t.Errorf("2Gi with 1Gi left in each pool: %v, want Unschedulable", st)
+	}
+}
+
+// poolCharged is what the pods holding pool id on node are charged, in bytes.
+func poolCharged(h *harness, node, id string) int64 {
+	c := h.plugin.cache
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	n := c.nodes[node]
+	return n.devices[n.index[id]].pool.charged
+}
+
+// A pod's charge on a pool is the kubelet's (and kube-scheduler's) request of
+// the pool's page size by the containers that draw from it: init containers run
+// one at a time, beside the sidecars started before them, before the app
+// containers and all sidecars run together (component-helpers' PodRequests).
+func TestHugepageChargeIsThePodsRequest(t *testing.T) {
+	hp := func(pages string) map[corev1.ResourceName]string {
+		return map[corev1.ResourceName]string{cls("hp-1g"): "1", "hugepages-1Gi": pages}
+	}
+	for _, tc := range []struct {
+		name  string
+		pod   *corev1.Pod
+		total int64 // pages in the pool, all free
+		want  int64 // the pod's request, in Gi
+	}{
+		// max(2, 1+1): the init container's pages are back before the apps start.
+		// Counting each draw apart (the init's and first app's pool, then the
+		// second app's) would want 3Gi and turn the pod away.
+		{"init then two apps in a pool just big enough", testPod("init-apps",
+			ctr{name: "warm", kind: initC, limits: hp("2Gi")},
+			ctr{name: "a", limits: hp("1Gi")},
+			ctr{name: "b", limits: hp("1Gi")},
+		), 2, 2},
+		// max(1+2, 1+1): the sidecar runs beside the init container.
+		{"sidecar before an init container", testPod("sidecar-init",
+			ctr{name: "proxy", kind: sidecar, limits: hp("1Gi")},
+			ctr{name: "warm", kind: initC, limits: hp("2Gi")},
+			ctr{name: "main", limits: hp("1Gi")},
+		), 8, 3},
+		{"two apps", testPod("apps",
+			ctr{name: "a", limits: hp("1Gi")},
+			ctr{name: "b", limits: hp("2Gi")},
+		), 8, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := resourcehelper.PodRequests(defaultRequests(tc.pod), resourcehelper.PodResourcesOptions{})["hugepages-1Gi"]
+			if want.Value() != tc.want<<30 {
+				t.Fatalf("the test's premise: PodRequests says %s, want %dGi", want.String(), tc.want)
+			}
+			h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", hugePool("hp0", 0, "1Gi", tc.total, tc.total))}, allClasses)
+			h.reserve(tc.pod, "n1")
+			if got := poolCharged(h, "n1", "hp0"); got != want.Value() {
+				t.Errorf("pool charged %d bytes, want the pod's request %s", got, want.String())
+			}
+			// What is left is exactly what another pod may take.
+			left := tc.total - tc.want
+			if left > 0 {
+				if _, st := h.fits(hugePod("rest", "hp-1g", 1, map[corev1.ResourceName]string{"hugepages-1Gi": fmt.Sprintf("%dGi", left)}), "n1"); !st.IsSuccess() {
+					t.Errorf("%dGi left: %v", left, st)
+				}
+			}
+			if _, st := h.fits(hugePod("more", "hp-1g", 1, map[corev1.ResourceName]string{"hugepages-1Gi": fmt.Sprintf("%dGi", left+1)}), "n1"); st.IsSuccess() {
+				t.Errorf("%dGi fits where %dGi are left", left+1, left)
+			}
+		})
+	}
+}
+
+// defaultRequests copies pod with requests set from limits, as the apiserver
+// defaults them for hugepages and extended resources.
+func defaultRequests(pod *corev1.Pod) *corev1.Pod {
+	p := pod.DeepCopy()
+	for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for i := range cs {
+			cs[i].Resources.Requests = cs[i].Resources.Limits.DeepCopy()
+		}
+	}
+	return p
+}
+
+// ---- Reserve, Unreserve, PreBind ----
+
+func TestReserveHoldsUnreserveReleases(t *testing.T) {
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"))}, allClasses)
+	first := gpuPod("first", "gpu", 2)
+	cs, _ := h.reserve(first, "n1")
+	if !h.plugin.cache.isAssumed(first.UID) {
+		t.Errorf("Reserve did not hold the devices as assumed")
+	}
+
+	second := gpuPod("second", "gpu", 1)
+	_, st := h.fits(second, "n1")
+	wantCode(t, st, fwk.Unschedulable, "Insufficient free devices of class gpu")
+
+	h.fw.RunReservePluginsUnreserve(h.ctx, cs, first, "n1")
+	if h.holds(first.UID) {
+		t.Errorf("Unreserve left the devices held")
+	}
+	// The second pod was turned away for lack of devices: freeing them moves it
+	// back to the active queue.
+	if got := h.activator.got(); !slices.Contains(got, "default/second") {
+		t.Errorf("activated %v, want default/second", got)
+	}
+	if _, st := h.fits(second, "n1"); !st.IsSuccess() {
+		t.Errorf("after Unreserve: %v", st)
+	}
+}
+
+func TestPreBindWritesAssignment(t *testing.T) {
+	pod := testPod("p", ctr{name: "app", limits: map[corev1.ResourceName]string{cls("gpu"): "1", cls("gpu-big"): "1"}})
+	staleCompat := assignment.CompatKey("gpu", "g-old")
+	pod.Annotations = map[string]string{
+		assignment.AnnotationKey: `{"node":"n0","containers":[{"name":"app","classes":{"gpu":["g-old"]}}]}`,
+		staleCompat:              "1",
+		"example.com/keep":       "yes",
+	}
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g-big", 0, "80Gi"), gpu("g-small", 0, "40Gi"))}, allClasses, pod)
+	cs, placed := h.reserve(pod, "n1")
+	if st := h.fw.RunPreBindPlugins(h.ctx, cs, pod, "n1"); !st.IsSuccess() {
+		t.Fatalf("PreBind: %v", st)
+	}
+
+	got, err := h.client.CoreV1().Pods("default").Get(h.ctx, "p", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, found, err := assignment.FromPod(got)
+	if !found || err != nil {
+		t.Fatalf("written assignment: found %v, %v", found, err)
+	}
+	want := &assignment.Assignment{Node: "n1", Containers: []assignment.Container{{Name: "app", Classes: map[string][]string{"gpu": {"g-small"}, "gpu-big": {"g-big"}}}}}
+	if !assignmentsEqual(a, want) || !assignmentsEqual(a, placed) {
+		t.Errorf("written %+v, want %+v (Reserve placed %+v)", a, want, placed)
+	}
+	for _, key := range []string{assignment.CompatKey("gpu", "g-small"), assignment.CompatKey("gpu-big", "g-big")} {
+		if got.Annotations[key] != "1" {
+			t.Errorf("compat key %s = %q, want 1", key, got.Annotations[key])
+		}
+	}
+	if _, ok := got.Annotations[staleCompat]; ok {
+		t.Errorf("stale compat key %s survived", staleCompat)
+	}
+	if got.Annotations["example.com/keep"] != "yes" {
+		t.Errorf("an unrelated annotation was removed: %v", got.Annotations)
+	}
+
+	// Binding: the informer sees the pod on n1 with the same assignment, which
+	// confirms the hold instead of replacing it.
+	got.Spec.NodeName = "n1"
+	if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, got, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the bound pod to confirm the assumed hold", func() bool { return h.holds(pod.UID) && !h.plugin.cache.isAssumed(pod.UID) })
+}
+
+func TestUnreserveAfterPreBindRemovesAnnotations(t *testing.T) {
+	pod := gpuPod("p", "gpu", 1)
+	pod.Annotations = map[string]string{"example.com/keep": "yes"}
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses, pod)
+	cs, _ := h.reserve(pod, "n1")
+	if st := h.fw.RunPreBindPlugins(h.ctx, cs, pod, "n1"); !st.IsSuccess() {
+		t.Fatalf("PreBind: %v", st)
+	}
+	h.fw.RunReservePluginsUnreserve(h.ctx, cs, pod, "n1")
+	got, err := h.client.CoreV1().Pods("default").Get(h.ctx, "p", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key := range got.Annotations {
+		if assignment.IsAnnotation(key) {
+			t.Errorf("annotation %s left on an unreserved pod", key)
+		}
+	}
+	if got.Annotations["example.com/keep"] != "yes" {
+		t.Errorf("an unrelated annotation was removed: %v", got.Annotations)
+	}
+	if h.holds(pod.UID) {
+		t.Errorf("devices still held after Unreserve")
+	}
+}
+
+func TestPreBindPatchFailure(t *testing.T) {
+	pod := gpuPod("p", "gpu", 1)
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses, pod)
+	patches := 0
+	h.client.PrependReactor("patch", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
+		patches++
+		return true, nil, errors.New("apiserver unavailable")
+	})
+	cs, _ := h.reserve(pod, "n1")
+	st := h.fw.RunPreBindPlugins(h.ctx, cs, pod, "n1")
+	if st.IsSuccess() || st.IsRejected() {
+		t.Fatalf("PreBind with a failing patch: %v, want an error", st)
+	}
+	if !strings.Contains(st.Message(), "writing the device assignment") || !strings.Contains(st.Message(), "apiserver unavailable") {
+		t.Errorf("message %q does not say what failed", st.Message())
+	}
+	// Nothing was written, so Unreserve has nothing to remove.
+	h.fw.RunReservePluginsUnreserve(h.ctx, cs, pod, "n1")
+	if patches != 1 {
+		t.Errorf("%d patches, want 1 (Unreserve must not patch a pod PreBind did not write)", patches)
+	}
+	if h.holds(pod.UID) {
+		t.Errorf("devices still held after Unreserve")
+	}
+}
+
+func assignmentsEqual(a, b *assignment.Assignment) bool {
+	x, err1 := assignment.Encode(a)
+	y, err2 := assignment.Encode(b)
+	return err1 == nil && err2 == nil && x == y
+}
+
+// ---- the cache rebuilt from pods ----
+
+func TestCacheRebuiltFromBoundPods(t *testing.T) {
+	bound := boundPod(t, "bound", "n1", "n1", "gpu", "g0")
+	foreign := boundPod(t, "foreign", "n1", "n2", "gpu", "h0") // names another node
+	done := boundPod(t, "done", "n1", "n1", "gpu", "g1")
+	done.Status.Phase = corev1.PodSucceeded
+	pending := boundPod(t, "pending", "", "n1", "gpu", "g1")
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{
+		nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi")),
+		nodeDevices("n2", gpu("h0", 0, "80Gi")),
+	}, allClasses, bound, foreign, done, pending)
+	h.waitFor("the bound pod's devices to be held", func() bool { return h.holds(bound.UID) })
+	// The informer listed every pod before it synced, so the others are decided.
+	for _, p := range []*corev1.Pod{foreign, done, pending} {
+		if h.holds(p.UID) {
+			t.Errorf("pod %s holds devices", p.Name)
+		}
+	}
+
+	_, placed := h.reserve(gpuPod("one", "gpu", 1), "n1")
+	if got := placed.Devices("app", "gpu"); !slices.Equal(got, []string{"g1"}) {
+		t.Errorf("got %v, want [g1]: g0 is the bound pod's", got)
+	}
+	if _, st := h.fits(gpuPod("on-n2", "gpu", 1), "n2"); !st.IsSuccess() {
+		t.Errorf("h0, named by an assignment for another node than the pod's, is not free: %v", st)
+	}
+	waiting := gpuPod("waiting", "gpu", 1)
+	if _, st := h.fits(waiting, "n1"); st.Code() != fwk.Unschedulable {
+		t.Fatalf("n1 full: %v, want Unschedulable", st)
+	}
+
+	// The bound pod finishes: its device is free again and the waiting pod is
+	// activated.
+	bound.Status.Phase = corev1.PodSucceeded
+	if _, err := h.client.CoreV1().Pods("default").UpdateStatus(h.ctx, bound, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the finished pod to release its devices", func() bool { return !h.holds(bound.UID) })
+	if _, st := h.fits(waiting, "n1"); !st.IsSuccess() {
+		t.Errorf("after the holder finished: %v", st)
+	}
+	if got := h.activator.got(); !slices.Contains(got, "default/waiting") {
+		t.Errorf("activated %v, want default/waiting", got)
+	}
+
+	// A deleted pod releases too.
+	again := boundPod(t, "again", "n2", "n2", "gpu", "h0")
+	if _, err := h.client.CoreV1().Pods("default").Create(h.ctx, again, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the new pod's devices to be held", func() bool { return h.holds(again.UID) })
+	if _, st := h.fits(gpuPod("on-n2-again", "gpu", 1), "n2"); st.Code() != fwk.Unschedulable {
+		t.Errorf("h0 held: %v, want Unschedulable", st)
+	}
+	if err := h.client.CoreV1().Pods("default").Delete(h.ctx, "again", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the deleted pod to release its devices", func() bool { return !h.holds(again.UID) })
+}
+
+func TestHoldingFromPod(t *testing.T) {
+	pool := "hugepages-1Gi-numa0"
+	withPages := boundPod(t, "pages", "n1", "n1", "hp-1g", pool)
+	withPages.Spec.Containers[0].Resources.Limits["hugepages-1Gi"] = resource.MustParse("2Gi")
+	garbled := boundPod(t, "garbled", "n1", "n1", "gpu", "g0")
+	garbled.Annotations[assignment.AnnotationKey] = `{"node":"n1"`
+	failed := boundPod(t, "failed", "n1", "n1", "gpu", "g0")
+	failed.Status.Phase = corev1.PodFailed
+	noAnnotation := gpuPod("plain", "gpu", 1)
+	noAnnotation.Spec.NodeName = "n1"
+
+	for _, tc := range []struct {
+		name    string
+		pod     *corev1.Pod
+		wantErr string
+		want    map[string][]string // nil: no holding
+	}{
+		{"bound", boundPod(t, "bound", "n1", "n1", "gpu", "g0", "g1"), "", map[string][]string{"gpu": {"g0", "g1"}}},
+		{"not bound", boundPod(t, "pending", "", "n1", "gpu", "g0"), "", nil},
+		{"failed", failed, "", nil},
+		{"no assignment", noAnnotation, "", nil},
+		{"another node", boundPod(t, "foreign", "n1", "n2", "gpu", "g0"), "assignment names node n2 but the pod is bound to n1", nil},
+		{"garbled", garbled, "malformed assignment", nil},
+		{"pool", withPages, "", map[string][]string{"hp-1g": {pool}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, err := holdingFromPod(tc.pod)
+			if (err == nil) != (tc.wantErr == "") || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err %v, want %q", err, tc.wantErr)
+			}
+			if tc.want == nil {
+				if h != nil {
+					t.Fatalf("holding %+v, want none", h)
+				}
+				return
+			}
+			if h == nil || h.node != tc.pod.Spec.NodeName || h.uid != tc.pod.UID || h.raw != tc.pod.Annotations[assignment.AnnotationKey] {
+				t.Fatalf("holding %+v", h)
+			}
+			if !maps.EqualFunc(h.devices, tc.want, slices.Equal) {
+				t.Errorf("devices %v, want %v", h.devices, tc.want)
+			}
+		})
+	}
+
+	// The pool's users carry the native request the pool is charged with.
+	h, _ := holdingFromPod(withPages)
+	if users := h.users[pool]; len(users) != 1 || pageBytes(users, "hugepages-1Gi") != 2<<30 {
+		t.Errorf("pool users %+v, want the container with 2Gi", users)
+	}
+}
+
+// ---- class status ----
+
+func TestClassStatus(t *testing.T) {
+	c := newCache()
+	for _, rc := range append(slices.Clone(allClasses), rclass("fpga", expr("kind", v1alpha1.ResourceSelectorOpIn, "fpga"))) {
+		c.setClass(rc)
+	}
+	c.setNodeDevices(nodeDevices("n1",
+		gpu("big", 0, "80Gi"), gpu("small", 0, "40Gi"),
+		unhealthy(gpu("sick", 0, "80Gi")), migEnabled(gpu("mig", 0, "80Gi")),
+		hugePool("hp", 0, "1Gi", 8, 8),
+	))
+	c.setNodeDevices(nodeDevices("n2", gpu("big2", 0, "80Gi"), nic("nic0", 0)))
+	holdDirectly(c, "a", "n1", "gpu-big", "big") // big is also a gpu: requested through gpu-big only
+	holdDirectly(c, "b", "n1", "gpu", "small")
+	holdDirectly(c, "c", "n1", "hp-1g", "hp") // a pool counts once per pod using it
+	holdDirectly(c, "d", "n1", "hp-1g", "hp")
+
+	type nodeCounts = []v1alpha1.ResourceClassNodeStatus
+	want := map[string]struct {
+		alloc, req int64
+		nodes      nodeCounts
+	}{
+		// big, small on n1 and big2 on n2; sick and mig are not allocatable.
+		"gpu":     {3, 1, nodeCounts{{Name: "n1", Allocatable: 2, Requested: 1}, {Name: "n2", Allocatable: 1}}},
+		"gpu-big": {2, 1, nodeCounts{{Name: "n1", Allocatable: 1, Requested: 1}, {Name: "n2", Allocatable: 1}}},
+		"nic":     {1, 0, nodeCounts{{Name: "n2", Allocatable: 1}}},
+		"hp-1g":   {1, 2, nodeCounts{{Name: "n1", Allocatable: 1, Requested: 2}}},
+		"fpga":    {0, 0, nil},
+	}
+	got := c.classStatus()
+	if len(got) != len(want) {
+		t.Errorf("status for %v, want %d classes", slices.Sorted(maps.Keys(got)), len(want))
+	}
+	for class, w := range want {
+		s, ok := got[class]
+		if !ok {
+			t.Errorf("no status for %s", class)
+			continue
+		}
+		if s.Allocatable.Value() != w.alloc || s.Requested.Value() != w.req {
+			t.Errorf("%s: allocatable %s requested %s, want %d and %d", class, s.Allocatable.String(), s.Requested.String(), w.alloc, w.req)
+		}
+		if !slices.Equal(s.Nodes, w.nodes) {
+			t.Errorf("%s: nodes %+v, want %+v", class, s.Nodes, w.nodes)
+		}
+	}
+
+	// Releasing a pod lowers requested; an overlapping class still counts the
+	// shared device as allocatable.
+	c.release("a")
+	if s := c.classStatus()["gpu-big"]; s.Requested.Value() != 0 || s.Allocatable.Value() != 2 {
+		t.Errorf("gpu-big after release: allocatable %s requested %s, want 2 and 0", s.Allocatable.String(), s.Requested.String())
+	}
+}
