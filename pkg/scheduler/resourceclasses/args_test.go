@@ -2,6 +2,7 @@ package resourceclasses
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +18,9 @@ func decode(t *testing.T, raw, podNamespace string) (*Args, error) {
 }
 
 func TestDecodeArgsDefaults(t *testing.T) {
-	want := Args{
+	want := &Args{
 		Strategy:             FirstFit,
+		AssignmentWrite:      WriteInBinding,
 		StatusUpdateInterval: &metav1.Duration{Duration: time.Second},
 		StatusLeaseNamespace: metav1.NamespaceSystem,
 		StatusLeaseName:      "resclass-class-status",
@@ -36,8 +38,7 @@ func TestDecodeArgsDefaults(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.Strategy != want.Strategy || got.StatusUpdateInterval.Duration != want.StatusUpdateInterval.Duration ||
-				got.StatusLeaseNamespace != want.StatusLeaseNamespace || got.StatusLeaseName != want.StatusLeaseName {
+			if !reflect.DeepEqual(got, want) {
 				t.Errorf("got %+v (interval %v), want %+v", got, got.StatusUpdateInterval, want)
 			}
 		})
@@ -51,14 +52,14 @@ func TestDecodeArgsDefaults(t *testing.T) {
 }
 
 func TestDecodeArgsValues(t *testing.T) {
-	got, err := decode(t, `{"strategy":"NUMAAligned","statusUpdateInterval":"0s","statusLeaseNamespace":"sched","statusLeaseName":"my.lease"}`, "other")
+	got, err := decode(t, `{"strategy":"NUMAAligned","assignmentWrite":"PreBind","statusUpdateInterval":"0s","statusLeaseNamespace":"sched","statusLeaseName":"my.lease"}`, "other")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// 0 is kept, not defaulted: it turns status writing off.
-	if got.Strategy != NUMAAligned || got.StatusUpdateInterval == nil || got.StatusUpdateInterval.Duration != 0 ||
-		got.StatusLeaseNamespace != "sched" || got.StatusLeaseName != "my.lease" {
-		t.Errorf("got %+v", got)
+	want := &Args{Strategy: NUMAAligned, AssignmentWrite: WriteInPreBind, StatusUpdateInterval: &metav1.Duration{}, StatusLeaseNamespace: "sched", StatusLeaseName: "my.lease"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
 	}
 }
 
@@ -73,6 +74,7 @@ func TestDecodeArgsRejects(t *testing.T) {
 		{"duplicate field", `{"strategy":"BinPack","strategy":"Spread"}`, "", []string{"duplicate field", "strategy"}},
 		{"unsupported strategy", `{"strategy":"Random"}`, "", []string{"args.strategy", `"Random"`, `"FirstFit"`, `"BinPack"`, `"Spread"`, `"NUMAAligned"`}},
 		{"strategy in the wrong case", `{"strategy":"binpack"}`, "", []string{"args.strategy", "supported values"}},
+		{"unsupported assignmentWrite", `{"assignmentWrite":"Patch"}`, "", []string{"args.assignmentWrite", `"Patch"`, `"Binding"`, `"PreBind"`}},
 		{"negative interval", `{"statusUpdateInterval":"-1s"}`, "", []string{"args.statusUpdateInterval", "must not be negative"}},
 		{"interval not a duration", `{"statusUpdateInterval":"soon"}`, "", []string{"soon"}},
 		{"lease namespace not a label", `{"statusLeaseNamespace":"a.b"}`, "", []string{"args.statusLeaseNamespace"}},
@@ -103,12 +105,12 @@ func TestDecodeArgsRejects(t *testing.T) {
 }
 
 func TestValidateArgsReportsEveryProblem(t *testing.T) {
-	errs := ValidateArgs(&Args{Strategy: "x", StatusUpdateInterval: &metav1.Duration{Duration: -time.Second}, StatusLeaseNamespace: "", StatusLeaseName: "UPPER"}, field.NewPath("args"))
+	errs := ValidateArgs(&Args{Strategy: "x", AssignmentWrite: "y", StatusUpdateInterval: &metav1.Duration{Duration: -time.Second}, StatusLeaseNamespace: "", StatusLeaseName: "UPPER"}, field.NewPath("args"))
 	fields := map[string]bool{}
 	for _, e := range errs {
 		fields[e.Field] = true
 	}
-	for _, f := range []string{"args.strategy", "args.statusUpdateInterval", "args.statusLeaseNamespace", "args.statusLeaseName"} {
+	for _, f := range []string{"args.strategy", "args.assignmentWrite", "args.statusUpdateInterval", "args.statusLeaseNamespace", "args.statusLeaseName"} {
 		if !fields[f] {
 			t.Errorf("no error for %s in %v", f, errs)
 		}
@@ -124,7 +126,7 @@ func FuzzDecodeArgs(f *testing.F) {
 		`{"strategy":"NUMAAligned","statusUpdateInterval":"2s","statusLeaseNamespace":"kube-system","statusLeaseName":"resclass-class-status"}`,
 		`{"statusUpdateInterval":"-1s"}`, `{"statusUpdateInterval":"0s"}`, `{"statusUpdateInterval":12}`,
 		`{"strategy":"Spread","strategy":"Spread"}`, `{"Strategy":"Spread"}`, `{"statusLeaseName":"a..b"}`,
-		`{"strategy":null,"statusUpdateInterval":null}`, `{"strategy":"\u0046irstFit"}`,
+		`{"strategy":null,"statusUpdateInterval":null}`, `{"assignmentWrite":"PreBind"}`, `{"assignmentWrite":"prebind"}`, `{"strategy":"\u0046irstFit"}`,
 	} {
 		f.Add([]byte(seed), "")
 	}
@@ -138,7 +140,7 @@ func FuzzDecodeArgs(f *testing.F) {
 			}
 			return
 		}
-		if args.Strategy == "" || args.StatusUpdateInterval == nil || args.StatusLeaseNamespace == "" || args.StatusLeaseName == "" {
+		if args.Strategy == "" || args.AssignmentWrite == "" || args.StatusUpdateInterval == nil || args.StatusLeaseNamespace == "" || args.StatusLeaseName == "" {
 			t.Fatalf("args not defaulted: %+v", args)
 		}
 		if errs := ValidateArgs(args, field.NewPath("args")); len(errs) > 0 {
@@ -152,8 +154,7 @@ func FuzzDecodeArgs(f *testing.F) {
 		if err != nil {
 			t.Fatalf("args %s, as written, are refused: %v", raw, err)
 		}
-		if *again.StatusUpdateInterval != *args.StatusUpdateInterval || again.Strategy != args.Strategy ||
-			again.StatusLeaseNamespace != args.StatusLeaseNamespace || again.StatusLeaseName != args.StatusLeaseName {
+		if !reflect.DeepEqual(again, args) {
 			t.Fatalf("args %s read back as %+v, were %+v", raw, again, args)
 		}
 	})

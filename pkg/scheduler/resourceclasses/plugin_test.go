@@ -254,11 +254,19 @@ type harness struct {
 	nodes     map[string]fwk.NodeInfo
 }
 
-// newHarness starts a framework whose ResourceClasses plugin sees nds and classes
-// through its informers and pods (plus one Node per NodeDevices) in the fake
-// clientset. Status writing is off: it needs a leader election the tests do not
-// exercise.
+// newHarness starts a framework whose ResourceClasses plugin, with strategy and
+// the default assignmentWrite (Binding), sees nds and classes through its
+// informers and pods (plus one Node per NodeDevices) in the fake clientset.
+// Status writing is off: it needs a leader election the tests do not exercise.
 func newHarness(t *testing.T, strategy Strategy, nds []*v1alpha1.NodeDevices, classes []*v1alpha1.ResourceClass, pods ...*corev1.Pod) *harness {
+	t.Helper()
+	return newHarnessWithArgs(t, fmt.Sprintf(`{"strategy":%q,"statusUpdateInterval":"0s"}`, strategy), nds, classes, pods...)
+}
+
+// newHarnessWithArgs is newHarness with the plugin's args as JSON. The plugin is
+// the first binder, DefaultBinder the second, as deploy/scheduler/config.yaml
+// configures them.
+func newHarnessWithArgs(t *testing.T, rawArgs string, nds []*v1alpha1.NodeDevices, classes []*v1alpha1.ResourceClass, pods ...*corev1.Pod) *harness {
 	t.Helper()
 	// The framework instruments plugins with the scheduler's metrics, which
 	// kube-scheduler registers at start-up (once; later calls do nothing).
@@ -302,11 +310,11 @@ func newHarness(t *testing.T, strategy Strategy, nds []*v1alpha1.NodeDevices, cl
 		}
 		return pl, err
 	}
-	args := &runtime.Unknown{ContentType: runtime.ContentTypeJSON, Raw: fmt.Appendf(nil, `{"strategy":%q,"statusUpdateInterval":"0s"}`, strategy)}
+	args := &runtime.Unknown{ContentType: runtime.ContentTypeJSON, Raw: []byte(rawArgs)}
 	fw, err := tf.NewFramework(ctx, []tf.RegisterPluginFunc{
 		tf.RegisterQueueSortPlugin(queuesort.Name, queuesort.New),
+		tf.RegisterPluginAsExtensions(Name, factory, "PreFilter", "Filter", "PreScore", "Score", "Reserve", "PreBind", "Bind"),
 		tf.RegisterBindPlugin(defaultbinder.Name, defaultbinder.New),
-		tf.RegisterPluginAsExtensions(Name, factory, "PreFilter", "Filter", "PreScore", "Score", "Reserve", "PreBind"),
 		withPluginArgs(args),
 	}, "default-scheduler",
 		frameworkruntime.WithClientSet(h.client),
@@ -932,7 +940,11 @@ func defaultRequests(pod *corev1.Pod) *corev1.Pod {
 	return p
 }
 
-// ---- Reserve, Unreserve, PreBind ----
+// ---- Reserve, Unreserve, PreBind, Bind ----
+
+// preBindArgs select the PreBind patch instead of the default write in the
+// Binding.
+const preBindArgs = `{"strategy":"FirstFit","assignmentWrite":"PreBind","statusUpdateInterval":"0s"}`
 
 func TestReserveHoldsUnreserveReleases(t *testing.T) {
 	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"))}, allClasses)
@@ -968,8 +980,11 @@ func TestPreBindWritesAssignment(t *testing.T) {
 		staleCompat:              "1",
 		"example.com/keep":       "yes",
 	}
-	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g-big", 0, "80Gi"), gpu("g-small", 0, "40Gi"))}, allClasses, pod)
+	h := newHarnessWithArgs(t, preBindArgs, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g-big", 0, "80Gi"), gpu("g-small", 0, "40Gi"))}, allClasses, pod)
 	cs, placed := h.reserve(pod, "n1")
+	if st := h.fw.RunPreBindPreFlights(h.ctx, cs, pod, "n1"); !st.IsSuccess() {
+		t.Fatalf("PreBindPreFlight: %v, want PreBind to run", st)
+	}
 	if st := h.fw.RunPreBindPlugins(h.ctx, cs, pod, "n1"); !st.IsSuccess() {
 		t.Fatalf("PreBind: %v", st)
 	}
@@ -1010,7 +1025,7 @@ func TestPreBindWritesAssignment(t *testing.T) {
 func TestUnreserveAfterPreBindRemovesAnnotations(t *testing.T) {
 	pod := gpuPod("p", "gpu", 1)
 	pod.Annotations = map[string]string{"example.com/keep": "yes"}
-	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses, pod)
+	h := newHarnessWithArgs(t, preBindArgs, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses, pod)
 	cs, _ := h.reserve(pod, "n1")
 	if st := h.fw.RunPreBindPlugins(h.ctx, cs, pod, "n1"); !st.IsSuccess() {
 		t.Fatalf("PreBind: %v", st)
@@ -1035,7 +1050,7 @@ func TestUnreserveAfterPreBindRemovesAnnotations(t *testing.T) {
 
 func TestPreBindPatchFailure(t *testing.T) {
 	pod := gpuPod("p", "gpu", 1)
-	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses, pod)
+	h := newHarnessWithArgs(t, preBindArgs, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses, pod)
 	patches := 0
 	h.client.PrependReactor("patch", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
 		patches++
@@ -1056,6 +1071,149 @@ func TestPreBindPatchFailure(t *testing.T) {
 	}
 	if h.holds(pod.UID) {
 		t.Errorf("devices still held after Unreserve")
+	}
+}
+
+// apiserverBinding makes the fake clientset bind as the apiserver does (the fake
+// only records a Binding): the pod gets the Binding's node and its annotations
+// merged into the pod's. It returns the Bindings created so far.
+func apiserverBinding(client *fake.Clientset) func() []*corev1.Binding {
+	var mu sync.Mutex
+	var bindings []*corev1.Binding
+	client.PrependReactor("create", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		if action.GetSubresource() != "binding" {
+			return false, nil, nil
+		}
+		b := action.(clienttesting.CreateAction).GetObject().(*corev1.Binding)
+		mu.Lock()
+		bindings = append(bindings, b.DeepCopy())
+		mu.Unlock()
+		gvr := corev1.SchemeGroupVersion.WithResource("pods")
+		obj, err := client.Tracker().Get(gvr, b.Namespace, b.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		pod := obj.(*corev1.Pod).DeepCopy()
+		pod.Spec.NodeName = b.Target.Name
+		if pod.Annotations == nil {
+			pod.Annotations = map[string]string{}
+		}
+		maps.Copy(pod.Annotations, b.Annotations)
+		return true, b, client.Tracker().Update(gvr, pod, b.Namespace)
+	})
+	return func() []*corev1.Binding {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(bindings)
+	}
+}
+
+func TestBindWritesAssignmentInBinding(t *testing.T) {
+	fresh := gpuPod("fresh", "gpu", 1)
+	// retried carries the annotations of an earlier attempt that failed.
+	retried := gpuPod("retried", "gpu", 1)
+	staleCompat := assignment.CompatKey("gpu", "g-old")
+	retried.Annotations = map[string]string{
+		assignment.AnnotationKey: `{"node":"n0","containers":[{"name":"app","classes":{"gpu":["g-old"]}}]}`,
+		staleCompat:              "1",
+		"example.com/keep":       "yes",
+	}
+	plain := testPod("plain", ctr{name: "app", limits: map[corev1.ResourceName]string{corev1.ResourceCPU: "1"}})
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"))}, allClasses, fresh, retried, plain)
+	bindings := apiserverBinding(h.client)
+
+	for _, pod := range []*corev1.Pod{fresh, retried} {
+		t.Run(pod.Name, func(t *testing.T) {
+			cs, placed := h.reserve(pod, "n1")
+			// PreBind has work only where stale annotations must go: the
+			// assignment itself travels in the Binding.
+			stale := pod == retried
+			st := h.fw.RunPreBindPreFlights(h.ctx, cs, pod, "n1")
+			if stale && !st.IsSuccess() || !stale && !st.IsSkip() {
+				t.Fatalf("PreBindPreFlight: %v; want PreBind to run: %v", st, stale)
+			}
+			if stale {
+				if st := h.fw.RunPreBindPlugins(h.ctx, cs, pod, "n1"); !st.IsSuccess() {
+					t.Fatalf("PreBind: %v", st)
+				}
+				got, err := h.client.CoreV1().Pods("default").Get(h.ctx, pod.Name, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for key := range got.Annotations {
+					if assignment.IsAnnotation(key) {
+						t.Errorf("stale annotation %s left by PreBind", key)
+					}
+				}
+			}
+			if st := h.fw.RunBindPlugins(h.ctx, cs, pod, "n1"); !st.IsSuccess() {
+				t.Fatalf("Bind: %v", st)
+			}
+			all := bindings()
+			if len(all) == 0 {
+				t.Fatal("no Binding created")
+			}
+			b := all[len(all)-1]
+			want, err := assignment.Annotations(placed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.Name != pod.Name || b.UID != pod.UID || b.Target.Kind != "Node" || b.Target.Name != "n1" || !maps.Equal(b.Annotations, want) {
+				t.Errorf("Binding %+v, want %s to n1 with annotations %v", b, pod.Name, want)
+			}
+
+			got, err := h.client.CoreV1().Pods("default").Get(h.ctx, pod.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, found, err := assignment.FromPod(got)
+			if !found || err != nil || !assignmentsEqual(a, placed) || got.Spec.NodeName != "n1" {
+				t.Errorf("bound pod on %q with assignment %+v (found %v, %v), want %+v on n1", got.Spec.NodeName, a, found, err, placed)
+			}
+			if _, ok := got.Annotations[staleCompat]; ok {
+				t.Errorf("stale compat key %s survived", staleCompat)
+			}
+			if stale && got.Annotations["example.com/keep"] != "yes" {
+				t.Errorf("an unrelated annotation was removed: %v", got.Annotations)
+			}
+			h.waitFor("the bound pod to confirm the assumed hold", func() bool { return h.holds(pod.UID) && !h.plugin.cache.isAssumed(pod.UID) })
+		})
+	}
+
+	// A pod without class requests is left to DefaultBinder: a Binding without
+	// annotations.
+	cs, _, st := h.preFilter(plain)
+	if !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	if st := h.fw.RunBindPlugins(h.ctx, cs, plain, "n1"); !st.IsSuccess() {
+		t.Fatalf("Bind of a pod without class requests: %v", st)
+	}
+	all := bindings()
+	if b := all[len(all)-1]; b.Name != "plain" || len(b.Annotations) != 0 {
+		t.Errorf("Binding %+v, want plain without annotations", b)
+	}
+}
+
+func TestBindFailure(t *testing.T) {
+	pod := gpuPod("p", "gpu", 1)
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses, pod)
+	h.client.PrependReactor("create", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		return action.GetSubresource() == "binding", nil, errors.New("apiserver unavailable")
+	})
+	cs, _ := h.reserve(pod, "n1")
+	st := h.fw.RunBindPlugins(h.ctx, cs, pod, "n1")
+	if st.IsSuccess() || st.IsSkip() || !strings.Contains(st.Message(), "apiserver unavailable") {
+		t.Fatalf("Bind with a failing apiserver: %v, want its error", st)
+	}
+	h.fw.RunReservePluginsUnreserve(h.ctx, cs, pod, "n1")
+	if h.holds(pod.UID) {
+		t.Errorf("devices still held after Unreserve")
+	}
+	for _, a := range h.client.Actions() {
+		if a.GetVerb() == "patch" {
+			t.Errorf("unexpected %v: nothing was written that Unreserve must remove", a)
+		}
 	}
 }
 
@@ -1186,13 +1344,13 @@ func TestClassStatus(t *testing.T) {
 		c.setClass(rc)
 	}
 	c.setNodeDevices(nodeDevices("n1",
-		gpu("big", 0, "80Gi"), gpu("small", 0, "40Gi"),
+		gpu("big", 0, "80Gi"), gpu("small", 0, "40Gi"), gpu("small2", 0, "40Gi"),
 		unhealthy(gpu("sick", 0, "80Gi")), migEnabled(gpu("mig", 0, "80Gi")),
 		hugePool("hp", 0, "1Gi", 8, 8),
 	))
 	c.setNodeDevices(nodeDevices("n2", gpu("big2", 0, "80Gi"), nic("nic0", 0)))
 	holdDirectly(c, "a", "n1", "gpu-big", "big") // big is also a gpu: requested through gpu-big only
-	holdDirectly(c, "b", "n1", "gpu", "small")
+	holdDirectly(c, "b", "n1", "gpu", "small", "small2")
 	holdDirectly(c, "c", "n1", "hp-1g", "hp") // a pool counts once per pod using it
 	holdDirectly(c, "d", "n1", "hp-1g", "hp")
 
@@ -1201,8 +1359,9 @@ func TestClassStatus(t *testing.T) {
 		alloc, req int64
 		nodes      nodeCounts
 	}{
-		// big, small on n1 and big2 on n2; sick and mig are not allocatable.
-		"gpu":     {3, 1, nodeCounts{{Name: "n1", Allocatable: 2, Requested: 1}, {Name: "n2", Allocatable: 1}}},
+		// big, small, small2 on n1 and big2 on n2; sick and mig are not
+		// allocatable.
+		"gpu":     {4, 2, nodeCounts{{Name: "n1", Allocatable: 3, Requested: 2}, {Name: "n2", Allocatable: 1}}},
 		"gpu-big": {2, 1, nodeCounts{{Name: "n1", Allocatable: 1, Requested: 1}, {Name: "n2", Allocatable: 1}}},
 		"nic":     {1, 0, nodeCounts{{Name: "n2", Allocatable: 1}}},
 		"hp-1g":   {1, 2, nodeCounts{{Name: "n1", Allocatable: 1, Requested: 2}}},
