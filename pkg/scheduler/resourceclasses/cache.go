@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	v1helper "k8s.io/kubernetes/pkg/apis/core/v1/helper"
 
@@ -25,6 +26,12 @@ type cache struct {
 	classes map[string]*classState
 	pods    map[types.UID]*holding
 	byNode  map[string]map[types.UID]*holding
+
+	// classNodes[class] are the nodes where class selects a device, rebuilt
+	// (as new sets, never changed in place: PreFilter hands them out) when
+	// dirty.
+	classNodes map[string]sets.Set[string]
+	dirty      bool
 
 	// freed is called, outside the lock, after a change that may let a waiting
 	// pod fit: devices released, added or healed, a class created or changed.
@@ -94,7 +101,41 @@ func newCache() *cache {
 		byNode:  map[string]map[types.UID]*holding{},
 		freed:   func() {},
 		changed: func() {},
+		dirty:   true,
 	}
+}
+
+// nodesFor returns the nodes where every class selects at least one device.
+// The set is shared: callers must not change it.
+func (c *cache) nodesFor(classes []string) sets.Set[string] {
+	c.mu.RLock()
+	if c.dirty {
+		c.mu.RUnlock()
+		c.mu.Lock()
+		if c.dirty {
+			c.classNodes = map[string]sets.Set[string]{}
+			for name, n := range c.nodes {
+				for class := range n.matches {
+					if c.classNodes[class] == nil {
+						c.classNodes[class] = sets.New[string]()
+					}
+					c.classNodes[class].Insert(name)
+				}
+			}
+			c.dirty = false
+		}
+		c.mu.Unlock()
+		c.mu.RLock()
+	}
+	defer c.mu.RUnlock()
+	out := c.classNodes[classes[0]]
+	for _, class := range classes[1:] {
+		out = out.Intersection(c.classNodes[class])
+	}
+	if out == nil {
+		out = sets.New[string]()
+	}
+	return out
 }
 
 // setNodeDevices replaces a node's devices. Unchanged objects (same
@@ -133,6 +174,7 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) {
 		n.computeMatches(name, cl)
 	}
 	c.nodes[nd.Name] = n
+	c.dirty = true
 	for _, h := range c.byNode[nd.Name] {
 		c.charge(n, h, 1)
 	}
@@ -158,6 +200,7 @@ func newPool(d *v1alpha1.Device) *poolState {
 func (c *cache) deleteNodeDevices(name string) {
 	c.mu.Lock()
 	delete(c.nodes, name)
+	c.dirty = true
 	c.mu.Unlock()
 	c.changed()
 }
@@ -196,6 +239,7 @@ func (c *cache) setClass(rc *v1alpha1.ResourceClass) {
 	for _, n := range c.nodes {
 		n.computeMatches(rc.Name, cl)
 	}
+	c.dirty = true
 	c.mu.Unlock()
 	c.freed()
 	c.changed()
@@ -207,6 +251,7 @@ func (c *cache) deleteClass(name string) {
 	for _, n := range c.nodes {
 		delete(n.matches, name)
 	}
+	c.dirty = true
 	c.mu.Unlock()
 	c.changed()
 }

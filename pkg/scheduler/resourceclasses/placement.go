@@ -146,17 +146,24 @@ func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, fre
 		draws := d.drawUsers(class)
 		for _, users := range draws {
 			chosen := -1
+			sized := false // a usable pool of a size the containers request exists
 			for _, i := range order(n.matches[class]) {
 				pool := n.devices[i].pool
 				if pool == nil || !usable(i) {
 					continue
 				}
+				sized = sized || requestsAll(users, pool)
 				all := d.inPodOrder(onPool[i], users)
 				if pageBytes(users, pool.resourceName) > 0 && pool.freeBytes() >= pageBytes(all, pool.resourceName) && requestsAll(users, pool) {
 					chosen = i
 					onPool[i] = all
 					break
 				}
+			}
+			if chosen < 0 && !sized {
+				// Node-dependent (another node may have pools of that size), so
+				// not unresolvable; the same reason on every such node.
+				return nil, &unfit{reason: fmt.Sprintf("no hugepage pool of class %s has the page size its containers request as hugepages-<size>", class)}
 			}
 			if chosen < 0 {
 				return nil, &unfit{reason: fmt.Sprintf("no hugepage pool of class %s has the free pages its containers request", class)}
@@ -165,15 +172,21 @@ func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, fre
 		}
 	}
 	used := map[int]bool{}
+	unknown := false
 	for _, ids := range p.drawn {
 		for _, id := range ids {
 			if numa := n.devices[n.index[id]].numa; numa >= 0 {
 				used[numa] = true
+			} else {
+				unknown = true
 			}
 		}
 	}
 	p.numas = len(used)
-	p.aligned = len(used) <= 1
+	if unknown {
+		p.numas = 0 // a device without a NUMA node: alignment unknown
+	}
+	p.aligned = p.numas == 1
 	return p, nil
 }
 

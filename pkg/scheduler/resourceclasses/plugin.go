@@ -18,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -205,7 +204,7 @@ func getState(cs fwk.CycleState) (*state, bool) {
 
 // PreFilter reads the pod's class requests; a pod without any skips the plugin.
 // It narrows the nodes to those whose devices every requested class selects.
-func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	d, err := podDemand(pod)
 	if err != nil {
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
@@ -221,26 +220,22 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	p.mu.Unlock()
 
 	p.cache.mu.RLock()
-	defer p.cache.mu.RUnlock()
 	for _, class := range d.classes {
 		if p.cache.classes[class] == nil {
+			p.cache.mu.RUnlock()
 			return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("ResourceClass %q does not exist", class))
 		}
 	}
-	nodes := sets.New[string]()
-	for name, n := range p.cache.nodes {
-		if !slices.ContainsFunc(d.classes, func(class string) bool { return len(n.matches[class]) == 0 }) {
-			nodes.Insert(name)
-		}
-	}
+	p.cache.mu.RUnlock()
 	cs.Write(stateKey, &state{demand: d})
-	if len(nodes) == 0 {
+	eligible := p.cache.nodesFor(d.classes)
+	if eligible.Len() == 0 {
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "no node has devices of class "+strings.Join(d.classes, ", "))
 	}
-	if len(nodes) == len(p.cache.nodes) {
-		return nil, nil // every node with devices: no narrowing to report
+	if eligible.Len() >= len(nodes) {
+		return nil, nil // no narrowing worth reporting: Filter decides per node
 	}
-	return &fwk.PreFilterResult{NodeNames: nodes}, nil
+	return &fwk.PreFilterResult{NodeNames: eligible}, nil
 }
 
 // PreFilterExtensions: the plugin does not need to know about preemption's
@@ -309,12 +304,17 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 	case Spread:
 		return fwk.MaxNodeScore - util, nil
 	case NUMAAligned:
-		// One NUMA node (or none known) scores highest; each further NUMA node
-		// the pod must span lowers the score.
-		if numas <= 1 {
+		// One NUMA node scores highest; each further NUMA node the pod must
+		// span lowers the score. Devices that publish no NUMA node (numas 0)
+		// score in between: alignment there is unknown, neither promised nor
+		// ruled out.
+		switch {
+		case numas == 0:
+			return fwk.MaxNodeScore / 2, nil
+		case numas == 1:
 			return fwk.MaxNodeScore, nil
 		}
-		return fwk.MaxNodeScore / int64(numas), nil
+		return fwk.MaxNodeScore / int64(numas+1), nil
 	}
 	return 0, nil
 }
