@@ -95,7 +95,7 @@ func DecodeArgs(obj runtime.Object, podNamespace string) (*Args, error) {
 				return nil, fmt.Errorf("ResourceClasses args: %w", err)
 			}
 			if len(strict) > 0 {
-				return nil, fmt.Errorf("ResourceClasses args: %v", strict[0])
+				return nil, fmt.Errorf("ResourceClasses args: %w", strict[0])
 			}
 		}
 	}

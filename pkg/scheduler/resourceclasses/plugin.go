@@ -302,19 +302,19 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 	case BinPack:
 		return util, nil
 	case Spread:
-		return fwk.MaxNodeScore - util, nil
+		return fwk.MaxScore - util, nil
 	case NUMAAligned:
 		// One NUMA node scores highest; each further NUMA node the pod must
 		// span lowers the score. Devices that publish no NUMA node (numas 0)
 		// score in between: alignment there is unknown, neither promised nor
 		// ruled out.
-		switch {
-		case numas == 0:
-			return fwk.MaxNodeScore / 2, nil
-		case numas == 1:
-			return fwk.MaxNodeScore, nil
+		switch numas {
+		case 0:
+			return fwk.MaxScore / 2, nil
+		case 1:
+			return fwk.MaxScore, nil
 		}
-		return fwk.MaxNodeScore / int64(numas+1), nil
+		return fwk.MaxScore / int64(numas+1), nil
 	}
 	return 0, nil
 }

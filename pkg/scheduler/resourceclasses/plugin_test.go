@@ -728,8 +728,8 @@ func TestStrategiesScoreNodes(t *testing.T) {
 		// The exact score of a split node is a tuning choice; that it is below an
 		// aligned one is the strategy.
 		got := h.scores(cs, pod, "aligned", "split")
-		if got["aligned"] != fwk.MaxNodeScore || got["split"] >= got["aligned"] || got["split"] <= 0 {
-			t.Errorf("scores %v, want %d for aligned and less, but more than 0, for split", got, fwk.MaxNodeScore)
+		if got["aligned"] != fwk.MaxScore || got["split"] >= got["aligned"] || got["split"] <= 0 {
+			t.Errorf("scores %v, want %d for aligned and less, but more than 0, for split", got, fwk.MaxScore)
 		}
 	})
 }
@@ -754,8 +754,8 @@ func TestNUMAAlignedPlacesGPUNICAndPoolTogether(t *testing.T) {
 	}
 	h.fw.RunReservePluginsUnreserve(h.ctx, cs, pod, "n1")
 	cs, _, _ = h.preFilter(pod)
-	if got := h.scores(cs, pod, "n1"); got["n1"] != fwk.MaxNodeScore {
-		t.Errorf("score %v, want %d for a node where the pod fits on one NUMA node", got, fwk.MaxNodeScore)
+	if got := h.scores(cs, pod, "n1"); got["n1"] != fwk.MaxScore {
+		t.Errorf("score %v, want %d for a node where the pod fits on one NUMA node", got, fwk.MaxScore)
 	}
 
 	// The same pod under FirstFit: GPU from NUMA 0, NIC from NUMA 1.
