@@ -188,8 +188,8 @@ func TestSchedulerAssignsDevices(t *testing.T) {
 	}
 
 	// Status: 16 A100s, 17 healthy GPUs (the T4 node has one unhealthy), requested as held.
-	waitClassStatus(t, ctx, "sa-a100", 16, 9)
-	waitClassStatus(t, ctx, "sa-gpu", 17, 3) // one of the T4s is unhealthy
+	waitClassStatus(t, ctx, "sa-a100", nodes, 16, 9)
+	waitClassStatus(t, ctx, "sa-gpu", nodes, 17, 3) // one of the T4s is unhealthy
 
 	// Deleting A frees its node: C schedules there, without any of B's devices.
 	if err := pods.Delete(ctx, "a", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
@@ -202,7 +202,7 @@ func TestSchedulerAssignsDevices(t *testing.T) {
 	if got := slices.Concat(asgC.Devices("main", "sa-a100"), asgC.Devices("main", "sa-gpu")); len(uniq(got)) != 5 {
 		t.Errorf("pod c: want 5 distinct GPUs, got %v", got)
 	}
-	waitClassStatus(t, ctx, "sa-a100", 16, 8)
+	waitClassStatus(t, ctx, "sa-a100", nodes, 16, 8)
 
 	// The PreBind mode (assignmentWrite: PreBind) writes the same assignment
 	// with a patch before the default binder binds.
@@ -224,25 +224,35 @@ func TestSchedulerAssignsDevices(t *testing.T) {
 	}
 }
 
-// waitClassStatus waits until class's status shows allocatable and requested.
-func waitClassStatus(t *testing.T, ctx context.Context, class string, allocatable, requested int64) {
+// waitClassStatus waits until class's status shows allocatable and requested
+// on nodes (other tests' nodes share the cluster, so the totals are only
+// checked to include them).
+func waitClassStatus(t *testing.T, ctx context.Context, class string, nodes []string, allocatable, requested int64) {
 	t.Helper()
 	rc, err := cluster.Resclass()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var alloc, req int64
 	var last v1alpha1.ResourceClassStatus
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		got, err := rc.ResclassV1alpha1().ResourceClasses().Get(ctx, class, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
-		last = got.Status
-		return got.Status.Allocatable.Value() == allocatable && got.Status.Requested.Value() == requested, nil
+		last, alloc, req = got.Status, 0, 0
+		for _, n := range got.Status.Nodes {
+			if slices.Contains(nodes, n.Name) {
+				alloc += n.Allocatable
+				req += n.Requested
+			}
+		}
+		return alloc == allocatable && req == requested &&
+			got.Status.Allocatable.Value() >= alloc && got.Status.Requested.Value() >= req, nil
 	})
 	if err != nil {
-		t.Fatalf("ResourceClass %s status: want allocatable %d requested %d, last %s/%s (%v)", class, allocatable, requested,
-			last.Allocatable.String(), last.Requested.String(), err)
+		t.Fatalf("ResourceClass %s status on %v: want allocatable %d requested %d, got %d/%d (totals %s/%s): %v", class, nodes,
+			allocatable, requested, alloc, req, last.Allocatable.String(), last.Requested.String(), err)
 	}
 }
 
