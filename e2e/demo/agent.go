@@ -112,7 +112,7 @@ func agentHandOff(ctx context.Context, p *printer, c *framework.Cluster, kn *fra
 	}
 	p.line("  demo/train-2 asks for class.resclass.io/nvidia.high.mem: 2 with schedulerName: resclass-scheduler.")
 	p.line("  The ResourceClasses plugin picks %s and two of its free GPUs, NUMA-aligned,", agentNode)
-	p.line("  and writes them on the pod before binding it:")
+	p.line("  and binds the pod with them in the Binding, one write:")
 	train2 := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "train-2", Namespace: "demo"},
 		Spec: corev1.PodSpec{SchedulerName: "resclass-scheduler", RestartPolicy: corev1.RestartPolicyNever,
