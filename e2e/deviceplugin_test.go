@@ -48,24 +48,11 @@ func TestDevicePluginHandOff(t *testing.T) {
 	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
 		t.Fatal(err)
 	}
-	rc, err := cluster.Resclass()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for name, exprs := range map[string][]v1alpha1.ResourceSelectorRequirement{
 		classHighMem: {{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{"nvidia-gpu"}}, {Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"30G"}}},
 		classAnyGPU:  {{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{"nvidia-gpu"}}},
 	} {
-		_, err := rc.ResclassV1alpha1().ResourceClasses().Create(ctx, &v1alpha1.ResourceClass{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec:       v1alpha1.ResourceClassSpec{ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: exprs}}},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = rc.ResclassV1alpha1().ResourceClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
-		})
+		schedClass(t, ctx, name, exprs...)
 	}
 
 	const nodeName = "gpu-node"

@@ -50,22 +50,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { deleteNodes(names) })
-	rc, err := cluster.Resclass()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := rc.ResclassV1alpha1().ResourceClasses().Create(ctx, &v1alpha1.ResourceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: class},
-		Spec: v1alpha1.ResourceClassSpec{ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: []v1alpha1.ResourceSelectorRequirement{
-			{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{"nvidia-gpu"}},
-			{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"30G"}},
-		}}}},
-	}, metav1.CreateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_ = rc.ResclassV1alpha1().ResourceClasses().Delete(context.Background(), class, metav1.DeleteOptions{})
-	})
+	schedClass(b, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"), req("memory", v1alpha1.ResourceSelectorOpGtEq, "30G"))
 	client := fastClient(b)
 
 	run := func(b *testing.B, schedulerName string, resourceName corev1.ResourceName) {

@@ -25,7 +25,7 @@ import (
 const resclassScheduler = "resclass-scheduler"
 
 // schedClass creates a ResourceClass of one selector term, removed after the test.
-func schedClass(t *testing.T, ctx context.Context, name string, exprs ...v1alpha1.ResourceSelectorRequirement) {
+func schedClass(t testing.TB, ctx context.Context, name string, exprs ...v1alpha1.ResourceSelectorRequirement) {
 	t.Helper()
 	rc, err := cluster.Resclass()
 	if err != nil {
