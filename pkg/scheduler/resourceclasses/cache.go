@@ -84,13 +84,12 @@ type classState struct {
 // holding is what one pod holds: its devices per class and, for hugepage pools,
 // which containers draw pages from them (charged by the pool's page size).
 type holding struct {
-	uid      types.UID
-	node     string
-	assumed  bool                          // Reserved by this scheduler, not yet seen bound
-	devices  map[string][]string           // class -> distinct devices across the pod's containers
-	users    map[string][]*containerDemand // device id -> the containers using it, for pool charges
-	raw      string                        // the encoded assignment, to tell changes apart
-	assigned *assignment.Assignment
+	uid     types.UID
+	node    string
+	assumed bool                          // Reserved by this scheduler, not yet seen bound
+	devices map[string][]string           // class -> distinct devices across the pod's containers
+	users   map[string][]*containerDemand // device id -> the containers using it, for pool charges
+	raw     string                        // the encoded assignment, to tell changes apart
 }
 
 func newCache() *cache {
@@ -372,7 +371,7 @@ func (e errNodeMismatch) Error() string {
 // newHolding collects what a holds. Pools are told apart from devices when
 // charged, by the node's inventory: here every id is listed under its class.
 func newHolding(uid types.UID, a *assignment.Assignment, d *demand) *holding {
-	h := &holding{uid: uid, node: a.Node, devices: map[string][]string{}, users: map[string][]*containerDemand{}, assigned: a}
+	h := &holding{uid: uid, node: a.Node, devices: map[string][]string{}, users: map[string][]*containerDemand{}}
 	for _, ac := range a.Containers {
 		var cd *containerDemand
 		if d != nil {

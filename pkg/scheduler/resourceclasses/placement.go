@@ -129,7 +129,7 @@ func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, fre
 	}
 	got, ok := matching.Solve(prob)
 	if !ok {
-		return nil, explainShortage(n, d, exclusive, prob)
+		return nil, explainShortage(exclusive, prob)
 	}
 	for ci, class := range exclusive {
 		for _, i := range got[ci] {
@@ -206,7 +206,7 @@ func requestsAll(users []*containerDemand, pool *poolState) bool {
 // would fit, the classes that compete for the same devices. The reasons are the
 // same on every node with the same shortage, so the scheduler's FailedScheduling
 // message counts nodes per reason, as for "Insufficient nvidia.com/gpu".
-func explainShortage(n *nodeState, d *demand, classes []string, prob matching.Problem) *unfit {
+func explainShortage(classes []string, prob matching.Problem) *unfit {
 	var short []string
 	for ci, class := range classes {
 		if len(prob.Candidates[ci]) < prob.Demand[ci] {
