@@ -42,7 +42,6 @@ type cache struct {
 }
 
 type nodeState struct {
-	name            string
 	resourceVersion string
 	devices         []*deviceState
 	index           map[string]int   // device id -> position
@@ -51,7 +50,6 @@ type nodeState struct {
 
 type deviceState struct {
 	id       string
-	kind     string
 	healthy  bool
 	numa     int // -1: unknown
 	excluded bool
@@ -63,7 +61,6 @@ type deviceState struct {
 // poolState is a hugepage pool: shared by the pods it serves, which draw pages.
 type poolState struct {
 	resourceName corev1.ResourceName
-	pageSize     int64
 	total, free  int64 // bytes: pagesTotal, pagesFree
 	charged      int64 // bytes the pods assigned to it request natively
 }
@@ -145,13 +142,13 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) {
 		c.mu.Unlock()
 		return
 	}
-	n := &nodeState{name: nd.Name, resourceVersion: nd.ResourceVersion, index: map[string]int{}, matches: map[string][]int{}}
+	n := &nodeState{resourceVersion: nd.ResourceVersion, index: map[string]int{}, matches: map[string][]int{}}
 	for i := range nd.Status.Devices {
 		d := &nd.Status.Devices[i]
 		if _, dup := n.index[d.ID]; dup {
 			continue // ids are unique on a node; the first one wins
 		}
-		ds := &deviceState{id: d.ID, kind: d.Kind, healthy: d.Healthy, numa: -1, sel: selector.NewDevice(d)}
+		ds := &deviceState{id: d.ID, healthy: d.Healthy, numa: -1, sel: selector.NewDevice(d)}
 		if v := d.Attributes[v1alpha1.AttributeNUMANode].IntValue; v != nil {
 			ds.numa = int(*v)
 		}
@@ -189,7 +186,7 @@ func newPool(d *v1alpha1.Device) *poolState {
 		return nil // a pool the scheduler cannot account for serves nobody
 	}
 	s := size.Value()
-	p := &poolState{resourceName: v1helper.HugePageResourceName(*size), pageSize: s, total: *total * s, free: *free * s}
+	p := &poolState{resourceName: v1helper.HugePageResourceName(*size), total: *total * s, free: *free * s}
 	if name != nil {
 		p.resourceName = corev1.ResourceName(*name)
 	}
@@ -330,6 +327,15 @@ func (c *cache) releaseLocked(uid types.UID) bool {
 		c.charge(n, h, -1)
 	}
 	return true
+}
+
+// holds reports whether uid already holds, bound, what the annotation raw says
+// on node: then a pod update need not decode it again.
+func (c *cache) holds(uid types.UID, node, raw string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	h := c.pods[uid]
+	return h != nil && !h.assumed && h.node == node && h.raw == raw
 }
 
 // isAssumed reports whether uid holds devices through Reserve only.

@@ -36,11 +36,10 @@ const stateKey fwk.StateKey = Name
 
 // Plugin is the ResourceClasses plugin.
 type Plugin struct {
-	handle   fwk.Handle
-	args     *Args
-	cache    *cache
-	synced   func() bool
-	resclass versioned.Interface
+	handle fwk.Handle
+	args   *Args
+	cache  *cache
+	synced func() bool
 
 	mu      sync.Mutex
 	waiting map[types.UID]*corev1.Pod // pods with class requests not yet placed
@@ -69,7 +68,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	if err != nil {
 		return nil, fmt.Errorf("%s: resclass client: %w", Name, err)
 	}
-	p := &Plugin{handle: h, args: args, cache: newCache(), resclass: rc, waiting: map[types.UID]*corev1.Pod{}}
+	p := &Plugin{handle: h, args: args, cache: newCache(), waiting: map[types.UID]*corev1.Pod{}}
 	p.cache.freed = p.activateWaiting
 
 	logger := klog.FromContext(ctx).WithName(Name)
@@ -143,6 +142,10 @@ func (p *Plugin) podChanged(logger klog.Logger, pod *corev1.Pod) {
 		return // pending, or between PreBind and bind: Reserve's hold stands
 	}
 	p.forget(pod.UID)
+	if raw, ok := pod.Annotations[assignment.AnnotationKey]; ok && pod.Status.Phase != corev1.PodSucceeded &&
+		pod.Status.Phase != corev1.PodFailed && p.cache.holds(pod.UID, pod.Spec.NodeName, raw) {
+		return // a status update of a pod whose devices did not change
+	}
 	h, err := holdingFromPod(pod)
 	if err != nil {
 		logger.Info("Ignoring the pod's device assignment", "pod", klog.KObj(pod), "err", err)
@@ -186,9 +189,11 @@ func (p *Plugin) activateWaiting() {
 
 // state is a pod's class demand and, after Reserve, its placement.
 type state struct {
-	demand  *demand
-	placed  *assignment.Assignment
-	patched bool // PreBind wrote the annotations
+	demand *demand
+	placed *assignment.Assignment
+	// annotations are placed's, encoded once in Reserve for Bind or PreBind.
+	annotations map[string]string
+	patched     bool // PreBind wrote the annotations
 }
 
 func (s *state) Clone() fwk.StateData { return s }
@@ -337,17 +342,18 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 		return unfitStatus(u)
 	}
 	a := s.demand.assignment(nodeName, pl)
-	raw, err := assignment.Encode(a)
+	anns, err := assignment.Annotations(a)
 	if err != nil {
 		c.mu.Unlock()
+		assignments.WithLabelValues("invalid").Inc()
 		return fwk.AsStatus(err)
 	}
 	h := newHolding(pod.UID, a, s.demand)
-	h.assumed, h.raw = true, raw
+	h.assumed, h.raw = true, anns[assignment.AnnotationKey]
 	c.holdLocked(h)
 	c.mu.Unlock()
 	c.changed()
-	s.placed = a
+	s.placed, s.annotations = a, anns
 	p.forget(pod.UID)
 	reservations.WithLabelValues(string(p.args.Strategy), alignedLabel(pl)).Inc()
 	return nil
@@ -376,16 +382,11 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	}
 	// What PreBind wrote is known from the placement only: read it before
 	// forgetting the placement.
-	written, _ := s.demandAnnotations()
-	s.placed = nil
+	written := s.annotations
+	s.placed, s.annotations = nil, nil
 	if s.patched {
 		s.patched = false
-		patch := map[string]any{}
-		for key := range pod.Annotations {
-			if assignment.IsAnnotation(key) {
-				patch[key] = nil
-			}
-		}
+		patch := staleKeys(pod)
 		for key := range written {
 			patch[key] = nil
 		}
@@ -406,7 +407,7 @@ func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *c
 	if !ok || s.placed == nil {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
-	if p.args.AssignmentWrite == WriteInBinding && !slices.ContainsFunc(slices.Collect(maps.Keys(pod.Annotations)), assignment.IsAnnotation) {
+	if p.args.AssignmentWrite == WriteInBinding && len(staleKeys(pod)) == 0 {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
@@ -421,19 +422,9 @@ func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 	if !ok || s.placed == nil {
 		return nil
 	}
-	anns, err := s.demandAnnotations()
-	if err != nil {
-		assignments.WithLabelValues("invalid").Inc()
-		return fwk.AsStatus(err)
-	}
-	patch := map[string]any{}
-	for key := range pod.Annotations {
-		if assignment.IsAnnotation(key) {
-			patch[key] = nil
-		}
-	}
+	patch := staleKeys(pod)
 	if p.args.AssignmentWrite == WriteInPreBind {
-		for key, value := range anns {
+		for key, value := range s.annotations {
 			patch[key] = value
 		}
 	}
@@ -460,13 +451,8 @@ func (p *Plugin) Bind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, n
 	if !ok || s.placed == nil || p.args.AssignmentWrite != WriteInBinding {
 		return fwk.NewStatus(fwk.Skip)
 	}
-	anns, err := s.demandAnnotations()
-	if err != nil {
-		assignments.WithLabelValues("invalid").Inc()
-		return fwk.AsStatus(err)
-	}
 	binding := &corev1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, Annotations: anns},
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, Annotations: s.annotations},
 		Target:     corev1.ObjectReference{Kind: "Node", Name: nodeName},
 	}
 	if err := p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
@@ -477,11 +463,15 @@ func (p *Plugin) Bind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, n
 	return nil
 }
 
-func (s *state) demandAnnotations() (map[string]string, error) {
-	if s.placed == nil {
-		return nil, nil
+// staleKeys is a merge patch removing every resclass annotation pod carries.
+func staleKeys(pod *corev1.Pod) map[string]any {
+	patch := map[string]any{}
+	for key := range pod.Annotations {
+		if assignment.IsAnnotation(key) {
+			patch[key] = nil
+		}
 	}
-	return assignment.Annotations(s.placed)
+	return patch
 }
 
 func (p *Plugin) patchAnnotations(ctx context.Context, pod *corev1.Pod, annotations map[string]any) error {
