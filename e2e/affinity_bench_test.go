@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,11 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/resclass/resclass/e2e/framework"
 )
@@ -108,72 +102,7 @@ func benchAntiAffinity(b *testing.B, nodeCount, podCount, nsCount int, scope fun
 			},
 		}
 	}
-	// The shared client's 200 QPS would make pod creation, not the scheduler,
-	// the limit.
-	cfg := rest.CopyConfig(cluster.Config)
-	cfg.QPS, cfg.Burst = 2000, 2000
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-
-	// The watch is established (its initial list done) before the clock starts.
-	bound := map[string]string{}
-	var done time.Time
-	synced := make(chan struct{})
-	watchErr := make(chan error, 1)
-	waitCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-	lw := cache.NewFilteredListWatchFromClient(client.CoreV1().RESTClient(), "pods", metav1.NamespaceAll,
-		func(o *metav1.ListOptions) { o.LabelSelector = "app=" + run })
-	go func() {
-		_, err := watchtools.UntilWithSync(waitCtx, lw, &corev1.Pod{}, func(cache.Store) (bool, error) {
-			close(synced)
-			return false, nil
-		}, func(ev watch.Event) (bool, error) {
-			if p, ok := ev.Object.(*corev1.Pod); ok && p.Spec.NodeName != "" {
-				bound[p.Namespace+"/"+p.Name] = p.Spec.NodeName
-			}
-			if len(bound) == podCount {
-				done = time.Now()
-				return true, nil
-			}
-			return false, nil
-		})
-		watchErr <- err
-	}()
-	select {
-	case <-synced:
-	case err := <-watchErr:
-		b.Fatalf("watching pods: %v", err)
-	}
-
-	start := time.Now()
-	var wg sync.WaitGroup
-	work := make(chan *corev1.Pod)
-	createErr := make(chan error, podCount)
-	for range 32 {
-		wg.Go(func() {
-			for p := range work {
-				if _, err := client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-					createErr <- fmt.Errorf("creating %s/%s: %w", p.Namespace, p.Name, err)
-				}
-			}
-		})
-	}
-	for _, p := range podsToCreate {
-		work <- p
-	}
-	close(work)
-	wg.Wait()
-	close(createErr)
-	for err := range createErr {
-		b.Fatal(err)
-	}
-	if err := <-watchErr; err != nil {
-		b.Fatalf("%d of %d pods bound: %v", len(bound), podCount, err)
-	}
-	elapsed := done.Sub(start)
+	elapsed, bound := scheduleAll(b, ctx, podsToCreate, "app="+run, 3*time.Minute)
 
 	// The workload's point: no two pods share a node.
 	perNode := map[string]string{}

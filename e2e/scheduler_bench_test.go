@@ -3,16 +3,16 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -60,11 +60,10 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			bound := watchBound(b, ctx, ns.Name, pods)
-			start := time.Now()
-			createPods(b, ctx, client, pods, func(i int) *corev1.Pod {
-				return &corev1.Pod{
-					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p-%05d", i), Namespace: ns.Name},
+			batch := make([]*corev1.Pod, pods)
+			for i := range batch {
+				batch[i] = &corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p-%05d", i), Namespace: ns.Name, Labels: map[string]string{"bench-run": ns.Name}},
 					Spec: corev1.PodSpec{
 						SchedulerName: schedulerName,
 						NodeSelector:  map[string]string{"pool": "bench-throughput"},
@@ -73,12 +72,9 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 						}}},
 					},
 				}
-			})
-			last, err := bound(10 * time.Minute)
-			if err != nil {
-				b.Fatal(err)
 			}
-			podsPerSecond = pods / last.Sub(start).Seconds()
+			elapsed, _ := scheduleAll(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
+			podsPerSecond = pods / elapsed.Seconds()
 			deleteNamespaceAndWait(b, ctx, ns.Name)
 		}
 		b.ReportMetric(0, "ns/op")
@@ -91,54 +87,49 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	})
 }
 
-// watchBound watches the pods of ns and returns a function that waits until n
-// of them are bound and returns when the last binding was seen. A watch, not
-// polling: listing thousands of pods several times a second would load the
-// apiserver the benchmark measures.
-func watchBound(b *testing.B, ctx context.Context, ns string, n int) func(timeout time.Duration) (time.Time, error) {
+// scheduleAll creates pods (16 writers on an unthrottled client) once a watch on
+// the pods labelled selector has synced, and returns the time from the first
+// create until the watch saw the last of them bound, and each pod's node. A
+// watch, not polling: listing thousands of pods several times a second would
+// load the apiserver the benchmark measures.
+func scheduleAll(b *testing.B, ctx context.Context, pods []*corev1.Pod, selector string, timeout time.Duration) (time.Duration, map[string]string) {
 	b.Helper()
-	ctx, cancel := context.WithCancel(ctx)
-	bound := map[string]bool{}
-	done := make(chan time.Time, 1)
-	var mu sync.Mutex
-	informer := cache.NewSharedIndexInformer(cache.NewListWatchFromClient(cluster.Client.CoreV1().RESTClient(), "pods", ns, fields.Everything()), &corev1.Pod{}, 0, cache.Indexers{})
-	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { see(obj, &mu, bound, n, done) },
-		UpdateFunc: func(_, obj any) { see(obj, &mu, bound, n, done) },
-	})
-	if err != nil {
-		b.Fatal(err)
+	client := fastClient(b)
+	bound := map[string]string{}
+	var done time.Time
+	synced := make(chan struct{})
+	watchErr := make(chan error, 1)
+	waitCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	lw := cache.NewFilteredListWatchFromClient(client.CoreV1().RESTClient(), "pods", metav1.NamespaceAll,
+		func(o *metav1.ListOptions) { o.LabelSelector = selector })
+	go func() {
+		_, err := watchtools.UntilWithSync(waitCtx, lw, &corev1.Pod{}, func(cache.Store) (bool, error) {
+			close(synced)
+			return false, nil
+		}, func(ev watch.Event) (bool, error) {
+			if p, ok := ev.Object.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+				bound[p.Namespace+"/"+p.Name] = p.Spec.NodeName
+			}
+			if len(bound) == len(pods) {
+				done = time.Now()
+				return true, nil
+			}
+			return false, nil
+		})
+		watchErr <- err
+	}()
+	select {
+	case <-synced:
+	case err := <-watchErr:
+		b.Fatalf("watching pods: %v", err)
 	}
-	go informer.Run(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		b.Fatal("pod watch did not sync")
+	start := time.Now()
+	createPods(b, ctx, client, len(pods), func(i int) *corev1.Pod { return pods[i] })
+	if err := <-watchErr; err != nil {
+		b.Fatalf("%d of %d pods bound: %v", len(bound), len(pods), err)
 	}
-	return func(timeout time.Duration) (time.Time, error) {
-		defer cancel()
-		select {
-		case t := <-done:
-			return t, nil
-		case <-time.After(timeout):
-			mu.Lock()
-			defer mu.Unlock()
-			return time.Time{}, fmt.Errorf("%d of %d pods bound after %v", len(bound), n, timeout)
-		}
-	}
-}
-
-func see(obj any, mu *sync.Mutex, bound map[string]bool, n int, done chan time.Time) {
-	pod := obj.(*corev1.Pod)
-	if pod.Spec.NodeName == "" {
-		return
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if !bound[pod.Name] {
-		bound[pod.Name] = true
-		if len(bound) == n {
-			done <- time.Now()
-		}
-	}
+	return done.Sub(start), bound
 }
 
 // deleteNamespaceAndWait deletes ns and waits until its pods are gone, so the
