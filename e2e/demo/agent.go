@@ -150,10 +150,8 @@ func agentHandOff(ctx context.Context, p *printer, c *framework.Cluster, kn *fra
 		return err
 	}
 
-	other := uuids[0]
-	if slices.Contains(held, other) {
-		other = uuids[1]
-	}
+	// train-3 names one of train-2's GPUs and one free GPU.
+	other := uuids[slices.IndexFunc(uuids, func(u string) bool { return !slices.Contains(held, u) })]
 	p.line("  demo/train-3 is bound by hand with an assignment naming %s, which train-2 holds", short(held[0]))
 	p.line("  (a stale or foreign scheduler, say).")
 	if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, pod("train-3", held[0], other), metav1.CreateOptions{}); err != nil {
