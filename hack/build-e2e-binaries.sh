@@ -23,6 +23,7 @@ main_module=(
   "kube-controller-manager|k8s.io/kubernetes/cmd/kube-controller-manager"
   "kubelet|k8s.io/kubernetes/cmd/kubelet"
   "scheduler|./cmd/scheduler"
+  "webhook|./cmd/webhook"
   "e2e-node|./e2e/cmd/e2e-node"
 )
 names=() pkgs=()

@@ -10,7 +10,7 @@ import (
 // binaries are the executables a cluster runs.
 type binaries struct {
 	etcd, apiserver, controllerManager, kubelet string // from the pinned Kubernetes release
-	scheduler, node                             string // resclass's
+	scheduler, webhook, node                    string // resclass's
 	kwok, kwokStages                            string // simulated nodes (hack/tools) and the stages it plays
 }
 
@@ -30,13 +30,14 @@ func findBinaries(dir string) (binaries, error) {
 		controllerManager: filepath.Join(dir, "kube-controller-manager"),
 		kubelet:           filepath.Join(dir, "kubelet"),
 		scheduler:         filepath.Join(dir, "scheduler"),
+		webhook:           filepath.Join(dir, "webhook"),
 		node:              filepath.Join(dir, "e2e-node"),
 		kwok:              filepath.Join(dir, "kwok"),
 		kwokStages:        filepath.Join(dir, "kwok-stages.yaml"),
 	}
 	// kwok is checked when simulated nodes are first asked for: the demo runs without it.
 	var missing []string
-	for _, p := range []string{b.etcd, b.apiserver, b.controllerManager, b.kubelet, b.scheduler, b.node} {
+	for _, p := range []string{b.etcd, b.apiserver, b.controllerManager, b.kubelet, b.scheduler, b.webhook, b.node} {
 		if _, err := os.Stat(p); err != nil {
 			missing = append(missing, filepath.Base(p))
 		}

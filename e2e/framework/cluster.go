@@ -276,6 +276,9 @@ var controllers = []string{
 	"serviceaccount-controller",
 	"root-ca-certificate-publisher-controller",
 	"node-lifecycle-controller",
+	// Quota status (used, and hard as enforced): the apiserver's ResourceQuota
+	// admission refuses pods in a namespace whose quota has none yet.
+	"resourcequota-controller",
 }
 
 func (c *Cluster) startControllerManager(ctx context.Context) error {

@@ -1,0 +1,26 @@
+// Package webhook embeds the resclass webhook's manifests, so that the e2e
+// harness and the demo run the webhook with the configuration, RBAC and quota
+// rule this directory ships.
+package webhook
+
+import _ "embed"
+
+// Webhooks is webhooks.yaml: the ValidatingWebhookConfiguration.
+//
+//go:embed webhooks.yaml
+var Webhooks []byte
+
+// RBAC is rbac.yaml: the webhook's ServiceAccount and its roles.
+//
+//go:embed rbac.yaml
+var RBAC []byte
+
+// Secret is secret.yaml: the (empty) TLS Secret the webhook fills.
+//
+//go:embed secret.yaml
+var Secret []byte
+
+// QuotaConfig is quota-config.yaml: the example covering-quota ConfigMap.
+//
+//go:embed quota-config.yaml
+var QuotaConfig []byte

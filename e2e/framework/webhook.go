@@ -1,0 +1,238 @@
+package framework
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
+
+	deploywebhook "github.com/resclass/resclass/deploy/webhook"
+)
+
+// WebhookOptions configure the webhook the cluster runs.
+type WebhookOptions struct {
+	// QuotaConfig is the covering-quota rule file's content; nil: none.
+	QuotaConfig []byte
+	// Args are more flags for the binary.
+	Args []string
+	// Selector, if set, is added to every webhook of the configuration as an
+	// objectSelector and a namespaceSelector requirement, so that the
+	// webhooks see only the objects of the test that started them.
+	Selector map[string]string
+}
+
+// Webhook is the resclass webhook binary running against the cluster, reached
+// by the apiserver over TLS at https://localhost:<port> with the certificate
+// it issued itself (cert-controller) and injected into deploy/webhook's
+// ValidatingWebhookConfiguration.
+type Webhook struct {
+	// Config is the ValidatingWebhookConfiguration as the cluster runs it.
+	Config *admissionregistrationv1.ValidatingWebhookConfiguration
+	// QuotaConfigPath is the --quota-config file; rewrite it to change the rule.
+	QuotaConfigPath string
+	// CertDir is where the webhook serves its certificate from.
+	CertDir string
+	// Port is the webhook's HTTPS port; MetricsURL its /metrics (plain HTTP).
+	Port       int
+	MetricsURL string
+
+	proc *process
+	c    *Cluster
+}
+
+// StartWebhook applies deploy/webhook (RBAC, the TLS Secret, the webhook
+// configuration with a url in place of the Service, which the embedded cluster
+// cannot route) and starts the webhook binary as its ServiceAccount. It returns
+// once the webhook is ready and the configuration carries its CA.
+func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webhook, error) {
+	if _, err := c.ApplyManifestData(ctx, "deploy/webhook/rbac.yaml", append([]byte(resclassNamespace+"\n---\n"), deploywebhook.RBAC...)); err != nil {
+		return nil, err
+	}
+	if _, err := c.ApplyManifestData(ctx, "deploy/webhook/secret.yaml", deploywebhook.Secret); err != nil {
+		return nil, err
+	}
+	kubeconfig, err := c.componentKubeconfig("webhook", "system:serviceaccount:resclass-system:resclass-webhook",
+		[]string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"})
+	if err != nil {
+		return nil, err
+	}
+	port, healthPort, metricsPort, err := freePort3()
+	if err != nil {
+		return nil, err
+	}
+	w := &Webhook{
+		QuotaConfigPath: filepath.Join(c.Dir, "webhook-quota-config.yaml"),
+		CertDir:         filepath.Join(c.Dir, "webhook-certs"),
+		Port:            port,
+		MetricsURL:      fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort),
+		c:               c,
+	}
+	args := []string{"--kubeconfig=" + kubeconfig, "--namespace=resclass-system",
+		"--webhook-host=127.0.0.1", "--webhook-port=" + strconv.Itoa(port),
+		"--cert-dir=" + w.CertDir, "--extra-dns-names=localhost",
+		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(healthPort),
+		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(metricsPort), "--metrics-secure=false",
+		"--quota-config-reload-interval=500ms",
+		"--v=2",
+	}
+	if opts.QuotaConfig != nil {
+		if err := os.WriteFile(w.QuotaConfigPath, opts.QuotaConfig, 0o644); err != nil {
+			return nil, err
+		}
+		args = append(args, "--quota-config="+w.QuotaConfigPath)
+	}
+	args = append(args, opts.Args...)
+
+	if w.Config, err = webhookConfig(port, opts.Selector); err != nil {
+		return nil, err
+	}
+	vwcs := c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	_ = vwcs.Delete(ctx, w.Config.Name, metav1.DeleteOptions{})
+	if w.Config, err = vwcs.Create(ctx, w.Config, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("creating the webhook configuration: %w", err)
+	}
+
+	c.progress("starting the resclass webhook")
+	if w.proc, err = c.start("webhook", c.bins.webhook, nil, args...); err != nil {
+		return nil, err
+	}
+	if err := c.waitReady(ctx, "webhook", healthPort); err != nil {
+		_ = w.Stop(context.Background())
+		return nil, err
+	}
+	// cert-controller injects the CA after it issues the certificate.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := vwcs.Get(ctx, w.Config.Name, metav1.GetOptions{})
+		if err == nil && len(got.Webhooks) > 0 && len(got.Webhooks[0].ClientConfig.CABundle) > 0 {
+			w.Config = got
+			return w, nil
+		}
+		if time.Now().After(deadline) {
+			_ = w.Stop(context.Background())
+			return nil, fmt.Errorf("the webhook did not inject its CA into %s within 30s (last error: %v)\n%s", w.Config.Name, err, w.proc.tail(40))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// webhookConfig is deploy/webhook/webhooks.yaml reached at
+// https://localhost:port, narrowed by selector.
+func webhookConfig(port int, selector map[string]string) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	if err := yaml.UnmarshalStrict(deploywebhook.Webhooks, cfg); err != nil {
+		return nil, fmt.Errorf("deploy/webhook/webhooks.yaml: %w", err)
+	}
+	for i := range cfg.Webhooks {
+		wh := &cfg.Webhooks[i]
+		url := fmt.Sprintf("https://localhost:%d%s", port, *wh.ClientConfig.Service.Path)
+		wh.ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url}
+		if len(selector) == 0 {
+			continue
+		}
+		wh.ObjectSelector = &metav1.LabelSelector{MatchLabels: selector}
+		if wh.NamespaceSelector == nil {
+			wh.NamespaceSelector = &metav1.LabelSelector{}
+		}
+		for k, v := range selector {
+			wh.NamespaceSelector.MatchExpressions = append(wh.NamespaceSelector.MatchExpressions,
+				metav1.LabelSelectorRequirement{Key: k, Operator: metav1.LabelSelectorOpIn, Values: []string{v}})
+		}
+	}
+	return cfg, nil
+}
+
+// Stop stops the webhook and removes its configuration, so that the
+// apiserver stops calling it.
+func (w *Webhook) Stop(ctx context.Context) error {
+	errDelete := w.c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, w.Config.Name, metav1.DeleteOptions{})
+	errStop := w.proc.stop(10 * time.Second)
+	w.c.mu.Lock()
+	for i, p := range w.c.processes {
+		if p == w.proc {
+			w.c.processes = append(w.c.processes[:i], w.c.processes[i+1:]...)
+			break
+		}
+	}
+	w.c.mu.Unlock()
+	if errStop != nil {
+		return errStop
+	}
+	return errDelete
+}
+
+// PID is the webhook process's id.
+func (w *Webhook) PID() int { return w.proc.cmd.Process.Pid }
+
+// Log is the webhook's log so far.
+func (w *Webhook) Log() string {
+	data, _ := os.ReadFile(w.proc.logPath)
+	return string(data)
+}
+
+// Metric returns the value of the first sample on /metrics whose line starts
+// with prefix (a name with its labels, e.g. `resclass_webhook_denials_total{reason="x"`
+// — label order as the server prints them), or 0 if there is none.
+func (w *Webhook) Metric(ctx context.Context, prefix string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.MetricsURL, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(buf.String(), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			fields := strings.Fields(line)
+			return strconv.ParseFloat(fields[len(fields)-1], 64)
+		}
+	}
+	return 0, nil
+}
+
+// ServedCertificate dials the webhook and returns the leaf certificate it
+// serves now, e.g. to see a rotation take effect.
+func (w *Webhook) ServedCertificate() ([]byte, error) {
+	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", w.Port), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // reads the certificate, trusts nothing
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].Raw, nil
+}
+
+// waitReady waits for a component's /readyz on plain HTTP, and gives up
+// early if the component exits.
+func (c *Cluster) waitReady(ctx context.Context, name string, port int) error {
+	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := c.alive(name); err != nil {
+			return false, err
+		}
+		last = waitHTTP(ctx, url, nil, 0)
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s not ready: %w (last: %v)", name, err, last)
+	}
+	c.progress("%s ready", name)
+	return nil
+}

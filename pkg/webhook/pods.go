@@ -1,0 +1,114 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/resclass/resclass/pkg/quota"
+)
+
+// PodsPath is where the pod policies are served.
+const PodsPath = "/validate-pods"
+
+// Denial reasons, the label values of resclass_webhook_denials_total.
+const (
+	reasonEmptyNamespaceSelector = "empty-namespace-selector"
+	reasonBadRequest             = "bad-request"
+)
+
+// podPolicies admits pod creations under the namespaceSelector and
+// covering-quota policies (seeds 000 and 001).
+type podPolicies struct {
+	decoder admission.Decoder
+	// allowEmptyNamespaceSelector turns off the {} rejection (upstream's reading:
+	// all namespaces).
+	allowEmptyNamespaceSelector bool
+	config                      func() *quota.Config
+	// quotas reads ResourceQuotas from the informer cache, never the apiserver.
+	quotas client.Reader
+}
+
+func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admission.Response {
+	// Affinity and priority class are immutable, and the quota rule is about
+	// creation, as the apiserver's: only CREATE is checked.
+	if req.Operation != admissionv1.Create || req.Kind.Kind != "Pod" || req.SubResource != "" {
+		return admission.Allowed("")
+	}
+	pod := &corev1.Pod{}
+	if err := p.decoder.Decode(req, pod); err != nil {
+		denials.WithLabelValues(PodsPath, reasonBadRequest).Inc()
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the pod: %w", err))
+	}
+	if !p.allowEmptyNamespaceSelector {
+		if errs := EmptyNamespaceSelectors(&pod.Spec, field.NewPath("spec")); len(errs) > 0 {
+			denials.WithLabelValues(PodsPath, reasonEmptyNamespaceSelector).Inc()
+			return admission.Denied(errs.ToAggregate().Error())
+		}
+	}
+	cfg := p.config()
+	if cfg.Empty() {
+		return admission.Allowed("")
+	}
+	// The pod's namespace may be unset in a create; the request's is authoritative.
+	ns := req.Namespace
+	var list corev1.ResourceQuotaList
+	if err := p.quotas.List(ctx, &list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading the ResourceQuotas of namespace %q: %w", ns, err))
+	}
+	quotas := make([]*corev1.ResourceQuota, len(list.Items))
+	for i := range list.Items {
+		quotas[i] = &list.Items[i]
+	}
+	denial, err := cfg.Check(pod, quotas)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if denial != nil {
+		denials.WithLabelValues(PodsPath, denial.Reason).Inc()
+		return admission.Denied(fmt.Sprintf("%s (namespace %q needs a ResourceQuota whose scopes cover the pod; see docs/webhook.md)", denial.Message, ns))
+	}
+	return admission.Allowed("")
+}
+
+// EmptyNamespaceSelectors reports every pod (anti-)affinity term, required or
+// preferred, whose namespaceSelector is the empty selector {}. The
+// namespaceSelector proposal (seed 000) makes {} invalid so that no pod selects
+// every namespace by accident; upstream Kubernetes later read it as "all
+// namespaces". A nil selector (the pod's own namespace) is fine.
+func EmptyNamespaceSelectors(spec *corev1.PodSpec, path *field.Path) field.ErrorList {
+	if spec.Affinity == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	check := func(term *corev1.PodAffinityTerm, p *field.Path) {
+		if s := term.NamespaceSelector; s != nil && len(s.MatchLabels) == 0 && len(s.MatchExpressions) == 0 {
+			errs = append(errs, field.Invalid(p.Child("namespaceSelector"), "{}",
+				"an empty namespaceSelector selects every namespace, so this term would reach pods cluster-wide: "+
+					"select the namespaces you mean (e.g. matchLabels: {team: hpc}) or list them in namespaces; "+
+					"leave namespaceSelector unset to mean the pod's own namespace"))
+		}
+	}
+	walk := func(required []corev1.PodAffinityTerm, preferred []corev1.WeightedPodAffinityTerm, p *field.Path) {
+		for i := range required {
+			check(&required[i], p.Child("requiredDuringSchedulingIgnoredDuringExecution").Index(i))
+		}
+		for i := range preferred {
+			check(&preferred[i].PodAffinityTerm, p.Child("preferredDuringSchedulingIgnoredDuringExecution").Index(i).Child("podAffinityTerm"))
+		}
+	}
+	affinity := path.Child("affinity")
+	if a := spec.Affinity.PodAffinity; a != nil {
+		walk(a.RequiredDuringSchedulingIgnoredDuringExecution, a.PreferredDuringSchedulingIgnoredDuringExecution, affinity.Child("podAffinity"))
+	}
+	if a := spec.Affinity.PodAntiAffinity; a != nil {
+		walk(a.RequiredDuringSchedulingIgnoredDuringExecution, a.PreferredDuringSchedulingIgnoredDuringExecution, affinity.Child("podAntiAffinity"))
+	}
+	return errs
+}

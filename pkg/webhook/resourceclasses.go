@@ -1,0 +1,73 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/selector"
+)
+
+// ResourceClassesPath is where ResourceClass validation is served.
+const ResourceClassesPath = "/validate-resourceclasses"
+
+const (
+	reasonInvalidSelector = "invalid-selector"
+	reasonSpecImmutable   = "spec-immutable"
+)
+
+// resourceClasses validates ResourceClasses: selectors that pkg/selector
+// compiles (the same code the scheduler and node agent select devices with), and
+// a spec that never changes after create. The CRD's schema and CEL rules catch
+// the structural mistakes first; this catches what needs the attribute types
+// (a quantity that does not parse, Gt on a string attribute).
+type resourceClasses struct {
+	decoder admission.Decoder
+}
+
+func (r *resourceClasses) Handle(_ context.Context, req admission.Request) admission.Response {
+	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
+		return admission.Allowed("")
+	}
+	// Status is written through the status subresource, which the webhook
+	// configuration does not route here; a request for it is allowed as is.
+	if req.SubResource != "" {
+		return admission.Allowed("")
+	}
+	class := &v1alpha1.ResourceClass{}
+	if err := r.decoder.Decode(req, class); err != nil {
+		denials.WithLabelValues(ResourceClassesPath, reasonBadRequest).Inc()
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the ResourceClass: %w", err))
+	}
+	specPath := field.NewPath("spec")
+	reason := reasonInvalidSelector
+	errs := selector.Validate(&class.Spec, specPath)
+	if req.Operation == admissionv1.Update {
+		old := &v1alpha1.ResourceClass{}
+		if err := r.decoder.DecodeRaw(req.OldObject, old); err != nil {
+			denials.WithLabelValues(ResourceClassesPath, reasonBadRequest).Inc()
+			return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the old ResourceClass: %w", err))
+		}
+		if !equality.Semantic.DeepEqual(old.Spec, class.Spec) {
+			// Only this error: the old spec's validity is beside the point.
+			reason = reasonSpecImmutable
+			errs = field.ErrorList{field.Forbidden(specPath,
+				"spec is immutable: pods hold devices through this class, so delete and recreate the ResourceClass (or create one with a new name) to change what it selects")}
+		}
+	}
+	if len(errs) == 0 {
+		return admission.Allowed("")
+	}
+	denials.WithLabelValues(ResourceClassesPath, reason).Inc()
+	// An Invalid status reads as `ResourceClass "x" is invalid: spec...: ...`
+	// in kubectl, with every field error in its details.
+	status := apierrors.NewInvalid(v1alpha1.SchemeGroupVersion.WithKind("ResourceClass").GroupKind(), class.Name, errs).ErrStatus
+	return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &status}}
+}

@@ -1,0 +1,261 @@
+// Package webhook is the resclass webhook binary: a controller-runtime manager
+// serving the admission webhooks (ResourceClass validation, the pod affinity
+// namespaceSelector and covering-quota policies) over TLS that it bootstraps
+// and rotates itself (open-policy-agent/cert-controller) or takes from
+// cert-manager. docs/webhook.md is the operator's guide.
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	cliflag "k8s.io/component-base/cli/flag"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
+	"k8s.io/component-base/term"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/quota"
+)
+
+// NewCommand is the webhook binary's command line.
+func NewCommand() *cobra.Command {
+	o := NewOptions()
+	logging := logsapi.NewLoggingConfiguration()
+	cmd := &cobra.Command{
+		Use:   "webhook",
+		Short: "Serve resclass's admission webhooks",
+		Long: `webhook serves resclass's validating admission webhooks:
+
+  /validate-resourceclasses  ResourceClass selectors compile (typed values,
+                             operators that fit the attribute); spec is immutable.
+  /validate-pods             pod (anti-)affinity terms may not use an empty
+                             namespaceSelector {} (--allow-empty-namespace-selector
+                             lifts that); a pod matching a limited scope of
+                             --quota-config (PriorityClass, CrossNamespacePodAffinity,
+                             ...) or consuming a limited resource needs a covering
+                             ResourceQuota in its namespace.
+
+It bootstraps and rotates its own TLS certificate (--cert-management=self) or
+serves one cert-manager issues (--cert-management=external). Every replica
+serves; controllers run in the elected leader. See docs/webhook.md.`,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := logsapi.ValidateAndApply(logging, nil); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return Run(ctrl.SetupSignalHandler(), o)
+		},
+	}
+	fss := cliflag.NamedFlagSets{}
+	o.AddFlags(fss.FlagSet("webhook"))
+	logsapi.AddFlags(logging, fss.FlagSet("logging"))
+	for _, fs := range fss.FlagSets {
+		cmd.Flags().AddFlagSet(fs)
+	}
+	cols, _, _ := term.TerminalSize(cmd.OutOrStdout())
+	cliflag.SetUsageAndHelpFunc(cmd, fss, cols)
+	return cmd
+}
+
+// Run serves until ctx is done.
+func Run(ctx context.Context, o *Options) error {
+	ctrl.SetLogger(klog.Background())
+	log := ctrl.Log.WithName("webhook")
+
+	cfg, err := restConfig(o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	// A bad file at start is an error: better no webhook than one that
+	// silently enforces nothing.
+	quotaFile, err := quota.NewFile(o.QuotaConfig, o.QuotaReloadInterval, log.WithName("quota-config"))
+	if err != nil {
+		return fmt.Errorf("--quota-config: %w", err)
+	}
+	quotaFile.OnLoad = func(cfg *quota.Config, err error) {
+		if err != nil {
+			quotaConfigLoads.WithLabelValues("invalid").Inc()
+			quotaConfigValid.Set(0)
+			return
+		}
+		quotaConfigLoads.WithLabelValues("loaded").Inc()
+		quotaConfigValid.Set(1)
+		logQuotaConfig(log, cfg)
+	}
+	quotaConfigValid.Set(1)
+	logQuotaConfig(log, quotaFile.Current())
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+
+	metrics := metricsserver.Options{BindAddress: o.MetricsAddr, SecureServing: o.MetricsSecure, TLSOpts: []func(*tls.Config){http1Only}}
+	if o.MetricsSecure {
+		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metrics,
+		HealthProbeBindAddress:        o.HealthAddr,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              o.LeaderElectID,
+		LeaderElectionNamespace:       o.Namespace,
+		LeaderElectionReleaseOnCancel: true,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			// The one Secret the webhook reads, not every Secret it could.
+			&corev1.Secret{}: {
+				Namespaces: map[string]cache.Config{o.Namespace: {}},
+				Field:      fields.OneTermEqualSelector("metadata.name", o.TLSSecret),
+			},
+		}},
+	})
+	if err != nil {
+		return err
+	}
+
+	server := webhook.NewServer(webhook.Options{
+		Host: o.Host, Port: o.Port,
+		CertDir: o.CertDir, CertName: certFile, KeyName: keyFile,
+		TLSOpts: []func(*tls.Config){http1Only},
+	})
+	decoder := admission.NewDecoder(scheme)
+	server.Register(ResourceClassesPath, &webhook.Admission{Handler: &resourceClasses{decoder: decoder}})
+	server.Register(PodsPath, &webhook.Admission{Handler: &podPolicies{
+		decoder:                     decoder,
+		allowEmptyNamespaceSelector: o.AllowEmptyNamespaceSelector,
+		config:                      quotaFile.Current,
+		quotas:                      mgr.GetCache(),
+	}})
+
+	if o.CertManagement == CertManagementSelf {
+		if err := addCertRotator(mgr, o); err != nil {
+			return fmt.Errorf("certificate rotation: %w", err)
+		}
+	}
+	if o.CertFromSecret {
+		if err := addSecretFiles(mgr, o); err != nil {
+			return fmt.Errorf("serving certificate files: %w", err)
+		}
+	}
+	if err := mgr.Add(everyReplica{quotaFile}); err != nil {
+		return err
+	}
+	// The server starts once there is a certificate to serve: on a fresh
+	// install the Secret is empty until the rotator (or cert-manager) fills it.
+	if err := mgr.Add(everyReplica{manager.RunnableFunc(func(ctx context.Context) error {
+		return serveWhenCertsExist(ctx, mgr, server, o.CertDir, log)
+	})}); err != nil {
+		return err
+	}
+
+	// Started now so that it has synced before the first admission, which
+	// reads quotas from it and never from the apiserver.
+	quotaInformer, err := mgr.GetCache().GetInformer(ctx, &corev1.ResourceQuota{})
+	if err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("webhook-server", server.StartedChecker()); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("resourcequota-informer", func(*http.Request) error {
+		if !quotaInformer.HasSynced() {
+			return errors.New("the ResourceQuota informer has not synced")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	log.Info("starting", "namespace", o.Namespace, "certManagement", o.CertManagement, "leaderElect", o.LeaderElect,
+		"allowEmptyNamespaceSelector", o.AllowEmptyNamespaceSelector, "quotaConfig", o.QuotaConfig)
+	return mgr.Start(ctx)
+}
+
+// serveWhenCertsExist adds the webhook server to the manager once its key
+// pair is on disk; controller-runtime's server refuses to start without one.
+func serveWhenCertsExist(ctx context.Context, mgr manager.Manager, server webhook.Server, dir string, log logr.Logger) error {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	waiting := time.Now()
+	for !certsPresent(dir) {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if time.Since(waiting) > 30*time.Second {
+			log.Info("waiting for the serving certificate", "dir", dir)
+			waiting = time.Now()
+		}
+	}
+	log.Info("serving certificate in place: starting the webhook server", "dir", dir)
+	if err := mgr.Add(server); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// everyReplica runs a runnable in every replica, not only the leader.
+type everyReplica struct{ manager.Runnable }
+
+func (everyReplica) NeedLeaderElection() bool { return false }
+
+// http1Only turns HTTP/2 off, as kubebuilder's scaffolding does: the
+// apiserver speaks HTTP/1.1 to webhooks, and HTTP/2 brought the stream-reset
+// attacks (CVE-2023-44487, CVE-2023-39325).
+func http1Only(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		return rest.InClusterConfig()
+	}
+	return clientcmd.BuildConfigFromFlags("", kubeconfig)
+}
+
+func logQuotaConfig(log logr.Logger, cfg *quota.Config) {
+	log.Info("covering-quota rule in force", "limitedScopes", fmt.Sprint(cfg.Scopes()), "matchContains", cfg.MatchContains())
+	for _, w := range cfg.Warnings() {
+		log.Info("covering-quota rule: "+w, "warning", true)
+	}
+	for _, s := range cfg.Scopes() {
+		guarded := s.ScopeName == corev1.ResourceQuotaScopeCrossNamespacePodAffinity ||
+			(s.ScopeName == corev1.ResourceQuotaScopePriorityClass && (s.Operator == corev1.ScopeSelectorOpIn || s.Operator == corev1.ScopeSelectorOpExists))
+		if !guarded {
+			log.Info("covering-quota rule: this scope also concerns pods that deploy/webhook's matchConditions skip (no priority class, no cross-namespace affinity, no extended resource); remove the matchCondition from the ValidatingWebhookConfiguration",
+				"scope", fmt.Sprint(s), "warning", true)
+		}
+	}
+}
