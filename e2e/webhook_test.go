@@ -371,7 +371,7 @@ func withClass(class string, n int64) func(*corev1.Pod) {
 	}
 }
 
-func priorityClass(t *testing.T, ctx context.Context, name string) {
+func priorityClass(t testing.TB, ctx context.Context, name string) {
 	t.Helper()
 	_, err := cluster.Client.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{
 		ObjectMeta: metav1.ObjectMeta{Name: name}, Value: 1000,

@@ -124,18 +124,14 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		}
 	}
 
-	p.section("5. A class with mistakes is refused, with the field to fix")
-	bad := &v1alpha1.ResourceClassSpec{ResourceSelector: []v1alpha1.ResourcePropertySelector{{
-		MatchExpressions: []v1alpha1.ResourceSelectorRequirement{
-			{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"30 gigs"}},
-			{Key: "speed", Operator: v1alpha1.ResourceSelectorOpGt, Values: []string{"40000"}},
-			{Key: "product", Operator: v1alpha1.ResourceSelectorOpLt, Values: []string{"A100"}},
-		},
-	}}}
-	p.line("  spec: memory GtEq \"30 gigs\"; speed Gt \"40000\"; product Lt \"A100\"")
-	p.line("  The selector engine (what the webhook will run):")
-	for _, e := range selector.Validate(bad, field.NewPath("spec")) {
-		p.line("    %s", e.Error())
+	p.section("5. A class with mistakes is refused by the webhook, with the fields to fix")
+	wh, err := startWebhook(ctx, p, cluster, opts.root)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = wh.Stop(context.Background()) }()
+	if err := badClass(ctx, p, cluster); err != nil {
+		return err
 	}
 
 	p.section("6. A pod through the resclass scheduler and a real kubelet")
@@ -155,6 +151,11 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 	}
 	defer stopAgent()
 	if err := agentHandOff(ctx, p, cluster, agentKubelet, gpus); err != nil {
+		return err
+	}
+
+	p.section("9. Policies of seeds 000 and 001, enforced by the webhook beside the apiserver's quota")
+	if err := policyPods(ctx, p, cluster); err != nil {
 		return err
 	}
 

@@ -33,6 +33,11 @@ func TestDemo(t *testing.T) {
 		"env EXAMPLE_DEVICES=example-",
 		"resclass.io/assignment: {\"node\":\"dgx-a100\"",
 		"A corrupt assignment is refused",
+		// the webhook: seeds 000 and 001
+		"empty namespaceSelector selects every namespace",
+		"insufficient quota to match these scopes: [{CrossNamespacePodAffinity Exists []}]",
+		"insufficient quota to match these scopes: [{PriorityClass In [cluster-services]}]",
+		"exceeded quota: cluster-services",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("demo output lacks %q", want)

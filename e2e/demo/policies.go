@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
+
+	"github.com/resclass/resclass/e2e/framework"
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// startWebhook runs the webhook binary with deploy/webhook's configuration and
+// its example covering-quota rule (deploy/webhook/quota-config.yaml).
+func startWebhook(ctx context.Context, p *printer, c *framework.Cluster, root string) (*framework.Webhook, error) {
+	data, err := os.ReadFile(filepath.Join(root, "deploy/webhook/quota-config.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var cm corev1.ConfigMap
+	if err := yaml.UnmarshalStrict(data, &cm); err != nil {
+		return nil, fmt.Errorf("deploy/webhook/quota-config.yaml: %w", err)
+	}
+	rule := cm.Data["quota-config.yaml"]
+	if rule == "" {
+		return nil, errors.New("deploy/webhook/quota-config.yaml has no quota-config.yaml key")
+	}
+	wh, err := c.StartWebhook(ctx, framework.WebhookOptions{QuotaConfig: []byte(rule)})
+	if err != nil {
+		return nil, err
+	}
+	p.line("  The webhook issued its own certificate (cert-controller) and the apiserver calls it over TLS.")
+	p.line("  Its covering-quota rule (deploy/webhook/quota-config.yaml):")
+	for _, l := range strings.Split(strings.TrimSpace(rule), "\n") {
+		p.line("    %s", l)
+	}
+	return wh, nil
+}
+
+// badClass tries to create a class with mistakes through the apiserver.
+func badClass(ctx context.Context, p *printer, c *framework.Cluster) error {
+	rc, err := c.Resclass()
+	if err != nil {
+		return err
+	}
+	bad := &v1alpha1.ResourceClass{ObjectMeta: metav1.ObjectMeta{Name: "sloppy"}, Spec: v1alpha1.ResourceClassSpec{ResourceSelector: []v1alpha1.ResourcePropertySelector{{
+		MatchExpressions: []v1alpha1.ResourceSelectorRequirement{
+			{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"30 gigs"}},
+			{Key: "speed", Operator: v1alpha1.ResourceSelectorOpGt, Values: []string{"40000"}},
+			{Key: "product", Operator: v1alpha1.ResourceSelectorOpLt, Values: []string{"A100"}},
+		},
+	}}}}
+	p.line("  kubectl create resourceclass sloppy: memory GtEq \"30 gigs\"; speed Gt \"40000\"; product Lt \"A100\"")
+	_, err = rc.ResclassV1alpha1().ResourceClasses().Create(ctx, bad, metav1.CreateOptions{})
+	if err == nil {
+		return errors.New("the webhook admitted a ResourceClass with three mistakes")
+	}
+	printDenial(p, err)
+	return nil
+}
+
+// policyPods walks through seeds 000 and 001 with the example rule.
+func policyPods(ctx context.Context, p *printer, c *framework.Cluster) error {
+	pods := c.Client.CoreV1().Pods("demo")
+	if _, err := c.Client.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "cluster-services"}, Value: 1000000,
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	pod := func(name string, mutate func(*corev1.Pod)) *corev1.Pod {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "demo"},
+			Spec: corev1.PodSpec{
+				// Admission is the point here: no scheduler takes these.
+				SchedulerName: "demo-admission-only",
+				Containers:    []corev1.Container{{Name: "main", Image: "registry.example/app:1"}},
+			},
+		}
+		mutate(pod)
+		return pod
+	}
+	try := func(what string, pod *corev1.Pod, wantAllowed bool) error {
+		p.line("  %s", what)
+		_, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+		switch {
+		case err == nil && wantAllowed:
+			p.line("    admitted")
+		case err != nil && !wantAllowed:
+			printDenial(p, err)
+		case err == nil:
+			return fmt.Errorf("%s: admitted, want a denial", what)
+		default:
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}
+
+	antiAll := pod("anti-everyone", func(p *corev1.Pod) {
+		p.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+			TopologyKey: "topology.kubernetes.io/zone", NamespaceSelector: &metav1.LabelSelector{},
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "batch"}},
+		}}}}
+	})
+	if err := try("seed 000: anti-affinity with namespaceSelector: {} (every namespace)", antiAll, false); err != nil {
+		return err
+	}
+	crossNS := pod("near-the-db", func(p *corev1.Pod) {
+		p.Spec.Affinity = &corev1.Affinity{PodAffinity: &corev1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+			TopologyKey: "kubernetes.io/hostname", Namespaces: []string{"databases"},
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
+		}}}}
+	})
+	if err := try("seed 000: affinity to pods in namespace databases, no quota in demo", crossNS, false); err != nil {
+		return err
+	}
+	critical := pod("critical", func(p *corev1.Pod) { p.Spec.PriorityClassName = "cluster-services" })
+	if err := try("seed 001: priorityClassName cluster-services, no quota in demo", critical, false); err != nil {
+		return err
+	}
+	p.line("  kubectl -n demo create quota: pods: \"2\", scoped PriorityClass In [cluster-services]")
+	quotas := c.Client.CoreV1().ResourceQuotas("demo")
+	if _, err := quotas.Create(ctx, &corev1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Name: "cluster-services"},
+		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("2")},
+			ScopeSelector: &corev1.ScopeSelector{MatchExpressions: []corev1.ScopedResourceSelectorRequirement{{
+				ScopeName: corev1.ResourceQuotaScopePriorityClass, Operator: corev1.ScopeSelectorOpIn, Values: []string{"cluster-services"}}}}},
+	}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if err := waitQuotaStatus(ctx, c, "demo", "cluster-services"); err != nil {
+		return err
+	}
+	for i, want := range []bool{true, true, false} {
+		name := fmt.Sprintf("critical-%d", i+1)
+		what := fmt.Sprintf("seed 001: %s with priorityClassName cluster-services", name)
+		if !want {
+			what += " (the quota's third)"
+		}
+		if err := try(what, pod(name, func(p *corev1.Pod) { p.Spec.PriorityClassName = "cluster-services" }), want); err != nil {
+			return err
+		}
+	}
+	p.line("  (the webhook asks for a covering quota; the apiserver's own ResourceQuota admission counts)")
+	return nil
+}
+
+func waitQuotaStatus(ctx context.Context, c *framework.Cluster, ns, name string) error {
+	// Until the quota controller writes the status, the apiserver refuses the
+	// pods the quota covers.
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		q, err := c.Client.CoreV1().ResourceQuotas(ns).Get(ctx, name, metav1.GetOptions{})
+		return err == nil && len(q.Status.Hard) > 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("quota %s/%s has no status: %w", ns, name, err)
+	}
+	return nil
+}
+
+// printDenial prints an admission error, one cause a line where it has them.
+func printDenial(p *printer, err error) {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) && status.Status().Details != nil && len(status.Status().Details.Causes) > 0 {
+		p.line("    refused: %s", strings.SplitN(status.Status().Message, ": ", 2)[0])
+		for _, cause := range status.Status().Details.Causes {
+			p.line("      %s: %s", cause.Field, cause.Message)
+		}
+		return
+	}
+	p.line("    refused: %s", err)
+}
