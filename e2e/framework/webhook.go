@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -121,7 +122,10 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 		}
 		if time.Now().After(deadline) {
 			_ = w.Stop(context.Background())
-			return nil, fmt.Errorf("the webhook did not inject its CA into %s within 30s (last error: %v)\n%s", w.Config.Name, err, w.proc.tail(40))
+			if err == nil {
+				err = errors.New("no caBundle")
+			}
+			return nil, fmt.Errorf("the webhook did not inject its CA into %s within 30s: %w\n%s", w.Config.Name, err, w.proc.tail(40))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -193,7 +197,7 @@ func (w *Webhook) Metric(ctx context.Context, prefix string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	var buf bytes.Buffer
 	if _, err := buf.ReadFrom(resp.Body); err != nil {
 		return 0, err
@@ -214,7 +218,7 @@ func (w *Webhook) ServedCertificate() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	return conn.ConnectionState().PeerCertificates[0].Raw, nil
 }
 
@@ -231,7 +235,10 @@ func (c *Cluster) waitReady(ctx context.Context, name string, port int) error {
 		return last == nil, nil
 	})
 	if err != nil {
-		return fmt.Errorf("%s not ready: %w (last: %v)", name, err, last)
+		if last != nil {
+			return fmt.Errorf("%s not ready: %w (last: %w)", name, err, last)
+		}
+		return fmt.Errorf("%s not ready: %w", name, err)
 	}
 	c.progress("%s ready", name)
 	return nil

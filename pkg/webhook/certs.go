@@ -116,7 +116,7 @@ func writeIfChanged(path string, data []byte, mode os.FileMode) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	defer os.Remove(tmp.Name())
+	defer func() { _ = os.Remove(tmp.Name()) }() // gone after the rename; removes a failed write
 	if _, err := tmp.Write(data); err != nil {
 		_ = tmp.Close()
 		return false, err
