@@ -1,0 +1,174 @@
+package webhook
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionv1beta1 "k8s.io/api/admission/v1beta1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/resclass/resclass/pkg/quota"
+)
+
+// fuzzQuotaConfig limits both scopes of the seeds and the class resources,
+// so that a fuzzed pod can reach every part of the covering-quota check.
+const fuzzQuotaConfig = seedQuotaConfig + `  matchContains: ["class.resclass.io/"]
+`
+
+// reviewOracle decodes an AdmissionReview body as controller-runtime's
+// webhook does (the same deserializer, into a type the scheme does not know,
+// so v1 and v1beta1 both land in v1), to tell which inputs carry a request
+// whose UID the response must echo.
+type reviewOracle struct{ admissionv1.AdmissionReview }
+
+var reviewCodecs = func() serializer.CodecFactory {
+	s := runtime.NewScheme()
+	if err := admissionv1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := admissionv1beta1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return serializer.NewCodecFactory(s)
+}()
+
+func decodeReview(body []byte) (*admissionv1.AdmissionRequest, bool) {
+	var ar reviewOracle
+	req := &admissionv1.AdmissionRequest{}
+	ar.Request = req
+	ar.SetGroupVersionKind(admissionv1.SchemeGroupVersion.WithKind("AdmissionReview"))
+	if _, _, err := reviewCodecs.UniversalDeserializer().Decode(body, nil, &ar); err != nil {
+		return nil, false
+	}
+	return req, true
+}
+
+// review wraps a request in the AdmissionReview the apiserver posts.
+func review(tb testing.TB, apiVersion string, req *admissionv1.AdmissionRequest) []byte {
+	tb.Helper()
+	return mustJSON(tb, map[string]any{"apiVersion": apiVersion, "kind": "AdmissionReview", "request": req})
+}
+
+// fuzzHandlers are the two webhooks as Run registers them, except that a
+// panic is not recovered: it crashes the fuzzer, which then keeps the input.
+func fuzzHandlers(tb testing.TB) map[string]http.Handler {
+	tb.Helper()
+	s := newTestScheme(tb)
+	decoder := admission.NewDecoder(s)
+	cfg := mustParseQuotaConfig(tb, fuzzQuotaConfig)
+	gpuQuota := clusterServicesQuota("team-a")
+	gpuQuota.Name = "gpus"
+	gpuQuota.Spec.Hard["requests.class.resclass.io/nvidia-big"] = gpuQuota.Spec.Hard[corev1.ResourcePods]
+	pods := &podPolicies{
+		decoder: decoder,
+		config:  func() *quota.Config { return cfg },
+		quotas:  quotaReader(tb, s, gpuQuota, crossNamespaceQuota("team-a"), clusterServicesQuota("team-b")),
+	}
+	return map[string]http.Handler{
+		PodsPath:            &webhook.Admission{Handler: pods, RecoverPanic: ptr.To(false)},
+		ResourceClassesPath: &webhook.Admission{Handler: &resourceClasses{decoder: decoder}, RecoverPanic: ptr.To(false)},
+	}
+}
+
+// FuzzAdmissionReview posts arbitrary bodies to both webhooks over their
+// http.Handler, as the apiserver would, and checks what any caller may rely
+// on: no panic; an AdmissionReview with a response for every request; the
+// request's UID echoed (the apiserver rejects a response without it); no
+// response both allowing and reporting an error code; a refusal always says
+// why; and the same body always gets the same answer.
+func FuzzAdmissionReview(f *testing.F) {
+	// Limited by every rule and covered by the quotas of team-a: allowed
+	// after the whole check.
+	podCreate := podRequest(admissionv1.Create, "team-a", mustJSON(f, newPod(
+		priority("cluster-services"), extendedResource("class.resclass.io/nvidia-big", "1"),
+		affinity(requiredAffinity(affinityTerm(teamSelector), affinityTerm(nil, "other")))))).AdmissionRequest
+	podEmptySelector := podRequest(admissionv1.Create, "team-b", mustJSON(f, newPod(
+		affinity(requiredAffinity(affinityTerm(emptySelector)))))).AdmissionRequest
+	classCreate := classRequest(admissionv1.Create, mustJSON(f, bigGPU()), nil).AdmissionRequest
+	changed := bigGPU()
+	changed.Spec.ResourceSelector[0].MatchExpressions[1].Values = []string{"lots"}
+	classUpdate := classRequest(admissionv1.Update, mustJSON(f, changed), mustJSON(f, bigGPU())).AdmissionRequest
+	wrongKind := classCreate
+	wrongKind.Kind = podCreate.Kind
+
+	for _, seed := range [][]byte{
+		review(f, "admission.k8s.io/v1", &podCreate),
+		review(f, "admission.k8s.io/v1", &classCreate),
+		review(f, "admission.k8s.io/v1", &classUpdate),
+		review(f, "admission.k8s.io/v1beta1", &podCreate),
+		review(f, "admission.k8s.io/v1", &podEmptySelector),
+		review(f, "admission.k8s.io/v1", &wrongKind),
+		[]byte(``),
+		[]byte(`{}`),
+		[]byte(`{"request":null}`),
+		[]byte(`{"request":{"uid":"u1"}}`),
+		[]byte(`{"apiVersion":"v1","kind":"Pod","request":{"uid":"u2","operation":"CREATE","kind":{"version":"v1","kind":"Pod"}}}`),
+		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u3","operation":"CREATE","kind":{"version":"v1","kind":"Pod"},"namespace":"team-a","object":"not an object"}}`),
+		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u4","operation":"CREATE","kind":{"version":"v1","kind":"Pod"},"namespace":"team-a","object":{"spec":{"priority":1e40,"containers":[{"name":"c","resources":{"requests":{"class.resclass.io/x":"9999999999999999999999999999999999999e999999"}}}]}}}}`),
+		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u5","operation":"CREATE","kind":{"group":"resclass.io","version":"v1alpha1","kind":"ResourceClass"},"object":{"spec":{"resourceSelector":[{"matchExpressions":[{"key":"memory","operator":"Gt","values":["1e999999999"]}]}]}}}}`),
+		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":1e999}}`),
+		review(f, "admission.k8s.io/v1", &podCreate)[:200],
+	} {
+		f.Add(seed)
+	}
+
+	handlers := fuzzHandlers(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, decoded := decodeReview(body)
+		for path, h := range handlers {
+			first := postReview(t, h, path, body)
+			if decoded && req.UID != "" && first.UID != req.UID {
+				t.Errorf("%s: response UID %q, request UID %q", path, first.UID, req.UID)
+			}
+			if !decoded && (first.Allowed || first.Result == nil || first.Result.Code != http.StatusBadRequest) {
+				t.Errorf("%s: an AdmissionReview that does not decode was answered %+v, want a 400 refusal", path, first)
+			}
+			if again := postReview(t, h, path, body); again.Allowed != first.Allowed {
+				t.Errorf("%s: allowed %v, then %v for the same body", path, first.Allowed, again.Allowed)
+			}
+		}
+	})
+}
+
+// postReview posts body to h as the apiserver does and checks the envelope
+// of the answer, returning its response.
+func postReview(t *testing.T, h http.Handler, path string, body []byte) *admissionv1.AdmissionResponse {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	switch w.Code {
+	case http.StatusOK:
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		return &admissionv1.AdmissionResponse{Result: &metav1.Status{Code: int32(w.Code)}}
+	default:
+		t.Fatalf("%s: HTTP %d: %s", path, w.Code, w.Body)
+	}
+	var out admissionv1.AdmissionReview
+	if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
+		t.Fatalf("%s: the answer is not an AdmissionReview: %v: %s", path, err, w.Body)
+	}
+	resp := out.Response
+	if resp == nil {
+		t.Fatalf("%s: an AdmissionReview without a response: %s", path, w.Body)
+	}
+	if resp.Allowed && resp.Result != nil && resp.Result.Code >= 400 {
+		t.Errorf("%s: allowed with code %d: %s", path, resp.Result.Code, resp.Result.Message)
+	}
+	if !resp.Allowed && (resp.Result == nil || resp.Result.Code < 400 || strings.TrimSpace(resp.Result.Message) == "") {
+		t.Errorf("%s: refused without an error code and a reason: %+v", path, resp.Result)
+	}
+	return resp
+}
