@@ -11,7 +11,7 @@ import (
 var (
 	denials = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "resclass", Subsystem: "webhook", Name: "denials_total",
-		Help: "Admission requests denied, by webhook path and reason (empty-namespace-selector, uncovered-scopes, uncovered-resources, invalid-selector, spec-immutable, bad-request).",
+		Help: "Admission requests denied, by webhook path and reason (empty-namespace-selector, uncovered-scopes, uncovered-resources, invalid-selector, spec-immutable, bad-request) — and internal-error, pods the webhook could not decide on.",
 	}, []string{"webhook", "reason"})
 	quotaConfigLoads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "resclass", Subsystem: "webhook", Name: "quota_config_loads_total",

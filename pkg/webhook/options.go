@@ -45,6 +45,7 @@ type Options struct {
 	MetricsAddr   string
 	MetricsSecure bool
 	HealthAddr    string
+	PprofAddr     string
 
 	LeaderElect   bool
 	LeaderElectID string
@@ -110,6 +111,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.MetricsSecure, "metrics-secure", o.MetricsSecure,
 		"Serve /metrics over HTTPS and let only callers authorized to GET the non-resource URL /metrics in (TokenReview and SubjectAccessReview).")
 	fs.StringVar(&o.HealthAddr, "health-probe-bind-address", o.HealthAddr, "Address of /healthz and /readyz.")
+	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, "Address of Go's /debug/pprof profiles, for diagnosing CPU or memory use; empty (the default) turns them off. Bind it to localhost: the endpoint has no authentication.")
 
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect,
 		"Elect a leader among replicas for the controllers (certificate rotation, later ResourceDistribution). Every replica serves the webhooks.")

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/resclass/resclass/pkg/quota"
@@ -21,6 +22,9 @@ const PodsPath = "/validate-pods"
 const (
 	reasonEmptyNamespaceSelector = "empty-namespace-selector"
 	reasonBadRequest             = "bad-request"
+	// reasonInternalError: the webhook could not decide (quota cache not
+	// readable, a quota it cannot evaluate); failurePolicy decides the rest.
+	reasonInternalError = "internal-error"
 )
 
 // podPolicies admits pod creations under the namespaceSelector and
@@ -60,7 +64,7 @@ func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admissi
 	ns := req.Namespace
 	var list corev1.ResourceQuotaList
 	if err := p.quotas.List(ctx, &list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading the ResourceQuotas of namespace %q: %w", ns, err))
+		return internalError(ctx, fmt.Errorf("reading the ResourceQuotas of namespace %q: %w", ns, err))
 	}
 	quotas := make([]*corev1.ResourceQuota, len(list.Items))
 	for i := range list.Items {
@@ -68,13 +72,22 @@ func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	denial, err := cfg.Check(pod, quotas)
 	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
+		return internalError(ctx, err)
 	}
 	if denial != nil {
 		denials.WithLabelValues(PodsPath, denial.Reason).Inc()
 		return admission.Denied(fmt.Sprintf("%s (namespace %q needs a ResourceQuota whose scopes cover the pod; see docs/webhook.md)", denial.Message, ns))
 	}
 	return admission.Allowed("")
+}
+
+// internalError answers 500, logs why and counts it: the HTTP status the
+// apiserver sees is 200 whatever the answer, so without this an undecided
+// admission would leave no trace but the user's error.
+func internalError(ctx context.Context, err error) admission.Response {
+	denials.WithLabelValues(PodsPath, reasonInternalError).Inc()
+	logf.FromContext(ctx).Error(err, "cannot decide a pod admission")
+	return admission.Errored(http.StatusInternalServerError, err)
 }
 
 // EmptyNamespaceSelectors reports every pod (anti-)affinity term, required or

@@ -48,19 +48,24 @@ func (r *resourceClasses) Handle(_ context.Context, req admission.Request) admis
 	}
 	specPath := field.NewPath("spec")
 	reason := reasonInvalidSelector
-	errs := selector.Validate(&class.Spec, specPath)
+	var errs field.ErrorList
 	if req.Operation == admissionv1.Update {
 		old := &v1alpha1.ResourceClass{}
 		if err := r.decoder.DecodeRaw(req.OldObject, old); err != nil {
 			denials.WithLabelValues(ResourceClassesPath, reasonBadRequest).Inc()
 			return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the old ResourceClass: %w", err))
 		}
-		if !equality.Semantic.DeepEqual(old.Spec, class.Spec) {
-			// Only this error: the old spec's validity is beside the point.
-			reason = reasonSpecImmutable
-			errs = field.ErrorList{field.Forbidden(specPath,
-				"spec is immutable: pods hold devices through this class, so delete and recreate the ResourceClass (or create one with a new name) to change what it selects")}
+		if equality.Semantic.DeepEqual(old.Spec, class.Spec) {
+			// A metadata change (labels, finalizers, owners) never re-judges
+			// the spec: a class stored before the webhook, or before a rule
+			// was tightened, must still be relabelled and deleted.
+			return admission.Allowed("")
 		}
+		reason = reasonSpecImmutable
+		errs = field.ErrorList{field.Forbidden(specPath,
+			"spec is immutable: pods hold devices through this class, so delete and recreate the ResourceClass (or create one with a new name) to change what it selects")}
+	} else {
+		errs = selector.Validate(&class.Spec, specPath)
 	}
 	if len(errs) == 0 {
 		return admission.Allowed("")

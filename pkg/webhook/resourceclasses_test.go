@@ -135,6 +135,18 @@ func TestResourceClassesHandle(t *testing.T) {
 			c.Labels = map[string]string{"team": "ml"}
 			c.Annotations = map[string]string{"note": "relabelled"}
 		})), js(bigGPU())), allowed: true},
+		// A class stored before the webhook (or before a rule was tightened)
+		// can still lose its finalizers and change labels: the unchanged spec
+		// is not judged again.
+		{name: "metadata update of a class whose stored spec is invalid", req: func() admission.Request {
+			stale := modified(func(c *v1alpha1.ResourceClass) {
+				c.Spec.ResourceSelector[0].MatchExpressions[1] = expr("memory", v1alpha1.ResourceSelectorOpGt, "lots")
+			})
+			relabelled := stale.DeepCopy()
+			relabelled.Labels = map[string]string{"team": "ml"}
+			relabelled.Finalizers = nil
+			return classRequest(admissionv1.Update, js(relabelled), js(stale))
+		}(), allowed: true},
 		// Semantic equality: an empty list is the omitted list.
 		{name: "update with an equivalent spec", req: classRequest(admissionv1.Update, js(modified(func(c *v1alpha1.ResourceClass) {
 			c.Spec.ResourceSelector[1].MatchExpressions[2].Values = []string{}

@@ -127,6 +127,7 @@ func Run(ctx context.Context, o *Options) error {
 		Scheme:                        scheme,
 		Metrics:                       metrics,
 		HealthProbeBindAddress:        o.HealthAddr,
+		PprofBindAddress:              o.PprofAddr,
 		LeaderElection:                o.LeaderElect,
 		LeaderElectionID:              o.LeaderElectID,
 		LeaderElectionNamespace:       o.Namespace,
