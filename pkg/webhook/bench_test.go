@@ -159,12 +159,10 @@ func benchClass() *v1alpha1.ResourceClass {
 // hands out its objects as they are: the pods figure errs on the slow side.
 func BenchmarkAdmission(b *testing.B) {
 	s := newTestScheme(b)
-	decoder := admission.NewDecoder(s)
 	cfg := mustParseQuotaConfig(b, benchQuotaConfig)
 	pods := &podPolicies{
-		decoder: decoder,
-		config:  func() *quota.Config { return cfg },
-		quotas:  quotaReader(b, s, benchQuotas()...),
+		config: func() *quota.Config { return cfg },
+		quotas: quotaReader(b, s, benchQuotas()...),
 	}
 	podReview := review(b, "admission.k8s.io/v1", ptr.To(podRequest(admissionv1.Create, "team-a", mustJSON(b, benchPod())).AdmissionRequest))
 	classReview := review(b, "admission.k8s.io/v1", ptr.To(classRequest(admissionv1.Create, mustJSON(b, benchClass()), nil).AdmissionRequest))
@@ -179,7 +177,7 @@ func BenchmarkAdmission(b *testing.B) {
 			return admission.Allowed("")
 		}), podReview},
 		{"pods", PodsPath, pods, podReview},
-		{"resourceclasses", ResourceClassesPath, &resourceClasses{decoder: decoder}, classReview},
+		{"resourceclasses", ResourceClassesPath, &resourceClasses{}, classReview},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			srv := httptest.NewUnstartedServer(&webhook.Admission{Handler: bc.handler})

@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/resclass/resclass/pkg/quota"
 )
@@ -65,19 +64,17 @@ func review(tb testing.TB, apiVersion string, req *admissionv1.AdmissionRequest)
 func fuzzHandlers(tb testing.TB) map[string]http.Handler {
 	tb.Helper()
 	s := newTestScheme(tb)
-	decoder := admission.NewDecoder(s)
 	cfg := mustParseQuotaConfig(tb, fuzzQuotaConfig)
 	gpuQuota := clusterServicesQuota("team-a")
 	gpuQuota.Name = "gpus"
 	gpuQuota.Spec.Hard["requests.class.resclass.io/nvidia-big"] = gpuQuota.Spec.Hard[corev1.ResourcePods]
 	pods := &podPolicies{
-		decoder: decoder,
-		config:  func() *quota.Config { return cfg },
-		quotas:  quotaReader(tb, s, gpuQuota, crossNamespaceQuota("team-a"), clusterServicesQuota("team-b")),
+		config: func() *quota.Config { return cfg },
+		quotas: quotaReader(tb, s, gpuQuota, crossNamespaceQuota("team-a"), clusterServicesQuota("team-b")),
 	}
 	return map[string]http.Handler{
 		PodsPath:            &webhook.Admission{Handler: pods, RecoverPanic: ptr.To(false)},
-		ResourceClassesPath: &webhook.Admission{Handler: &resourceClasses{decoder: decoder}, RecoverPanic: ptr.To(false)},
+		ResourceClassesPath: &webhook.Admission{Handler: &resourceClasses{}, RecoverPanic: ptr.To(false)},
 	}
 }
 

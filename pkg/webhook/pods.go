@@ -30,7 +30,6 @@ const (
 // podPolicies admits pod creations under the namespaceSelector and
 // covering-quota policies (seeds 000 and 001).
 type podPolicies struct {
-	decoder admission.Decoder
 	// allowEmptyNamespaceSelector turns off the {} rejection (upstream's reading:
 	// all namespaces).
 	allowEmptyNamespaceSelector bool
@@ -46,7 +45,7 @@ func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admissi
 		return admission.Allowed("")
 	}
 	pod := &corev1.Pod{}
-	if err := p.decoder.Decode(req, pod); err != nil {
+	if err := decode(req.Object, corev1.SchemeGroupVersion.WithKind("Pod"), pod); err != nil {
 		denials.WithLabelValues(PodsPath, reasonBadRequest).Inc()
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the pod: %w", err))
 	}

@@ -342,7 +342,6 @@ func TestEmptyNamespaceSelectors(t *testing.T) {
 // without a look, and the denial metric.
 func TestPodPoliciesHandle(t *testing.T) {
 	s := newTestScheme(t)
-	decoder := admission.NewDecoder(s)
 	seeds := mustParseQuotaConfig(t, seedQuotaConfig)
 	// Only a non-pod entry: parsed, but Empty.
 	nonPods := mustParseQuotaConfig(t, `apiVersion: apiserver.config.k8s.io/v1
@@ -502,7 +501,6 @@ limitedResources:
 				reader = quotaReader(t, s, tc.quotas...)
 			}
 			h := &podPolicies{
-				decoder:                     decoder,
 				allowEmptyNamespaceSelector: tc.allowEmpty,
 				config:                      func() *quota.Config { return tc.config },
 				quotas:                      reader,
@@ -556,9 +554,8 @@ func TestPodPoliciesDenialMetric(t *testing.T) {
 	s := newTestScheme(t)
 	cfg := mustParseQuotaConfig(t, seedQuotaConfig)
 	h := &podPolicies{
-		decoder: admission.NewDecoder(s),
-		config:  func() *quota.Config { return cfg },
-		quotas:  quotaReader(t, s),
+		config: func() *quota.Config { return cfg },
+		quotas: quotaReader(t, s),
 	}
 	series := denials.WithLabelValues(PodsPath, quota.ReasonUncoveredScopes)
 	req := podRequest(admissionv1.Create, "team-a", mustJSON(t, newPod(priority("cluster-services"))))

@@ -28,9 +28,7 @@ const (
 // a spec that never changes after create. The CRD's schema and CEL rules catch
 // the structural mistakes first; this catches what needs the attribute types
 // (a quantity that does not parse, Gt on a string attribute).
-type resourceClasses struct {
-	decoder admission.Decoder
-}
+type resourceClasses struct{}
 
 func (r *resourceClasses) Handle(_ context.Context, req admission.Request) admission.Response {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
@@ -42,7 +40,8 @@ func (r *resourceClasses) Handle(_ context.Context, req admission.Request) admis
 		return admission.Allowed("")
 	}
 	class := &v1alpha1.ResourceClass{}
-	if err := r.decoder.Decode(req, class); err != nil {
+	gvk := v1alpha1.SchemeGroupVersion.WithKind("ResourceClass")
+	if err := decode(req.Object, gvk, class); err != nil {
 		denials.WithLabelValues(ResourceClassesPath, reasonBadRequest).Inc()
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the ResourceClass: %w", err))
 	}
@@ -51,7 +50,7 @@ func (r *resourceClasses) Handle(_ context.Context, req admission.Request) admis
 	var errs field.ErrorList
 	if req.Operation == admissionv1.Update {
 		old := &v1alpha1.ResourceClass{}
-		if err := r.decoder.DecodeRaw(req.OldObject, old); err != nil {
+		if err := decode(req.OldObject, gvk, old); err != nil {
 			denials.WithLabelValues(ResourceClassesPath, reasonBadRequest).Inc()
 			return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the old ResourceClass: %w", err))
 		}
@@ -73,6 +72,6 @@ func (r *resourceClasses) Handle(_ context.Context, req admission.Request) admis
 	denials.WithLabelValues(ResourceClassesPath, reason).Inc()
 	// An Invalid status reads as `ResourceClass "x" is invalid: spec...: ...`
 	// in kubectl, with every field error in its details.
-	status := apierrors.NewInvalid(v1alpha1.SchemeGroupVersion.WithKind("ResourceClass").GroupKind(), class.Name, errs).ErrStatus
+	status := apierrors.NewInvalid(gvk.GroupKind(), class.Name, errs).ErrStatus
 	return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &status}}
 }

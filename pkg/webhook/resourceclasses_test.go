@@ -65,7 +65,7 @@ func classRequest(op admissionv1.Operation, object, old []byte) admission.Reques
 // refused at create with an Invalid status naming each offending field, the
 // spec cannot change afterwards, and everything else passes.
 func TestResourceClassesHandle(t *testing.T) {
-	h := &resourceClasses{decoder: admission.NewDecoder(newTestScheme(t))}
+	h := &resourceClasses{}
 	js := func(c *v1alpha1.ResourceClass) []byte { return mustJSON(t, c) }
 	modified := func(mod func(*v1alpha1.ResourceClass)) *v1alpha1.ResourceClass {
 		c := bigGPU()

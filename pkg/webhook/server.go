@@ -34,7 +34,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/quota"
@@ -149,10 +148,8 @@ func Run(ctx context.Context, o *Options) error {
 		CertDir: o.CertDir, CertName: certFile, KeyName: keyFile,
 		TLSOpts: []func(*tls.Config){http1Only},
 	})
-	decoder := admission.NewDecoder(scheme)
-	server.Register(ResourceClassesPath, &webhook.Admission{Handler: &resourceClasses{decoder: decoder}})
+	server.Register(ResourceClassesPath, &webhook.Admission{Handler: &resourceClasses{}})
 	server.Register(PodsPath, &webhook.Admission{Handler: &podPolicies{
-		decoder:                     decoder,
 		allowEmptyNamespaceSelector: o.AllowEmptyNamespaceSelector,
 		config:                      quotaFile.Current,
 		quotas:                      mgr.GetCache(),
