@@ -324,6 +324,21 @@ func TestWebhookPolicies(t *testing.T) {
 			t.Errorf("the webhook restarted (pid %d -> %d)", pid, wh.PID())
 		}
 	})
+
+	// Last: it leaves the webhook dead.
+	t.Run("an outage fails closed, only for the pods it guards", func(t *testing.T) {
+		ns := newNamespace(t, ctx, webhookLabel)
+		wh.Kill()
+		wantDenied(t, pods(ns).create("critical", withPriority("cluster-services")), `failed calling webhook "pods.resclass.io"`)
+		if err := pods(ns).create("plain", nil); err != nil {
+			t.Errorf("a pod the matchConditions skip must not depend on the webhook: %v", err)
+		}
+		ks := pods("kube-system")
+		ks.prefix = "e2e-outage-"
+		if err := ks.create("critical", withPriority("cluster-services")); err != nil {
+			t.Errorf("kube-system must not depend on the webhook: %v", err)
+		}
+	})
 }
 
 // podClient creates small pods that no scheduler takes (they stay Pending), so

@@ -48,8 +48,9 @@ type Webhook struct {
 	Port       int
 	MetricsURL string
 
-	proc *process
-	c    *Cluster
+	proc   *process
+	c      *Cluster
+	killed bool
 }
 
 // StartWebhook applies deploy/webhook (RBAC, the TLS Secret, the webhook
@@ -157,11 +158,22 @@ func webhookConfig(port int, selector map[string]string) (*admissionregistration
 	return cfg, nil
 }
 
+// Kill kills the webhook (SIGKILL) and leaves its configuration in place: the
+// apiserver goes on calling a webhook that is not there, as in an outage.
+func (w *Webhook) Kill() {
+	w.killed = true
+	_ = w.proc.cmd.Process.Kill()
+	<-w.proc.done
+}
+
 // Stop stops the webhook and removes its configuration, so that the
 // apiserver stops calling it.
 func (w *Webhook) Stop(ctx context.Context) error {
 	errDelete := w.c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, w.Config.Name, metav1.DeleteOptions{})
-	errStop := w.proc.stop(10 * time.Second)
+	var errStop error
+	if !w.killed {
+		errStop = w.proc.stop(10 * time.Second)
+	}
 	w.c.mu.Lock()
 	for i, p := range w.c.processes {
 		if p == w.proc {
