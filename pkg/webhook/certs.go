@@ -11,13 +11,17 @@ import (
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 )
 
 // The Secret keys of a serving certificate: kubernetes.io/tls's, which both
@@ -61,10 +65,25 @@ type secretFiles struct {
 }
 
 func addSecretFiles(mgr manager.Manager, o *Options) error {
-	s := &secretFiles{client: mgr.GetClient(), key: types.NamespacedName{Namespace: o.Namespace, Name: o.TLSSecret}, dir: o.CertDir}
+	// A cache of its own that holds the one Secret: the manager's holds only
+	// ResourceDistribution copies.
+	tlsCache, err := cache.New(mgr.GetConfig(), cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		ByObject: map[client.Object]cache.ByObject{&corev1.Secret{}: {
+			Namespaces: map[string]cache.Config{o.Namespace: {}},
+			Field:      fields.OneTermEqualSelector("metadata.name", o.TLSSecret),
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(everyReplica{tlsCache}); err != nil {
+		return err
+	}
+	s := &secretFiles{client: tlsCache, key: types.NamespacedName{Namespace: o.Namespace, Name: o.TLSSecret}, dir: o.CertDir}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("serving-cert-files").
-		For(&corev1.Secret{}).
+		WatchesRawSource(source.Kind(tlsCache, &corev1.Secret{}, &handler.TypedEnqueueRequestForObject[*corev1.Secret]{})).
 		// Every replica serves, so every replica copies.
 		WithOptions(controller.Options{NeedLeaderElection: ptr.To(false)}).
 		Complete(s)

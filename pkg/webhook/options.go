@@ -49,6 +49,10 @@ type Options struct {
 
 	LeaderElect   bool
 	LeaderElectID string
+
+	KubeAPIQPS          float32
+	KubeAPIBurst        int
+	DistributionWorkers int
 }
 
 // NewOptions returns the defaults, which match deploy/webhook.
@@ -72,6 +76,9 @@ func NewOptions() *Options {
 		HealthAddr:          ":8081",
 		LeaderElect:         true,
 		LeaderElectID:       "resclass-webhook",
+		KubeAPIQPS:          100,
+		KubeAPIBurst:        200,
+		DistributionWorkers: 16,
 	}
 }
 
@@ -116,6 +123,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect,
 		"Elect a leader among replicas for the controllers (certificate rotation, later ResourceDistribution). Every replica serves the webhooks.")
 	fs.StringVar(&o.LeaderElectID, "leader-election-id", o.LeaderElectID, "Name of the leader-election Lease in --namespace.")
+
+	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS,
+		"Requests per second to the apiserver, sustained. The ResourceDistribution controller writes one object per target namespace, so this bounds how fast a distribution over many namespaces converges.")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Requests to the apiserver allowed in a burst above --kube-api-qps.")
+	fs.IntVar(&o.DistributionWorkers, "distribution-workers", o.DistributionWorkers,
+		"Copies one ResourceDistribution reconcile writes at once.")
 }
 
 // Validate reports flags that cannot work together.
@@ -138,6 +151,9 @@ func (o *Options) Validate() error {
 	}
 	if o.CertManagement == CertManagementSelf && (o.ServiceName == "" || o.WebhookConfigName == "") {
 		errs = append(errs, "--cert-management=self needs --service-name and --webhook-configuration")
+	}
+	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 || o.DistributionWorkers <= 0 {
+		errs = append(errs, "--kube-api-qps, --kube-api-burst and --distribution-workers must be positive")
 	}
 	if o.QuotaReloadInterval <= 0 {
 		errs = append(errs, "--quota-config-reload-interval must be positive")

@@ -63,7 +63,7 @@ func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admissi
 	ns := req.Namespace
 	var list corev1.ResourceQuotaList
 	if err := p.quotas.List(ctx, &list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
-		return internalError(ctx, fmt.Errorf("reading the ResourceQuotas of namespace %q: %w", ns, err))
+		return internalError(ctx, PodsPath, fmt.Errorf("reading the ResourceQuotas of namespace %q: %w", ns, err))
 	}
 	quotas := make([]*corev1.ResourceQuota, len(list.Items))
 	for i := range list.Items {
@@ -71,7 +71,7 @@ func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	denial, err := cfg.Check(pod, quotas)
 	if err != nil {
-		return internalError(ctx, err)
+		return internalError(ctx, PodsPath, err)
 	}
 	if denial != nil {
 		denials.WithLabelValues(PodsPath, denial.Reason).Inc()
@@ -83,9 +83,9 @@ func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admissi
 // internalError answers 500, logs why and counts it: the HTTP status the
 // apiserver sees is 200 whatever the answer, so without this an undecided
 // admission would leave no trace but the user's error.
-func internalError(ctx context.Context, err error) admission.Response {
-	denials.WithLabelValues(PodsPath, reasonInternalError).Inc()
-	logf.FromContext(ctx).Error(err, "cannot decide a pod admission")
+func internalError(ctx context.Context, path string, err error) admission.Response {
+	denials.WithLabelValues(path, reasonInternalError).Inc()
+	logf.FromContext(ctx).Error(err, "cannot decide an admission", "webhook", path)
 	return admission.Errored(http.StatusInternalServerError, err)
 }
 

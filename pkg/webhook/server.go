@@ -16,8 +16,10 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -36,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/distribution"
 	"github.com/resclass/resclass/pkg/quota"
 )
 
@@ -91,6 +94,11 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return err
 	}
+	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
+	clientset, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
 	// A bad file at start is an error: better no webhook than one that
 	// silently enforces nothing.
 	quotaFile, err := quota.NewFile(o.QuotaConfig, o.QuotaReloadInterval, log.WithName("quota-config"))
@@ -132,11 +140,11 @@ func Run(ctx context.Context, o *Options) error {
 		LeaderElectionNamespace:       o.Namespace,
 		LeaderElectionReleaseOnCancel: true,
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			// The one Secret the webhook reads, not every Secret it could.
-			&corev1.Secret{}: {
-				Namespaces: map[string]cache.Config{o.Namespace: {}},
-				Field:      fields.OneTermEqualSelector("metadata.name", o.TLSSecret),
-			},
+			// Of all Secrets and ConfigMaps, the cache holds only the
+			// ResourceDistribution copies; a same-named foreign object is read
+			// from the apiserver when a create collides with it.
+			&corev1.Secret{}:    {Label: copiesSelector},
+			&corev1.ConfigMap{}: {Label: copiesSelector},
 		}},
 	})
 	if err != nil {
@@ -149,6 +157,11 @@ func Run(ctx context.Context, o *Options) error {
 		TLSOpts: []func(*tls.Config){http1Only},
 	})
 	server.Register(ResourceClassesPath, &webhook.Admission{Handler: &resourceClasses{}})
+	server.Register(ResourceDistributionsPath, &webhook.Admission{Handler: &resourceDistributions{
+		namespaces: mgr.GetCache(),
+		objects:    mgr.GetAPIReader(),
+		sar:        clientset.AuthorizationV1().SubjectAccessReviews(),
+	}})
 	server.Register(PodsPath, &webhook.Admission{Handler: &podPolicies{
 		allowEmptyNamespaceSelector: o.AllowEmptyNamespaceSelector,
 		config:                      quotaFile.Current,
@@ -165,6 +178,14 @@ func Run(ctx context.Context, o *Options) error {
 			return fmt.Errorf("serving certificate files: %w", err)
 		}
 	}
+	if err := (&distribution.Reconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("resclass-distribution"),
+		Workers:   o.DistributionWorkers,
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("ResourceDistribution controller: %w", err)
+	}
 	if err := mgr.Add(everyReplica{quotaFile}); err != nil {
 		return err
 	}
@@ -176,9 +197,13 @@ func Run(ctx context.Context, o *Options) error {
 		return err
 	}
 
-	// Started now so that it has synced before the first admission, which
-	// reads quotas from it and never from the apiserver.
+	// Started now so that they have synced before the first admission, which
+	// reads quotas and namespaces from them and never from the apiserver.
 	quotaInformer, err := mgr.GetCache().GetInformer(ctx, &corev1.ResourceQuota{})
+	if err != nil {
+		return err
+	}
+	namespaceInformer, err := mgr.GetCache().GetInformer(ctx, &corev1.Namespace{})
 	if err != nil {
 		return err
 	}
@@ -188,9 +213,9 @@ func Run(ctx context.Context, o *Options) error {
 	if err := mgr.AddReadyzCheck("webhook-server", server.StartedChecker()); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("resourcequota-informer", func(*http.Request) error {
-		if !quotaInformer.HasSynced() {
-			return errors.New("the ResourceQuota informer has not synced")
+	if err := mgr.AddReadyzCheck("informers", func(*http.Request) error {
+		if !quotaInformer.HasSynced() || !namespaceInformer.HasSynced() {
+			return errors.New("the ResourceQuota and Namespace informers have not synced")
 		}
 		return nil
 	}); err != nil {
@@ -224,6 +249,18 @@ func serveWhenCertsExist(ctx context.Context, mgr manager.Manager, server webhoo
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// copiesSelector selects the objects the ResourceDistribution controller
+// writes.
+var copiesSelector = labels.SelectorFromSet(nil).Add(mustRequirement(distribution.LabelDistribution, selection.Exists))
+
+func mustRequirement(key string, op selection.Operator) labels.Requirement {
+	r, err := labels.NewRequirement(key, op, nil)
+	if err != nil {
+		panic(err)
+	}
+	return *r
 }
 
 // everyReplica runs a runnable in every replica, not only the leader.
