@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/quota"
 )
 
@@ -72,9 +73,11 @@ func fuzzHandlers(tb testing.TB) map[string]http.Handler {
 		config: func() *quota.Config { return cfg },
 		quotas: quotaReader(tb, s, gpuQuota, crossNamespaceQuota("team-a"), clusterServicesQuota("team-b")),
 	}
+	distributions, _ := distributionEnv(tb, map[string]bool{"a": true})
 	return map[string]http.Handler{
-		PodsPath:            &webhook.Admission{Handler: pods, RecoverPanic: ptr.To(false)},
-		ResourceClassesPath: &webhook.Admission{Handler: &resourceClasses{}, RecoverPanic: ptr.To(false)},
+		PodsPath:                  &webhook.Admission{Handler: pods, RecoverPanic: ptr.To(false)},
+		ResourceClassesPath:       &webhook.Admission{Handler: &resourceClasses{}, RecoverPanic: ptr.To(false)},
+		ResourceDistributionsPath: &webhook.Admission{Handler: distributions, RecoverPanic: ptr.To(false)},
 	}
 }
 
@@ -98,6 +101,10 @@ func FuzzAdmissionReview(f *testing.F) {
 	classUpdate := classRequest(admissionv1.Update, mustJSON(f, changed), mustJSON(f, bigGPU())).AdmissionRequest
 	wrongKind := classCreate
 	wrongKind.Kind = podCreate.Kind
+	ab := v1alpha1.ResourceDistributionTargets{IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: "a"}, {Name: "b"}}}
+	distCreate := distributionRequest(f, admissionv1.Create, newDistribution(pullSecret, ab), nil).AdmissionRequest
+	distUpdate := distributionRequest(f, admissionv1.Update, newDistribution(pullSecret, ab),
+		newDistribution(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"pull"}}`, v1alpha1.ResourceDistributionTargets{})).AdmissionRequest
 
 	for _, seed := range [][]byte{
 		review(f, "admission.k8s.io/v1", &podCreate),
@@ -106,6 +113,8 @@ func FuzzAdmissionReview(f *testing.F) {
 		review(f, "admission.k8s.io/v1beta1", &podCreate),
 		review(f, "admission.k8s.io/v1", &podEmptySelector),
 		review(f, "admission.k8s.io/v1", &wrongKind),
+		review(f, "admission.k8s.io/v1", &distCreate),
+		review(f, "admission.k8s.io/v1", &distUpdate),
 		[]byte(``),
 		[]byte(`{}`),
 		[]byte(`{"request":null}`),
