@@ -209,7 +209,9 @@ func TestResourceDistribution(t *testing.T) {
 		if err != nil {
 			t.Fatalf("a distribution into the namespace alice may write to: %v", err)
 		}
-		t.Cleanup(func() { _ = d.rc.ResclassV1alpha1().ResourceDistributions().Delete(context.Background(), created.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = d.rc.ResclassV1alpha1().ResourceDistributions().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+		})
 	})
 
 	t.Run("secret data never in logs, events or status", func(t *testing.T) {

@@ -159,6 +159,11 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		return err
 	}
 
+	p.section("10. Seed 002: one ConfigMap or Secret, kept in many namespaces (ResourceDistribution)")
+	if err := distribute(ctx, p, cluster); err != nil {
+		return err
+	}
+
 	p.section("Done")
 	if opts.keep {
 		p.line("The cluster stays up until you press Ctrl-C. Try:")
@@ -167,6 +172,7 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		p.line("  kubectl get nodedevices dgx-a100 -o yaml")
 		p.line("  kubectl -n demo get pods -o wide")
 		p.line("  kubectl -n demo describe pod train-3")
+		p.line("  kubectl get resourcedistributions; kubectl -n web get configmap ml-settings -o yaml")
 		if p.err != nil {
 			return p.err
 		}

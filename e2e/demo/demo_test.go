@@ -38,6 +38,9 @@ func TestDemo(t *testing.T) {
 		"insufficient quota to match these scopes: [{CrossNamespacePodAffinity Exists []}]",
 		"insufficient quota to match these scopes: [{PriorityClass In [cluster-services]}]",
 		"exceeded quota: cluster-services",
+		// seed 002
+		"ml-settings  ConfigMap  ml-settings  3",
+		`Secret "registry" already exists in 1 target namespace(s), not created by this distribution: ml-serve`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("demo output lacks %q", want)

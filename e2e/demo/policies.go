@@ -14,6 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
@@ -179,4 +181,85 @@ func printDenial(p *printer, err error) {
 		return
 	}
 	p.line("    refused: %s", err)
+}
+
+// distribute walks through seed 002: a ConfigMap copied into the namespaces a
+// label selects, one that joins later, and a Secret refused at create because
+// a target already holds a same-named Secret.
+func distribute(ctx context.Context, p *printer, c *framework.Cluster) error {
+	rc, err := c.Resclass()
+	if err != nil {
+		return err
+	}
+	nss := c.Client.CoreV1().Namespaces()
+	for _, ns := range []string{"ml-train", "ml-serve", "web"} {
+		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+		if strings.HasPrefix(ns, "ml-") {
+			n.Labels = map[string]string{"team": "ml"}
+		}
+		if _, err := nss.Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	rd := &v1alpha1.ResourceDistribution{
+		ObjectMeta: metav1.ObjectMeta{Name: "ml-settings"},
+		Spec: v1alpha1.ResourceDistributionSpec{
+			Resource: runtime.RawExtension{Raw: []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"ml-settings"},"data":{"NCCL_IB_HCA":"mlx5"}}`)},
+			Targets:  v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "ml"}}},
+		},
+	}
+	p.line("  ResourceDistribution ml-settings: ConfigMap ml-settings into namespaces labelled team=ml")
+	if _, err := rc.ResclassV1alpha1().ResourceDistributions().Create(ctx, rd, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if err := waitDistributed(ctx, c, rd.Name, 2); err != nil {
+		return err
+	}
+	if err := printTable(ctx, p, c, "/apis/resclass.io/v1alpha1/resourcedistributions"); err != nil {
+		return err
+	}
+	p.line("  kubectl label namespace web team=ml: the new target gets its copy")
+	if _, err := nss.Patch(ctx, "web", types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"ml"}}}`), metav1.PatchOptions{}); err != nil {
+		return err
+	}
+	if err := waitDistributed(ctx, c, rd.Name, 3); err != nil {
+		return err
+	}
+	cm, err := c.Client.CoreV1().ConfigMaps("web").Get(ctx, "ml-settings", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	p.line("    web/ml-settings: data %v, owned by ResourceDistribution %s, %s=%s", cm.Data, cm.OwnerReferences[0].Name,
+		v1alpha1.AnnotationDistributedBy, cm.Annotations[v1alpha1.AnnotationDistributedBy])
+
+	if _, err := c.Client.CoreV1().Secrets("ml-serve").Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "registry"}, StringData: map[string]string{"owner": "the serving team"},
+	}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	p.line("  ResourceDistribution registry: Secret registry into team=ml, where ml-serve has its own Secret registry")
+	secret := rd.DeepCopy()
+	secret.Name = "registry"
+	secret.Spec.Resource = runtime.RawExtension{Raw: []byte(`{"apiVersion":"v1","kind":"Secret","metadata":{"name":"registry"},"stringData":{"token":"not-printed"}}`)}
+	_, err = rc.ResclassV1alpha1().ResourceDistributions().Create(ctx, secret, metav1.CreateOptions{})
+	if err == nil {
+		return errors.New("a distribution over a foreign Secret was admitted")
+	}
+	printDenial(p, err)
+	return nil
+}
+
+func waitDistributed(ctx context.Context, c *framework.Cluster, name string, n int32) error {
+	rc, err := c.Resclass()
+	if err != nil {
+		return err
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		rd, err := rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, name, metav1.GetOptions{})
+		return err == nil && rd.Status.Succeeded == n && rd.Status.Desired == n, nil
+	})
+	if err != nil {
+		return fmt.Errorf("ResourceDistribution %s did not reach %d copies: %w", name, n, err)
+	}
+	return nil
 }

@@ -176,7 +176,8 @@ func literalTargets(t *testing.T, spec *v1alpha1.ResourceDistributionTargets, cl
 		}
 		var s []string
 		for _, ns := range cluster {
-			if sel.Matches(labels.Set(ns.Labels)) {
+			// A selector never reaches the system namespaces.
+			if sel.Matches(labels.Set(ns.Labels)) && ns.Name != "kube-system" && ns.Name != "kube-public" {
 				s = append(s, ns.Name)
 			}
 		}

@@ -14,10 +14,10 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
 
-// defaultExcludedNamespaces are left out by the excludedNamespaces rule, which is
-// also the rule applied when no target option is set: the system namespaces hold
-// the control plane's own objects and a distribution aimed at "everything" should
-// not write there.
+// defaultExcludedNamespaces are never targets unless includedNamespaces names
+// them: the system namespaces hold the control plane's own objects and a
+// distribution aimed at "everything" (no option, excludedNamespaces, or a
+// selector) should not write there.
 var defaultExcludedNamespaces = []string{metav1.NamespaceSystem, metav1.NamespacePublic}
 
 // Targets is a compiled spec.targets: which namespaces a distribution goes to.
@@ -26,10 +26,10 @@ var defaultExcludedNamespaces = []string{metav1.NamespaceSystem, metav1.Namespac
 // An option is set when its list is non-empty or, for the selector, when it is
 // non-nil. Every option set yields a set of namespaces and a namespace is a target
 // when it is in all of them; with no option set, the excludedNamespaces rule with
-// an empty list applies (every namespace but kube-system and kube-public). The
-// default exclusions belong to the excludedNamespaces rule only, so that
-// includedNamespaces: [kube-system] alone does target kube-system: the user named
-// it, and the seed says included namespaces "will be selected".
+// an empty list applies (every namespace but kube-system and kube-public).
+// kube-system and kube-public are left out by that rule and by the selector
+// rule (a label selector, even {}, never reaches them by accident), so only
+// includedNamespaces alone targets them: the user named them.
 type Targets struct {
 	// excludeDefaults is true when the excludedNamespaces rule applies (the option
 	// is set, or no option is).
@@ -123,13 +123,15 @@ func (t *Targets) Matches(ns *corev1.Namespace) bool {
 	if ns.DeletionTimestamp != nil || ns.Status.Phase == corev1.NamespaceTerminating {
 		return false
 	}
+	system := slices.Contains(defaultExcludedNamespaces, ns.Name)
 	if t.excludeDefaults {
-		if slices.Contains(defaultExcludedNamespaces, ns.Name) {
+		if _, ok := t.excluded[ns.Name]; ok || system {
 			return false
 		}
-		if _, ok := t.excluded[ns.Name]; ok {
-			return false
-		}
+	}
+	// A selector, even {}, never reaches the system namespaces by accident.
+	if t.selector != nil && system {
+		return false
 	}
 	if t.included != nil {
 		if _, ok := t.included[ns.Name]; !ok {

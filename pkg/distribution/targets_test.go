@@ -55,7 +55,6 @@ func expr(key string, op metav1.LabelSelectorOperator, values ...string) *metav1
 }
 
 func TestTargetsResolve(t *testing.T) {
-	all := []string{"a", "b", "c", "default", "kube-public", "kube-system"}
 	tests := []struct {
 		name    string
 		targets *v1alpha1.ResourceDistributionTargets
@@ -88,14 +87,15 @@ func TestTargetsResolve(t *testing.T) {
 			nil},
 		{"selector In", &v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: expr("env", metav1.LabelSelectorOpIn, "prod", "test")},
 			[]string{"a", "b"}},
-		{"selector NotIn matches unlabelled, system ones included", &v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: expr("env", metav1.LabelSelectorOpNotIn, "prod")},
-			[]string{"b", "c", "default", "kube-public", "kube-system"}},
+		{"selector NotIn matches unlabelled, never the system ones", &v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: expr("env", metav1.LabelSelectorOpNotIn, "prod")},
+			[]string{"b", "c", "default"}},
 		{"selector Exists", &v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: expr("env", metav1.LabelSelectorOpExists)},
 			[]string{"a", "b"}},
 		{"selector DoesNotExist", &v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: expr("env", metav1.LabelSelectorOpDoesNotExist)},
-			[]string{"c", "default", "kube-public", "kube-system"}},
+			[]string{"c", "default"}},
+		// ... but the system namespaces: only includedNamespaces reaches them.
 		{"empty selector is set and matches all", &v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{}},
-			all},
+			[]string{"a", "b", "c", "default"}},
 
 		{"excluded and included", &v1alpha1.ResourceDistributionTargets{
 			ExcludedNamespaces: names("b"), IncludedNamespaces: names("a", "b", "kube-system")},
@@ -109,9 +109,9 @@ func TestTargetsResolve(t *testing.T) {
 		{"included and selector", &v1alpha1.ResourceDistributionTargets{
 			IncludedNamespaces: names("a", "b", "kube-system"), NamespaceLabelSelector: expr("env", metav1.LabelSelectorOpExists)},
 			[]string{"a", "b"}},
-		{"included and selector on system label", &v1alpha1.ResourceDistributionTargets{
+		{"a selector never reaches a system namespace, even one included", &v1alpha1.ResourceDistributionTargets{
 			IncludedNamespaces: names("a", "c", "kube-system"), NamespaceLabelSelector: matchLabels("tier", "system")},
-			[]string{"kube-system"}},
+			nil},
 		{"all three", &v1alpha1.ResourceDistributionTargets{
 			ExcludedNamespaces:     names("a"),
 			IncludedNamespaces:     names("a", "b", "c", "kube-system"),

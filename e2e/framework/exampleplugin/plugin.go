@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -59,11 +61,23 @@ func Start(ctx context.Context, pluginDir string, n int) (*Plugin, error) {
 	defer func() { _ = conn.Close() }()
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err = pluginapi.NewRegistrationClient(conn).Register(rctx, &pluginapi.RegisterRequest{
-		Version:      pluginapi.Version,
-		Endpoint:     filepath.Base(p.socket),
-		ResourceName: ResourceName,
-	})
+	// The kubelet's socket can exist a moment before its registration server
+	// takes connections (on a loaded machine the demo saw "connection
+	// refused"): retry until the deadline.
+	for {
+		_, err = pluginapi.NewRegistrationClient(conn).Register(rctx, &pluginapi.RegisterRequest{
+			Version:      pluginapi.Version,
+			Endpoint:     filepath.Base(p.socket),
+			ResourceName: ResourceName,
+		})
+		if err == nil || status.Code(err) != codes.Unavailable || rctx.Err() != nil {
+			break
+		}
+		select {
+		case <-rctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 	if err != nil {
 		p.srv.Stop()
 		return nil, fmt.Errorf("registering with the kubelet: %w", err)

@@ -62,7 +62,8 @@ type ResourceDistributionSpec struct {
 }
 
 // ResourceDistributionTargets selects namespaces. kube-system and kube-public are
-// never targeted.
+// targeted only by includedNamespaces naming them (with no other option set):
+// the excludedNamespaces rule and a label selector never reach them.
 type ResourceDistributionTargets struct {
 	// ExcludedNamespaces: every namespace except these.
 	// +optional

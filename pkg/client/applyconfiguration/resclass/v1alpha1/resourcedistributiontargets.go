@@ -10,7 +10,8 @@ import (
 // with apply.
 //
 // ResourceDistributionTargets selects namespaces. kube-system and kube-public are
-// never targeted.
+// targeted only by includedNamespaces naming them (with no other option set):
+// the excludedNamespaces rule and a label selector never reach them.
 type ResourceDistributionTargetsApplyConfiguration struct {
 	// ExcludedNamespaces: every namespace except these.
 	ExcludedNamespaces []ResourceDistributionNamespaceApplyConfiguration `json:"excludedNamespaces,omitempty"`
