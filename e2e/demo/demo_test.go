@@ -39,7 +39,7 @@ func TestDemo(t *testing.T) {
 		"insufficient quota to match these scopes: [{PriorityClass In [cluster-services]}]",
 		"exceeded quota: cluster-services",
 		// seed 002
-		"ml-settings  ConfigMap  ml-settings  3",
+		"ml-settings  ConfigMap  ml-settings  2        2",
 		`Secret "registry" already exists in 1 target namespace(s), not created by this distribution: ml-serve`,
 	} {
 		if !strings.Contains(text, want) {
