@@ -1,0 +1,260 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/resclass/resclass/e2e/framework"
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	distpkg "github.com/resclass/resclass/pkg/distribution"
+)
+
+// BenchmarkDistributionConvergence: how long a ResourceDistribution takes to
+// put one Secret into 1000 namespaces, against a plain client loop creating
+// the same 1000 Secrets (baseline-client-loop).
+//
+//   - baseline-client-loop: 16 goroutines create the Secret in each
+//     namespace, timed from the first create to the last success. The
+//     Secret is the one the controller writes — same data, type, labels and
+//     annotations (pkg/distribution's Resource.Copy) — without its
+//     ownerReference, which would name a distribution that does not exist.
+//   - distribution: the ResourceDistribution is created, timed from its
+//     create to the status reporting succeeded == 1000 with Synced True,
+//     read by polling the one object every 50ms (cheap; the figure is late by
+//     at most that). The webhook process runs the controller (and the
+//     admission webhook the create goes through); its CPU seconds during the
+//     convergence and its resident memory after it are reported too.
+//
+// Both sides write to the same apiserver, 16 writes at a time (the
+// controller's default --distribution-workers=16), through unthrottled
+// clients: the webhook runs with --kube-api-qps=5000 --kube-api-burst=10000
+// (its default, 100/200, would make the comparison one of rate limits). The
+// namespaces exist before either side is timed. ns/op means nothing here and
+// is suppressed; the ratio of "s" is distribution / baseline (the goal is at
+// most 1.2), of "objects/s" baseline / distribution.
+func BenchmarkDistributionConvergence(b *testing.B) {
+	const (
+		namespaces = 1000
+		writers    = 16
+		secretName = "bench-distributed"
+	)
+	ctx := context.Background()
+	wh, err := cluster.StartWebhook(ctx, framework.WebhookOptions{
+		Selector: webhookLabel,
+		Args:     []string{"--kube-api-qps=5000", "--kube-api-burst=10000"},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = wh.Stop(context.Background()) })
+	rc, err := cluster.Resclass()
+	if err != nil {
+		b.Fatal(err)
+	}
+	client := unthrottledClient(b)
+
+	label := map[string]string{"bench-distribution": fmt.Sprintf("d%d", time.Now().UnixNano())}
+	names := make([]string, namespaces)
+	forEachParallel(namespaces, writers, func(i int) {
+		ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-dist-", Labels: label}}, metav1.CreateOptions{})
+		if err != nil {
+			b.Errorf("creating a namespace: %v", err)
+			return
+		}
+		names[i] = ns.Name
+	})
+	b.Cleanup(func() {
+		forEachParallel(namespaces, writers, func(i int) {
+			_ = client.CoreV1().Namespaces().Delete(context.Background(), names[i], metav1.DeleteOptions{})
+		})
+	})
+	if b.Failed() {
+		b.FailNow()
+	}
+	// kube-controller-manager fills every new namespace (a ServiceAccount, the
+	// root CA ConfigMap) at its own client's rate limit — close to a minute
+	// for 1000 here: wait until it is done, so that neither side is timed
+	// against that background work.
+	waitNamespacesFilled(b, ctx, label, namespaces)
+
+	// 1 KiB of data, a typical pull secret or token.
+	data := map[string]string{"token": strings.Repeat("0123456789abcdef", 64)}
+	raw := secret(secretName, data)
+
+	b.Run("baseline-client-loop", func(b *testing.B) {
+		res, errs := distpkg.ParseResource(runtime.RawExtension{Raw: raw}, field.NewPath("spec", "resource"))
+		if len(errs) > 0 {
+			b.Fatal(errs.ToAggregate())
+		}
+		owner := &v1alpha1.ResourceDistribution{ObjectMeta: metav1.ObjectMeta{Name: "baseline", UID: "baseline"}}
+		var total time.Duration
+		for b.Loop() {
+			now := time.Now()
+			objs := make([]*corev1.Secret, namespaces)
+			for i, ns := range names {
+				objs[i] = res.Copy(ns, owner, now).(*corev1.Secret)
+				objs[i].OwnerReferences = nil
+			}
+			start := time.Now()
+			forEachParallel(namespaces, writers, func(i int) {
+				if _, err := client.CoreV1().Secrets(names[i]).Create(ctx, objs[i], metav1.CreateOptions{}); err != nil {
+					b.Errorf("creating the Secret in %s: %v", names[i], err)
+				}
+			})
+			total += time.Since(start)
+			if b.Failed() {
+				b.FailNow()
+			}
+			forEachParallel(namespaces, writers, func(i int) {
+				if err := client.CoreV1().Secrets(names[i]).Delete(ctx, secretName, metav1.DeleteOptions{}); err != nil {
+					b.Errorf("deleting the Secret in %s: %v", names[i], err)
+				}
+			})
+		}
+		reportConvergence(b, total, namespaces)
+	})
+
+	b.Run("distribution", func(b *testing.B) {
+		var total time.Duration
+		var cpu, rssMiB float64
+		for b.Loop() {
+			rd := distribution("bench", raw, v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: label}})
+			cpuBefore := cpuSeconds(b, wh.PID())
+			start := time.Now()
+			created, err := rc.ResclassV1alpha1().ResourceDistributions().Create(ctx, rd, metav1.CreateOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+				got, err := rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, created.Name, metav1.GetOptions{})
+				if err != nil {
+					return false, err
+				}
+				st := got.Status
+				return st.ObservedGeneration == got.Generation && st.Succeeded == namespaces &&
+					meta.IsStatusConditionTrue(st.Conditions, "Synced"), nil
+			})
+			if err != nil {
+				b.Fatalf("%s did not report %d copies: %v", created.Name, namespaces, err)
+			}
+			total += time.Since(start)
+			cpu += cpuSeconds(b, wh.PID()) - cpuBefore
+			rssMiB = residentMiB(b, wh.PID())
+
+			// The garbage collector removes the copies (not timed).
+			if err := rc.ResclassV1alpha1().ResourceDistributions().Delete(ctx, created.Name, metav1.DeleteOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			copies := metav1.ListOptions{LabelSelector: distpkg.LabelDistribution + "=" + distpkg.LabelValue(created.Name), Limit: 1}
+			err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+				list, err := client.CoreV1().Secrets("").List(ctx, copies)
+				return err == nil && len(list.Items) == 0, nil
+			})
+			if err != nil {
+				b.Fatalf("the copies of %s are not gone: %v", created.Name, err)
+			}
+		}
+		reportConvergence(b, total, namespaces)
+		b.ReportMetric(cpu/float64(b.N), "controller-cpu-s")
+		b.ReportMetric(rssMiB, "controller-rss-MiB")
+	})
+}
+
+// reportConvergence reports the mean time to converge and the objects
+// written per second, with ns/op suppressed.
+func reportConvergence(b *testing.B, total time.Duration, objects int) {
+	seconds := total.Seconds() / float64(b.N)
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(seconds, "s")
+	b.ReportMetric(float64(objects)/seconds, "objects/s")
+}
+
+// unthrottledClient is a client whose rate limit is the webhook's in this
+// benchmark, far above what the apiserver here can take.
+func unthrottledClient(b *testing.B) kubernetes.Interface {
+	cfg := rest.CopyConfig(cluster.Config)
+	cfg.QPS, cfg.Burst = 5000, 10000
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// waitNamespacesFilled waits until kube-controller-manager has put the
+// default ServiceAccount and the root CA ConfigMap into each of the n
+// namespaces labelled label.
+func waitNamespacesFilled(b *testing.B, ctx context.Context, label map[string]string, n int) {
+	b.Helper()
+	selector := labels.SelectorFromSet(label).String()
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		nsList, err1 := cluster.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: selector})
+		sas, err2 := cluster.Client.CoreV1().ServiceAccounts("").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=default"})
+		cms, err3 := cluster.Client.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=kube-root-ca.crt"})
+		if err1 != nil || err2 != nil || err3 != nil {
+			return false, nil
+		}
+		filled := make(map[string]int, len(nsList.Items))
+		for _, ns := range nsList.Items {
+			filled[ns.Name] = 0
+		}
+		for _, sa := range sas.Items {
+			if _, ok := filled[sa.Namespace]; ok {
+				filled[sa.Namespace]++
+			}
+		}
+		for _, cm := range cms.Items {
+			if _, ok := filled[cm.Namespace]; ok {
+				filled[cm.Namespace]++
+			}
+		}
+		done := 0
+		for _, c := range filled {
+			if c == 2 {
+				done++
+			}
+		}
+		return done == n, nil
+	})
+	if err != nil {
+		b.Fatalf("kube-controller-manager did not fill the %d namespaces: %v", n, err)
+	}
+}
+
+// residentMiB is the process's resident memory (VmRSS) in MiB.
+func residentMiB(b *testing.B, pid int) float64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		// "VmRSS:	  123456 kB"
+		if rest, ok := strings.CutPrefix(s.Text(), "VmRSS:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err != nil {
+				b.Fatalf("/proc/%d/status: %q", pid, s.Text())
+			}
+			return kb / 1024
+		}
+	}
+	b.Fatalf("/proc/%d/status has no VmRSS", pid)
+	return 0
+}
