@@ -296,7 +296,11 @@ func (r *Reconciler) writeStatus(ctx context.Context, rd *v1alpha1.ResourceDistr
 	}
 	updated := rd.DeepCopy()
 	updated.Status = *status
-	return r.Client.Status().Update(ctx, updated)
+	// A merge patch without a resourceVersion precondition: the status is
+	// computed whole from what this reconcile observed, and a second
+	// reconcile queued by the copies' own events must not fail with a
+	// conflict against the status the first just wrote.
+	return r.Client.Status().Patch(ctx, updated, client.MergeFrom(rd))
 }
 
 func statusEqual(a, b *v1alpha1.ResourceDistributionStatus) bool {

@@ -107,15 +107,21 @@ func TestResourceDistributionsHandle(t *testing.T) {
 		asked    []string // SubjectAccessReview namespaces, in any order
 	}{{
 		name: "create into namespaces the author may write, cluster-wide", allowed: everywhere,
-		req:   func(t *testing.T) admission.Request { return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ab), nil) },
+		req: func(t *testing.T) admission.Request {
+			return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ab), nil)
+		},
 		asked: []string{""},
 	}, {
 		name: "create asks per namespace when not allowed cluster-wide", allowed: map[string]bool{"a": true, "b": true},
-		req:   func(t *testing.T) admission.Request { return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ab), nil) },
+		req: func(t *testing.T) admission.Request {
+			return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ab), nil)
+		},
 		asked: []string{"", "a", "b"},
 	}, {
 		name: "create refused where the author may not write, naming only those", allowed: map[string]bool{"a": true},
-		req:  func(t *testing.T) admission.Request { return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ab), nil) },
+		req: func(t *testing.T) admission.Request {
+			return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ab), nil)
+		},
 		code: http.StatusForbidden, contains: []string{`user "alice" may not create secrets in 1 target namespace(s): b`}, absent: []string{" a,"},
 		asked: []string{"", "a", "b"},
 	}, {
