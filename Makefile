@@ -50,6 +50,18 @@ test: e2e-binaries
 e2e-binaries:
 	@hack/build-e2e-binaries.sh "$(K8S_VERSION_LDFLAGS)"
 
+# Container images of the three binaries (Dockerfile, one target each), built
+# with BuildKit: `make images REGISTRY=my.registry/resclass TAG=v0.1.0`, or one
+# of them with `make image-scheduler`.
+REGISTRY ?= ghcr.io/resclass
+TAG ?= dev
+IMAGES := node-agent scheduler webhook
+
+.PHONY: images $(addprefix image-,$(IMAGES))
+images: $(addprefix image-,$(IMAGES))
+$(addprefix image-,$(IMAGES)): image-%:
+	docker buildx build --target $* -t $(REGISTRY)/resclass-$*:$(TAG) .
+
 .PHONY: bench
 bench: e2e-binaries
 	hack/bench.sh $(BENCH)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds the binaries of the embedded cluster (e2e tests, `make demo`) into
-# _output/bin. Versions come from go.mod's tool block and hack/tools/go.mod; go
-# build leaves an up-to-date binary alone, so a warm run takes seconds.
+# Builds the binaries of the embedded cluster (e2e tests, `make demo`) and helm
+# (the Helm chart's tests) into _output/bin. Versions come from go.mod's tool
+# block and hack/tools/go.mod; go build leaves an up-to-date binary alone, so a
+# warm run takes seconds.
 #
 #   hack/build-e2e-binaries.sh LDFLAGS            every binary
-#   hack/build-e2e-binaries.sh LDFLAGS --no-kwok  all but kwok (make demo needs no simulated nodes)
+#   hack/build-e2e-binaries.sh LDFLAGS --no-kwok  all but kwok and helm (make demo needs neither)
 #
 # The main module's binaries are built by one `go build`, so that shared packages
 # compile once and one binary links while the next compiles; a line every 20s
@@ -61,5 +62,17 @@ if $with_kwok; then
     echo ---
     cat "$stages/$f"
   done >"$out/kwok-stages.yaml"
+
+  # helm renders and lints deploy/helm/resclass (deploy/install_test.go). It is
+  # told its version and the Kubernetes release of its client libraries, as
+  # helm's own release build does: `helm template` checks the chart's
+  # kubeVersion against that release.
+  echo ">> building helm ($((SECONDS - start))s)"
+  helm_version=$(go list -C hack/tools -m -f '{{.Version}}' helm.sh/helm/v3)
+  k8s_minor=$(go list -C hack/tools -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2)
+  go build -C hack/tools -o "$PWD/$out/helm" -ldflags "-X helm.sh/helm/v3/internal/version.version=$helm_version \
+    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor \
+    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$k8s_minor" \
+    helm.sh/helm/v3/cmd/helm
 fi
 echo ">> embedded cluster binaries ready in $out ($((SECONDS - start))s)"

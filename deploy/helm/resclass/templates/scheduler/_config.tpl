@@ -1,0 +1,49 @@
+{{/*
+The scheduler's KubeSchedulerConfiguration (deploy/scheduler/config.yaml).
+The checksum of it rolls the scheduler's pods: kube-scheduler reads it once.
+*/}}
+{{- define "resclass.schedulerConfig" -}}
+{{- $v := .Values.scheduler -}}
+{{- if not (has $v.strategy (list "FirstFit" "BinPack" "Spread" "NUMAAligned")) -}}
+{{- fail (printf "scheduler.strategy %q: want FirstFit, BinPack, Spread or NUMAAligned" $v.strategy) -}}
+{{- end -}}
+{{- if not (has $v.assignmentWrite (list "Binding" "PreBind")) -}}
+{{- fail (printf "scheduler.assignmentWrite %q: want Binding or PreBind" $v.assignmentWrite) -}}
+{{- end -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: true
+  resourceNamespace: {{ .Release.Namespace }}
+  resourceName: resclass-scheduler
+profiles:
+  - schedulerName: resclass-scheduler
+    plugins:
+      multiPoint:
+        enabled:
+          - name: ResourceClasses
+      bind:
+        # The first binder that does not skip binds: ResourceClasses for the
+        # pods it placed devices for, DefaultBinder for all others.
+        disabled:
+          - name: "*"
+        enabled:
+          - name: ResourceClasses
+          - name: DefaultBinder
+    pluginConfig:
+      - name: ResourceClasses
+        args:
+          strategy: {{ $v.strategy }}
+          assignmentWrite: {{ $v.assignmentWrite }}
+          statusUpdateInterval: {{ $v.statusUpdateInterval }}
+          statusLeaseNamespace: {{ .Release.Namespace }}
+      - name: NodeResourcesFit
+        args:
+          # ResourceClasses counts class requests itself (classes overlap).
+          ignoredResourceGroups: ["class.resclass.io"]
+          scoringStrategy:
+            type: LeastAllocated
+            resources:
+              - {name: cpu, weight: 1}
+              - {name: memory, weight: 1}
+{{- end }}

@@ -1,0 +1,1148 @@
+package deploy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/sets"
+	schedulerconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
+	schedulerscheme "k8s.io/kubernetes/pkg/scheduler/apis/config/scheme"
+	schedulervalidation "k8s.io/kubernetes/pkg/scheduler/apis/config/validation"
+	"sigs.k8s.io/yaml"
+
+	"github.com/resclass/resclass/deploy/install"
+	"github.com/resclass/resclass/pkg/quota"
+	"github.com/resclass/resclass/pkg/scheduler/resourceclasses"
+)
+
+const ns = install.Namespace
+
+// clusterScoped and namespaced are the kinds the install may contain; a kind
+// in neither fails the test, so that a new kind is placed deliberately.
+var (
+	clusterScoped = sets.New("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+		"ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+	namespaced = sets.New("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Secret", "Service",
+		"Deployment", "DaemonSet", "PodDisruptionBudget", "ResourceQuota", "Issuer", "Certificate")
+	// Objects that must live outside resclass-system, and why.
+	otherNamespace = map[string]string{
+		// The scheduler's delegated authentication reads
+		// kube-system/extension-apiserver-authentication.
+		"RoleBinding/kube-system/resclass-scheduler-auth-reader": "kube-system",
+	}
+)
+
+func TestKustomizeBase(t *testing.T) {
+	objs, err := install.Kustomize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := check(t, objs)
+
+	// Every generated CRD is installed: `make generate` may add files that
+	// kustomization.yaml must list by name.
+	root, err := install.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob(filepath.Join(root, "deploy/crds/*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want, got []string
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		crd, err := install.Decode(data)
+		if err != nil || len(crd) != 1 {
+			t.Fatalf("%s: %v", f, err)
+		}
+		want = append(want, crd[0].GetName())
+	}
+	for _, o := range set.kind("CustomResourceDefinition") {
+		got = append(got, o.GetName())
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("CRDs rendered %v, deploy/crds has %v: list every file of deploy/crds in deploy/kustomization.yaml", got, want)
+	}
+
+	nsObj := set.get(t, "Namespace", "", ns)
+	if l := nsObj.GetLabels()["pod-security.kubernetes.io/enforce"]; l != "privileged" {
+		t.Errorf("Namespace %s: pod-security.kubernetes.io/enforce = %q, want privileged (the node agent uses hostPath volumes)", ns, l)
+	}
+
+	// The kustomize base keeps the node agent privileged: NVML needs the GPUs'
+	// device nodes (deploy/node-agent/daemonset.yaml).
+	ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
+	if sc := ds.Spec.Template.Spec.Containers[0].SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		t.Errorf("node agent: want privileged (NVML)")
+	}
+}
+
+// TestHelmChart renders the chart with its defaults and with each option, and
+// checks that the defaults give the kustomize base's objects.
+func TestHelmChart(t *testing.T) {
+	ctx := context.Background()
+	root, err := install.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// helm reads the chart in another process: read it here too, so that go
+	// test's cache knows the result depends on it.
+	readAll(t, filepath.Join(root, install.Chart))
+
+	if out, err := install.Helm(ctx, "lint", "--strict", install.Chart); err != nil {
+		t.Fatalf("helm lint: %v\n%s", err, out)
+	}
+
+	// The chart's crds/ are copies of deploy/crds (Helm needs them inside the
+	// chart); `make generate` rewrites deploy/crds only.
+	t.Run("crds in sync", func(t *testing.T) {
+		generated, _ := filepath.Glob(filepath.Join(root, "deploy/crds/*.yaml"))
+		copies, _ := filepath.Glob(filepath.Join(root, install.Chart, "crds/*.yaml"))
+		if len(generated) == 0 || len(generated) != len(copies) {
+			t.Errorf("deploy/crds has %d CRDs, %s/crds %d", len(generated), install.Chart, len(copies))
+		}
+		for _, g := range generated {
+			want, _ := os.ReadFile(g)
+			got, err := os.ReadFile(filepath.Join(root, install.Chart, "crds", filepath.Base(g)))
+			if err != nil || !bytes.Equal(got, want) {
+				t.Errorf("%s/crds/%s differs from deploy/crds: run cp deploy/crds/*.yaml %s/crds/", install.Chart, filepath.Base(g), install.Chart)
+			}
+		}
+	})
+
+	t.Run("defaults are the kustomize base", func(t *testing.T) {
+		helmObjs, err := install.HelmTemplate(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, helmObjs)
+		kustomized, err := install.Kustomize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]any{}
+		for _, o := range kustomized {
+			// helm install --create-namespace creates it: a release cannot
+			// contain the namespace it is stored in.
+			if o.GetKind() == "Namespace" {
+				continue
+			}
+			n := normalize(t, o)
+			want[key(n)] = n.Object
+		}
+		got := map[string]any{}
+		for _, o := range helmObjs {
+			n := normalize(t, o)
+			got[key(n)] = n.Object
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("helm template (defaults) differs from the kustomize base (-kustomize +helm):\n%s", diff)
+		}
+	})
+
+	t.Run("images", func(t *testing.T) {
+		set := check(t, helmTemplate(t, map[string]any{
+			"image":     map[string]any{"registry": "registry.example/team", "tag": "v9"},
+			"scheduler": map[string]any{"image": map[string]any{"tag": "v10"}},
+		}))
+		for kind, want := range map[string]string{
+			"DaemonSet/resclass-node-agent": "registry.example/team/resclass-node-agent:v9",
+			"Deployment/resclass-scheduler": "registry.example/team/resclass-scheduler:v10",
+			"Deployment/resclass-webhook":   "registry.example/team/resclass-webhook:v9",
+		} {
+			k, name, _ := strings.Cut(kind, "/")
+			if got := podSpec(t, set, k, name).Containers[0].Image; got != want {
+				t.Errorf("%s: image %s, want %s", kind, got, want)
+			}
+		}
+	})
+
+	t.Run("cert-manager", func(t *testing.T) {
+		set := check(t, helmTemplate(t, map[string]any{"webhook": map[string]any{"certManagement": "certManager"}}))
+		if set.find("Secret", ns, "resclass-webhook-tls") != nil {
+			t.Errorf("certManager renders the Secret resclass-webhook-tls: the Certificate creates it")
+		}
+		set.get(t, "Issuer", ns, "resclass-selfsigned")
+		cert := set.get(t, "Certificate", ns, "resclass-webhook")
+		if s, _, _ := unstructured.NestedString(cert.Object, "spec", "secretName"); s != "resclass-webhook-tls" {
+			t.Errorf("Certificate secretName %q", s)
+		}
+		dns, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
+		if !slices.Contains(dns, "resclass-webhook."+ns+".svc") {
+			t.Errorf("Certificate dnsNames %v lack the Service's name", dns)
+		}
+		vwc := set.get(t, "ValidatingWebhookConfiguration", "", "resclass-webhook")
+		if a := vwc.GetAnnotations()["cert-manager.io/inject-ca-from"]; a != ns+"/resclass-webhook" {
+			t.Errorf("inject-ca-from = %q", a)
+		}
+		if args := containerArgs(t, set, "Deployment", "resclass-webhook"); !slices.Contains(args, "--cert-management=external") {
+			t.Errorf("webhook args %v lack --cert-management=external", args)
+		}
+	})
+
+	t.Run("webhook options", func(t *testing.T) {
+		set := check(t, helmTemplate(t, map[string]any{"webhook": map[string]any{
+			"allowEmptyNamespaceSelector": true, "quotaConfig": "", "replicas": 3,
+		}}))
+		args := containerArgs(t, set, "Deployment", "resclass-webhook")
+		if !slices.Contains(args, "--allow-empty-namespace-selector") {
+			t.Errorf("args %v lack --allow-empty-namespace-selector", args)
+		}
+		for _, a := range args {
+			if strings.HasPrefix(a, "--quota-config") {
+				t.Errorf("quotaConfig \"\" still passes %s", a)
+			}
+		}
+		if set.find("ConfigMap", ns, "resclass-webhook-quota") != nil {
+			t.Errorf("quotaConfig \"\" still renders the ConfigMap")
+		}
+		if d := typed[appsv1.Deployment](t, set.get(t, "Deployment", ns, "resclass-webhook")); *d.Spec.Replicas != 3 {
+			t.Errorf("replicas %d", *d.Spec.Replicas)
+		}
+	})
+
+	t.Run("scheduler options", func(t *testing.T) {
+		for _, strategy := range []string{"FirstFit", "BinPack", "Spread", "NUMAAligned"} {
+			set := check(t, helmTemplate(t, map[string]any{"scheduler": map[string]any{"strategy": strategy, "assignmentWrite": "PreBind"}}))
+			args := schedulerArgs(t, set)
+			if string(args.Strategy) != strategy || args.AssignmentWrite != resourceclasses.WriteInPreBind {
+				t.Errorf("strategy %s: the configuration says %s, %s", strategy, args.Strategy, args.AssignmentWrite)
+			}
+		}
+		for _, bad := range []map[string]any{{"strategy": "Random"}, {"assignmentWrite": "Patch"}} {
+			if objs, err := install.HelmTemplate(ctx, map[string]any{"scheduler": bad}); err == nil {
+				t.Errorf("scheduler %v rendered %d objects, want an error", bad, len(objs))
+			}
+		}
+	})
+
+	t.Run("node agent options", func(t *testing.T) {
+		set := check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{
+			"privileged": false,
+			"nvml":       map[string]any{"driverRoot": "/run/nvidia/driver"},
+		}}))
+		ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
+		c := ds.Spec.Template.Spec.Containers[0]
+		if sc := c.SecurityContext; sc.Privileged == nil || *sc.Privileged || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Errorf("privileged=false: securityContext %+v", sc)
+		}
+		if !slices.Contains(c.Args, "--nvml-library=/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1") {
+			t.Errorf("driverRoot: args %v", c.Args)
+		}
+		var mount *corev1.VolumeMount
+		for i := range c.VolumeMounts {
+			if c.VolumeMounts[i].MountPath == "/driver-root" {
+				mount = &c.VolumeMounts[i]
+			}
+		}
+		if mount == nil || !mount.ReadOnly || mount.MountPropagation == nil || *mount.MountPropagation != corev1.MountPropagationHostToContainer {
+			t.Errorf("driverRoot: mount %+v, want /driver-root read-only with HostToContainer propagation", mount)
+		}
+
+		set = check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"nvml": map[string]any{"library": ""}}}))
+		for _, a := range containerArgs(t, set, "DaemonSet", "resclass-node-agent") {
+			if strings.HasPrefix(a, "--nvml-library") {
+				t.Errorf("library \"\" still passes %s", a)
+			}
+		}
+		if _, err := install.HelmTemplate(ctx, map[string]any{"nodeAgent": map[string]any{"nvml": map[string]any{"library": "lib64/libnvidia-ml.so.1"}}}); err == nil {
+			t.Errorf("a library outside usr/ with driverRoot / rendered")
+		}
+	})
+
+	t.Run("components off", func(t *testing.T) {
+		for _, component := range []string{"nodeAgent", "scheduler", "webhook"} {
+			name := map[string]string{"nodeAgent": "node-agent", "scheduler": "scheduler", "webhook": "webhook"}[component]
+			objs := helmTemplate(t, map[string]any{component: map[string]any{"enabled": false}})
+			check(t, objs)
+			for _, o := range objs {
+				if strings.HasPrefix(o.GetName(), "resclass-"+name) {
+					t.Errorf("%s.enabled=false still renders %s", component, key(o))
+				}
+			}
+		}
+	})
+
+	t.Run("another namespace", func(t *testing.T) {
+		out, err := install.Helm(ctx, "template", install.ReleaseName, install.Chart, "--namespace", "gpu-system")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(out, []byte(ns)) {
+			t.Errorf("rendered into gpu-system, the chart still names %s", ns)
+		}
+	})
+}
+
+func helmTemplate(t *testing.T, values map[string]any) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := install.HelmTemplate(context.Background(), values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+// objects indexes a rendered install.
+type objects struct {
+	all   []*unstructured.Unstructured
+	byKey map[string]*unstructured.Unstructured
+}
+
+func key(o *unstructured.Unstructured) string {
+	if o.GetNamespace() == "" {
+		return o.GetKind() + "/" + o.GetName()
+	}
+	return o.GetKind() + "/" + o.GetNamespace() + "/" + o.GetName()
+}
+
+func (s *objects) find(kind, namespace, name string) *unstructured.Unstructured {
+	o := &unstructured.Unstructured{}
+	o.SetKind(kind)
+	o.SetNamespace(namespace)
+	o.SetName(name)
+	return s.byKey[key(o)]
+}
+
+func (s *objects) get(t *testing.T, kind, namespace, name string) *unstructured.Unstructured {
+	t.Helper()
+	o := s.find(kind, namespace, name)
+	if o == nil {
+		t.Fatalf("no %s %s/%s rendered", kind, namespace, name)
+	}
+	return o
+}
+
+func (s *objects) kind(kind string) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, o := range s.all {
+		if o.GetKind() == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// typed converts o strictly: a field the type does not have (a typo) fails.
+func typed[T any](t *testing.T, o *unstructured.Unstructured) *T {
+	t.Helper()
+	out := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, out, true); err != nil {
+		t.Fatalf("%s: %v", key(o), err)
+	}
+	return out
+}
+
+// workload is a Deployment's or DaemonSet's pod template.
+type workload struct {
+	key  string
+	spec corev1.PodSpec
+	meta map[string]string // pod labels
+}
+
+// check asserts what must hold of any rendering of the install, and returns
+// the objects indexed.
+func check(t *testing.T, objs []*unstructured.Unstructured) *objects {
+	t.Helper()
+	set := &objects{all: objs, byKey: map[string]*unstructured.Unstructured{}}
+	for _, o := range objs {
+		k := key(o)
+		if set.byKey[k] != nil {
+			t.Errorf("%s rendered twice", k)
+		}
+		set.byKey[k] = o
+		switch {
+		case clusterScoped.Has(o.GetKind()):
+			if o.GetNamespace() != "" {
+				t.Errorf("%s is cluster-scoped but has namespace %q", k, o.GetNamespace())
+			}
+		case namespaced.Has(o.GetKind()):
+			want := ns
+			if w, ok := otherNamespace[k]; ok {
+				want = w
+			}
+			if o.GetNamespace() != want {
+				t.Errorf("%s: namespace %q, want %q", k, o.GetNamespace(), want)
+			}
+		default:
+			t.Errorf("%s: kind %s is neither in clusterScoped nor in namespaced of this test: add it where it belongs", k, o.GetKind())
+		}
+	}
+
+	var workloads []workload
+	for _, o := range set.kind("Deployment") {
+		d := typed[appsv1.Deployment](t, o)
+		if d.Spec.Replicas == nil || *d.Spec.Replicas < 2 {
+			t.Errorf("%s: want at least 2 replicas", key(o))
+		}
+		workloads = append(workloads, workload{key(o), d.Spec.Template.Spec, d.Spec.Template.Labels})
+	}
+	for _, o := range set.kind("DaemonSet") {
+		d := typed[appsv1.DaemonSet](t, o)
+		if d.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || d.Spec.UpdateStrategy.RollingUpdate == nil || d.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable == nil {
+			t.Errorf("%s: want a RollingUpdate with maxUnavailable", key(o))
+		}
+		workloads = append(workloads, workload{key(o), d.Spec.Template.Spec, d.Spec.Template.Labels})
+	}
+	for _, w := range workloads {
+		checkPodSpec(t, set, w)
+	}
+
+	// Services and PDBs select pods of a workload, and a Service's named
+	// target port is one of its containers' ports.
+	selects := func(selector map[string]string) *workload {
+		for i, w := range workloads {
+			if len(selector) > 0 && labelsMatch(selector, w.meta) {
+				return &workloads[i]
+			}
+		}
+		return nil
+	}
+	for _, o := range set.kind("Service") {
+		s := typed[corev1.Service](t, o)
+		w := selects(s.Spec.Selector)
+		if w == nil {
+			t.Errorf("%s selects no workload's pods", key(o))
+			continue
+		}
+		for _, p := range s.Spec.Ports {
+			if containerPort(w.spec, p.TargetPort) == 0 {
+				t.Errorf("%s port %s: target %s is no container port of %s", key(o), p.Name, p.TargetPort.String(), w.key)
+			}
+		}
+	}
+	for _, o := range set.kind("PodDisruptionBudget") {
+		sel, _, _ := unstructured.NestedStringMap(o.Object, "spec", "selector", "matchLabels")
+		if selects(sel) == nil {
+			t.Errorf("%s selects no workload's pods", key(o))
+		}
+	}
+
+	// RBAC subjects are ServiceAccounts the install creates.
+	for _, kind := range []string{"RoleBinding", "ClusterRoleBinding"} {
+		for _, o := range set.kind(kind) {
+			b := typed[rbacv1.ClusterRoleBinding](t, o)
+			for _, s := range b.Subjects {
+				if s.Kind == "ServiceAccount" && set.find("ServiceAccount", s.Namespace, s.Name) == nil {
+					t.Errorf("%s binds ServiceAccount %s/%s, which is not rendered", key(o), s.Namespace, s.Name)
+				}
+			}
+			if b.RoleRef.Kind == "Role" && !strings.HasPrefix(b.RoleRef.Name, "extension-apiserver-") && set.find("Role", o.GetNamespace(), b.RoleRef.Name) == nil {
+				t.Errorf("%s refers to Role %s, which is not rendered", key(o), b.RoleRef.Name)
+			}
+			if b.RoleRef.Kind == "ClusterRole" && !strings.HasPrefix(b.RoleRef.Name, "system:") && set.find("ClusterRole", "", b.RoleRef.Name) == nil {
+				t.Errorf("%s refers to ClusterRole %s, which is not rendered", key(o), b.RoleRef.Name)
+			}
+		}
+	}
+
+	if set.find("DaemonSet", ns, "resclass-node-agent") != nil {
+		checkNodeAgent(t, set)
+	}
+	if set.find("Deployment", ns, "resclass-scheduler") != nil {
+		checkScheduler(t, set)
+	}
+	if set.find("Deployment", ns, "resclass-webhook") != nil {
+		checkWebhook(t, set)
+	}
+	return set
+}
+
+func labelsMatch(selector, labels map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// containerPort resolves a Service's targetPort in a pod; 0 if it is none.
+func containerPort(spec corev1.PodSpec, target intstr.IntOrString) int32 {
+	for _, c := range spec.Containers {
+		for _, p := range c.Ports {
+			if (target.Type == intstr.String && p.Name == target.StrVal) || (target.Type == intstr.Int && p.ContainerPort == target.IntVal) {
+				return p.ContainerPort
+			}
+		}
+	}
+	return 0
+}
+
+// writableHostPaths are the host directories the node agent writes to: the
+// kubelet's device-plugin sockets and its own introspection socket.
+var writableHostPaths = sets.New("/var/lib/kubelet/device-plugins", "/var/run/resclass")
+
+var imageRef = regexp.MustCompile(`^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+:[A-Za-z0-9._-]+$`)
+
+func checkPodSpec(t *testing.T, set *objects, w workload) {
+	t.Helper()
+	spec := w.spec
+	if spec.ServiceAccountName == "" || set.find("ServiceAccount", ns, spec.ServiceAccountName) == nil {
+		t.Errorf("%s runs as ServiceAccount %q, which is not rendered", w.key, spec.ServiceAccountName)
+	}
+	if spec.NodeSelector["kubernetes.io/os"] != "linux" {
+		t.Errorf("%s: want nodeSelector kubernetes.io/os: linux", w.key)
+	}
+	if spec.PriorityClassName == "" {
+		t.Errorf("%s: no priorityClassName", w.key)
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = v
+		if v.ConfigMap != nil && set.find("ConfigMap", ns, v.ConfigMap.Name) == nil {
+			t.Errorf("%s: volume %s mounts ConfigMap %s, which is not rendered", w.key, v.Name, v.ConfigMap.Name)
+		}
+		if v.Secret != nil && set.find("Secret", ns, v.Secret.SecretName) == nil {
+			t.Errorf("%s: volume %s mounts Secret %s, which is not rendered", w.key, v.Name, v.Secret.SecretName)
+		}
+	}
+	for _, c := range spec.Containers {
+		where := w.key + " container " + c.Name
+		if !imageRef.MatchString(c.Image) || strings.HasSuffix(c.Image, ":latest") {
+			t.Errorf("%s: image %q, want registry/repository:tag (not latest)", where, c.Image)
+		}
+		for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+			if _, ok := c.Resources.Requests[r]; !ok {
+				t.Errorf("%s: no %s request", where, r)
+			}
+		}
+		if _, ok := c.Resources.Limits[corev1.ResourceMemory]; !ok {
+			t.Errorf("%s: no memory limit", where)
+		}
+		sc := c.SecurityContext
+		if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			t.Errorf("%s: want securityContext.readOnlyRootFilesystem", where)
+			continue
+		}
+		privileged := sc.Privileged != nil && *sc.Privileged
+		if !privileged {
+			if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+				t.Errorf("%s: want allowPrivilegeEscalation: false", where)
+			}
+			if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) > 0 {
+				t.Errorf("%s: want capabilities {drop: [ALL]}", where)
+			}
+		}
+		// Only the node agent runs as root (the kubelet's device-plugin
+		// directory is root's).
+		root := sc.RunAsUser != nil && *sc.RunAsUser == 0
+		if root != (c.Name == "node-agent") {
+			t.Errorf("%s: runs as root: %v", where, root)
+		}
+		if !root && (spec.SecurityContext == nil || spec.SecurityContext.RunAsNonRoot == nil || !*spec.SecurityContext.RunAsNonRoot) {
+			t.Errorf("%s: want runAsNonRoot", where)
+		}
+		for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+			if p == nil || p.HTTPGet == nil {
+				t.Errorf("%s: want HTTP liveness and readiness probes", where)
+				continue
+			}
+			if containerPort(corev1.PodSpec{Containers: []corev1.Container{c}}, p.HTTPGet.Port) == 0 {
+				t.Errorf("%s: probe %s on port %s, which the container does not declare", where, p.HTTPGet.Path, p.HTTPGet.Port.String())
+			}
+		}
+		for _, m := range c.VolumeMounts {
+			v, ok := volumes[m.Name]
+			if !ok {
+				t.Errorf("%s: mounts volume %s, which the pod does not have", where, m.Name)
+				continue
+			}
+			// A subPath mount of a ConfigMap never sees updates.
+			if v.ConfigMap != nil && m.SubPath != "" {
+				t.Errorf("%s: ConfigMap %s mounted with subPath: edits would not reach it", where, v.ConfigMap.Name)
+			}
+			// The agent writes its sockets, nothing else, on the host.
+			if v.HostPath != nil && !m.ReadOnly && !writableHostPaths.Has(v.HostPath.Path) {
+				t.Errorf("%s: host path %s is mounted writable", where, v.HostPath.Path)
+			}
+		}
+	}
+}
+
+// arg returns the value of --name=value in args, and whether it is there.
+func arg(args []string, name string) (string, bool) {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+func containerArgs(t *testing.T, set *objects, kind, name string) []string {
+	t.Helper()
+	spec := podSpec(t, set, kind, name)
+	return spec.Containers[0].Args
+}
+
+func podSpec(t *testing.T, set *objects, kind, name string) corev1.PodSpec {
+	t.Helper()
+	o := set.get(t, kind, ns, name)
+	if kind == "DaemonSet" {
+		return typed[appsv1.DaemonSet](t, o).Spec.Template.Spec
+	}
+	return typed[appsv1.Deployment](t, o).Spec.Template.Spec
+}
+
+// mountedFile finds the volume a file path lies in and returns it with the
+// path below the mount.
+func mountedFile(spec corev1.PodSpec, file string) (*corev1.Volume, string) {
+	for _, m := range spec.Containers[0].VolumeMounts {
+		rel, ok := strings.CutPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/")
+		if !ok {
+			continue
+		}
+		for i, v := range spec.Volumes {
+			if v.Name == m.Name {
+				return &spec.Volumes[i], rel
+			}
+		}
+	}
+	return nil, ""
+}
+
+// configMapFile returns the content of a file the container reads from a
+// mounted ConfigMap.
+func configMapFile(t *testing.T, set *objects, spec corev1.PodSpec, file string) string {
+	t.Helper()
+	v, rel := mountedFile(spec, file)
+	if v == nil || v.ConfigMap == nil {
+		t.Fatalf("%s is on no mounted ConfigMap", file)
+	}
+	cm := typed[corev1.ConfigMap](t, set.get(t, "ConfigMap", ns, v.ConfigMap.Name))
+	data, ok := cm.Data[rel]
+	if !ok {
+		t.Fatalf("ConfigMap %s has no key %s (for %s)", cm.Name, rel, file)
+	}
+	return data
+}
+
+func checkNodeAgent(t *testing.T, set *objects) {
+	t.Helper()
+	spec := podSpec(t, set, "DaemonSet", "resclass-node-agent")
+	c := spec.Containers[0]
+	var nodeName bool
+	for _, e := range c.Env {
+		nodeName = nodeName || (e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName")
+	}
+	if !nodeName {
+		t.Errorf("node agent: no NODE_NAME from spec.nodeName")
+	}
+	hostPathAt := func(file string) string {
+		v, rel := mountedFile(spec, file)
+		if v == nil || v.HostPath == nil {
+			return ""
+		}
+		return path.Join(v.HostPath.Path, rel)
+	}
+	dir, _ := arg(c.Args, "device-plugin-dir")
+	if got := hostPathAt(path.Join(dir, "kubelet.sock")); got != "/var/lib/kubelet/device-plugins/kubelet.sock" {
+		t.Errorf("node agent: --device-plugin-dir %q is host path %q, want the kubelet's /var/lib/kubelet/device-plugins", dir, got)
+	}
+	sock, _ := arg(c.Args, "introspection-socket")
+	if hostPathAt(sock) == "" {
+		t.Errorf("node agent: --introspection-socket %q is not on a host path (node-agent status on the node reads it)", sock)
+	}
+	hostRoot, _ := arg(c.Args, "host-root")
+	for _, p := range []string{"sys", "dev", "usr"} {
+		if got := hostPathAt(path.Join(hostRoot, p, "x")); got != path.Join("/", p, "x") {
+			t.Errorf("node agent: --host-root %q: %s/%s is host path %q, want /%s", hostRoot, hostRoot, p, got, p)
+		}
+	}
+	if lib, ok := arg(c.Args, "nvml-library"); ok && hostPathAt(lib) == "" {
+		t.Errorf("node agent: --nvml-library %q is on no host path", lib)
+	}
+	if !slices.ContainsFunc(spec.Tolerations, func(tol corev1.Toleration) bool {
+		return tol.Key == "nvidia.com/gpu" && tol.Operator == corev1.TolerationOpExists
+	}) {
+		t.Errorf("node agent: does not tolerate nvidia.com/gpu taints")
+	}
+	port := containerPort(spec, intstr.FromString("metrics"))
+	if addr, _ := arg(c.Args, "metrics-bind-address"); addr != fmt.Sprintf(":%d", port) {
+		t.Errorf("node agent: --metrics-bind-address %q, container port %d", addr, port)
+	}
+
+	// The admission policy names the agent's ServiceAccount in this namespace.
+	vap := typed[admissionregistrationv1.ValidatingAdmissionPolicy](t, set.get(t, "ValidatingAdmissionPolicy", "", "resclass-node-agent-own-node"))
+	user := fmt.Sprintf("system:serviceaccount:%s:%s", ns, spec.ServiceAccountName)
+	if len(vap.Spec.MatchConditions) == 0 || !strings.Contains(vap.Spec.MatchConditions[0].Expression, `"`+user+`"`) {
+		t.Errorf("ValidatingAdmissionPolicy does not match %s: %+v", user, vap.Spec.MatchConditions)
+	}
+	set.get(t, "ValidatingAdmissionPolicyBinding", "", "resclass-node-agent-own-node")
+}
+
+// schedulerConfig decodes the scheduler's --config as kube-scheduler does
+// (its scheme: conversion and defaults), and validates it.
+func schedulerConfig(t *testing.T, set *objects) *schedulerconfig.KubeSchedulerConfiguration {
+	t.Helper()
+	spec := podSpec(t, set, "Deployment", "resclass-scheduler")
+	file, ok := arg(spec.Containers[0].Args, "config")
+	if !ok {
+		t.Fatalf("scheduler: no --config")
+	}
+	data := configMapFile(t, set, spec, file)
+	obj, _, err := schedulerscheme.Codecs.UniversalDecoder().Decode([]byte(data), nil, nil)
+	if err != nil {
+		t.Fatalf("scheduler --config: %v", err)
+	}
+	cfg, ok := obj.(*schedulerconfig.KubeSchedulerConfiguration)
+	if !ok {
+		t.Fatalf("scheduler --config: a %T", obj)
+	}
+	if err := schedulervalidation.ValidateKubeSchedulerConfiguration(cfg); err != nil {
+		t.Errorf("scheduler --config: %v", err)
+	}
+	return cfg
+}
+
+func schedulerArgs(t *testing.T, set *objects) *resourceclasses.Args {
+	t.Helper()
+	cfg := schedulerConfig(t, set)
+	for _, pc := range cfg.Profiles[0].PluginConfig {
+		if pc.Name == resourceclasses.Name {
+			args, err := resourceclasses.DecodeArgs(pc.Args, ns)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return args
+		}
+	}
+	t.Fatalf("scheduler: no %s pluginConfig", resourceclasses.Name)
+	return nil
+}
+
+func checkScheduler(t *testing.T, set *objects) {
+	t.Helper()
+	cfg := schedulerConfig(t, set)
+	if len(cfg.Profiles) != 1 || cfg.Profiles[0].SchedulerName != "resclass-scheduler" {
+		t.Errorf("scheduler: profiles %+v, want one, resclass-scheduler", cfg.Profiles)
+	}
+	le := cfg.LeaderElection
+	if !le.LeaderElect || le.ResourceNamespace != ns {
+		t.Errorf("scheduler: leaderElection %+v, want leaderElect in %s (2 replicas)", le, ns)
+	}
+	args := schedulerArgs(t, set)
+	if args.StatusLeaseNamespace != ns {
+		t.Errorf("scheduler: statusLeaseNamespace %q", args.StatusLeaseNamespace)
+	}
+	// Its Role allows exactly the Leases the configuration names.
+	role := typed[rbacv1.Role](t, set.get(t, "Role", ns, "resclass-scheduler-leases"))
+	var names []string
+	for _, r := range role.Rules {
+		names = append(names, r.ResourceNames...)
+	}
+	for _, lease := range []string{le.ResourceName, args.StatusLeaseName} {
+		if !slices.Contains(names, lease) {
+			t.Errorf("scheduler: Role resclass-scheduler-leases does not grant the Lease %s", lease)
+		}
+	}
+	spec := podSpec(t, set, "Deployment", "resclass-scheduler")
+	for _, p := range []*corev1.Probe{spec.Containers[0].LivenessProbe, spec.Containers[0].ReadinessProbe} {
+		if p.HTTPGet.Scheme != corev1.URISchemeHTTPS || containerPort(spec, p.HTTPGet.Port) != 10259 {
+			t.Errorf("scheduler: probe %s, want HTTPS on the secure port 10259", p.HTTPGet.Path)
+		}
+	}
+}
+
+func checkWebhook(t *testing.T, set *objects) {
+	t.Helper()
+	spec := podSpec(t, set, "Deployment", "resclass-webhook")
+	c := spec.Containers[0]
+	var podNamespace bool
+	for _, e := range c.Env {
+		podNamespace = podNamespace || (e.Name == "POD_NAMESPACE" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace")
+	}
+	if !podNamespace {
+		t.Errorf("webhook: no POD_NAMESPACE")
+	}
+
+	// The apiserver reaches every webhook through the Service, on the
+	// container's --webhook-port.
+	webhookPort := int32(9443)
+	if _, ok := arg(c.Args, "webhook-port"); ok {
+		t.Errorf("webhook: --webhook-port is set; this test assumes the default 9443")
+	}
+	vwc := typed[admissionregistrationv1.ValidatingWebhookConfiguration](t, set.get(t, "ValidatingWebhookConfiguration", "", "resclass-webhook"))
+	if len(vwc.Webhooks) == 0 {
+		t.Errorf("webhook: the configuration has no webhooks")
+	}
+	for _, wh := range vwc.Webhooks {
+		ref := wh.ClientConfig.Service
+		if ref == nil {
+			t.Errorf("webhook %s: no clientConfig.service", wh.Name)
+			continue
+		}
+		svcObj := set.find("Service", ref.Namespace, ref.Name)
+		if svcObj == nil {
+			t.Errorf("webhook %s: Service %s/%s is not rendered", wh.Name, ref.Namespace, ref.Name)
+			continue
+		}
+		svc := typed[corev1.Service](t, svcObj)
+		port := int32(443)
+		if ref.Port != nil {
+			port = *ref.Port
+		}
+		i := slices.IndexFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == port })
+		if i < 0 || containerPort(spec, svc.Spec.Ports[i].TargetPort) != webhookPort {
+			t.Errorf("webhook %s: Service %s port %d does not lead to container port %d", wh.Name, ref.Name, port, webhookPort)
+		}
+		if svc.Spec.ClusterIP == corev1.ClusterIPNone {
+			t.Errorf("webhook: Service %s is headless; the apiserver needs a ClusterIP", ref.Name)
+		}
+		if wh.NamespaceSelector != nil && !slices.ContainsFunc(wh.NamespaceSelector.MatchExpressions, func(r metav1.LabelSelectorRequirement) bool {
+			return r.Key == "kubernetes.io/metadata.name" && r.Operator == "NotIn" && slices.Contains(r.Values, ns)
+		}) {
+			t.Errorf("webhook %s: its own namespace %s is not excluded", wh.Name, ns)
+		}
+	}
+	if set.find("Secret", ns, "resclass-webhook-tls") == nil && set.find("Certificate", ns, "resclass-webhook") == nil {
+		t.Errorf("webhook: neither the Secret resclass-webhook-tls nor a Certificate for it")
+	}
+	if dir, _ := arg(c.Args, "cert-dir"); func() bool {
+		v, _ := mountedFile(spec, path.Join(dir, "tls.crt"))
+		return v == nil || v.EmptyDir == nil
+	}() {
+		t.Errorf("webhook: --cert-dir %q is not an emptyDir", dir)
+	}
+	if file, ok := arg(c.Args, "quota-config"); ok {
+		if _, err := quota.Parse([]byte(configMapFile(t, set, spec, file))); err != nil {
+			t.Errorf("webhook --quota-config: %v", err)
+		}
+	}
+	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+		if containerPort(spec, p.HTTPGet.Port) != 8081 {
+			t.Errorf("webhook: probe %s not on --health-probe-bind-address :8081", p.HTTPGet.Path)
+		}
+	}
+}
+
+// helmLabels are the labels only the chart sets.
+var helmLabels = []string{"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"}
+
+var hashSuffix = regexp.MustCompile(`^(resclass-scheduler-config)-[a-z0-9]{10}$`)
+
+// normalize removes what legitimately differs between the chart and the
+// kustomize base: Helm's labels, the content-hash suffix kustomize gives the
+// scheduler's ConfigMap (the chart rolls the pods by a checksum annotation
+// instead), the formatting of configuration files in ConfigMaps, and blank
+// lines in multi-line strings: kustomize's YAML round trip re-folds a folded
+// scalar (>-) with more-indented lines so that it reads back with an extra
+// blank line before them. Only the CEL expressions of the admission policy
+// and the webhook configuration are written so, and CEL ignores whitespace.
+func normalize(t *testing.T, o *unstructured.Unstructured) *unstructured.Unstructured {
+	t.Helper()
+	o = o.DeepCopy()
+	labels := o.GetLabels()
+	for _, l := range helmLabels {
+		delete(labels, l)
+	}
+	o.SetLabels(labels)
+	if len(labels) == 0 {
+		unstructured.RemoveNestedField(o.Object, "metadata", "labels")
+	}
+	o.SetName(hashSuffix.ReplaceAllString(o.GetName(), "$1"))
+	if o.GetKind() == "Deployment" || o.GetKind() == "DaemonSet" {
+		unstructured.RemoveNestedField(o.Object, "spec", "template", "metadata", "annotations", "checksum/config")
+		if a, _, _ := unstructured.NestedMap(o.Object, "spec", "template", "metadata", "annotations"); len(a) == 0 {
+			unstructured.RemoveNestedField(o.Object, "spec", "template", "metadata", "annotations")
+		}
+		volumes, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "volumes")
+		for _, v := range volumes {
+			if cm, ok := v.(map[string]any)["configMap"].(map[string]any); ok {
+				cm["name"] = hashSuffix.ReplaceAllString(cm["name"].(string), "$1")
+			}
+		}
+		_ = unstructured.SetNestedSlice(o.Object, volumes, "spec", "template", "spec", "volumes")
+	}
+	o.Object = collapseBlankLines(o.Object).(map[string]any)
+	if o.GetKind() == "ConfigMap" {
+		data, _, _ := unstructured.NestedStringMap(o.Object, "data")
+		parsed := map[string]any{}
+		for k, v := range data {
+			var doc any
+			if err := yaml.Unmarshal([]byte(v), &doc); err != nil {
+				t.Fatalf("%s data %s: %v", key(o), k, err)
+			}
+			parsed[k] = doc
+		}
+		o.Object["data"] = parsed
+	}
+	return o
+}
+
+// TestDockerfile checks the Dockerfile without a Docker engine: the three
+// targets exist, every base image is one of the known tags, each target's
+// binary comes from a go build of its ./cmd package, and each runs as the
+// user it should.
+func TestDockerfile(t *testing.T) {
+	root, err := install.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goVersion := goDirective(t, filepath.Join(root, "go.mod"))
+	golang := "golang:" + goVersion + "-bookworm"
+	known := map[string]bool{
+		golang: true,
+		"gcr.io/distroless/base-debian12:nonroot":   true,
+		"gcr.io/distroless/static-debian12:nonroot": true,
+	}
+	stages := parseDockerfile(t, data)
+	byName := map[string]*stage{}
+	for _, s := range stages {
+		if s.name != "" {
+			byName[s.name] = s
+		}
+		if byName[s.from] == nil && !known[s.from] {
+			t.Errorf("FROM %s: not a known base image (want one of %v; the builder's Go is go.mod's %s)", s.from, slices.Sorted(maps.Keys(known)), goVersion)
+		}
+	}
+	// build follows FROM <stage> back to the stage a RUN builds binary in.
+	for target, want := range map[string]struct{ base, user, cgo string }{
+		"node-agent": {"gcr.io/distroless/base-debian12:nonroot", "0:0", "CGO_ENABLED=1"},
+		"scheduler":  {"gcr.io/distroless/static-debian12:nonroot", "65532:65532", "CGO_ENABLED=0"},
+		"webhook":    {"gcr.io/distroless/static-debian12:nonroot", "65532:65532", "CGO_ENABLED=0"},
+	} {
+		s := byName[target]
+		if s == nil {
+			t.Errorf("no target %s", target)
+			continue
+		}
+		if s.from != want.base {
+			t.Errorf("%s: FROM %s, want %s", target, s.from, want.base)
+		}
+		if s.user != want.user {
+			t.Errorf("%s: USER %q, want %q", target, s.user, want.user)
+		}
+		if len(s.entrypoint) == 0 {
+			t.Errorf("%s: no ENTRYPOINT", target)
+		}
+		// The binary the entrypoint runs is copied from a build stage.
+		var from, src string
+		for _, c := range s.copies {
+			if c.dst == s.entrypoint {
+				from, src = c.from, c.src
+			}
+		}
+		build := byName[from]
+		if build == nil {
+			t.Errorf("%s: ENTRYPOINT %s is not copied from a build stage", target, s.entrypoint)
+			continue
+		}
+		var run string
+		for _, r := range build.runs {
+			if strings.Contains(r, "go build") && strings.Contains(r, "-o "+src) {
+				run = r
+			}
+		}
+		if run == "" {
+			t.Errorf("%s: stage %s has no go build -o %s", target, from, src)
+			continue
+		}
+		for _, w := range []string{" ./cmd/" + target, "-trimpath", want.cgo, "--mount=type=cache,target=/go/pkg/mod", "--mount=type=cache,target=/root/.cache/go-build"} {
+			if !strings.Contains(run, w) {
+				t.Errorf("%s: the go build does not have %q: %s", target, w, run)
+			}
+		}
+		if target == "scheduler" && !strings.Contains(run, "k8s.io/component-base/version.gitVersion=") {
+			t.Errorf("scheduler: built without the Makefile's K8S_VERSION_LDFLAGS: %s", run)
+		}
+	}
+
+	ignore, err := os.ReadFile(filepath.Join(root, ".dockerignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{".git", "_output", "bin"} {
+		if !slices.Contains(strings.Fields(string(ignore)), p) {
+			t.Errorf(".dockerignore does not exclude %s", p)
+		}
+	}
+}
+
+// TestMakeImages checks that `make images` builds each target with its tag.
+func TestMakeImages(t *testing.T) {
+	root, err := install.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, filepath.Join(root, "Makefile")) // for go test's cache: make reads it
+	cmd := exec.Command("make", "-n", "images", "REGISTRY=registry.example/team", "TAG=v9")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("make -n images: %v\n%s", err, out)
+	}
+	for _, target := range []string{"node-agent", "scheduler", "webhook"} {
+		want := fmt.Sprintf("docker buildx build --target %s -t registry.example/team/resclass-%s:v9 .", target, target)
+		if !strings.Contains(string(out), want) {
+			t.Errorf("make -n images does not run %q:\n%s", want, out)
+		}
+	}
+}
+
+type copyInstr struct{ from, src, dst string }
+
+type stage struct {
+	from, name, user, entrypoint string
+	runs                         []string
+	copies                       []copyInstr
+}
+
+// parseDockerfile reads the instructions this test checks (FROM, USER, RUN,
+// COPY, ENTRYPOINT), with line continuations joined and comments left out.
+// It is no full Dockerfile parser: a construct it does not know fails.
+func parseDockerfile(t *testing.T, data []byte) []*stage {
+	t.Helper()
+	var stages []*stage
+	var logical []string
+	var cur strings.Builder
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if strings.HasPrefix(line, "#") || (line == "" && cur.Len() == 0) {
+			continue
+		}
+		if l, ok := strings.CutSuffix(line, `\`); ok {
+			cur.WriteString(l + " ")
+			continue
+		}
+		cur.WriteString(line)
+		logical = append(logical, cur.String())
+		cur.Reset()
+	}
+	for _, l := range logical {
+		f := strings.Fields(l)
+		instr, rest := strings.ToUpper(f[0]), f[1:]
+		if instr == "FROM" {
+			s := &stage{}
+			for len(rest) > 0 && strings.HasPrefix(rest[0], "--") {
+				rest = rest[1:]
+			}
+			switch {
+			case len(rest) == 1:
+				s.from = rest[0]
+			case len(rest) == 3 && strings.EqualFold(rest[1], "AS"):
+				s.from, s.name = rest[0], rest[2]
+			default:
+				t.Fatalf("Dockerfile: cannot read %q", l)
+			}
+			stages = append(stages, s)
+			continue
+		}
+		if len(stages) == 0 {
+			t.Fatalf("Dockerfile: %q before the first FROM", l)
+		}
+		s := stages[len(stages)-1]
+		switch instr {
+		case "RUN":
+			s.runs = append(s.runs, strings.Join(rest, " "))
+		case "USER":
+			s.user = rest[0]
+		case "COPY":
+			c := copyInstr{}
+			for len(rest) > 0 && strings.HasPrefix(rest[0], "--") {
+				if v, ok := strings.CutPrefix(rest[0], "--from="); ok {
+					c.from = v
+				}
+				rest = rest[1:]
+			}
+			if len(rest) == 2 {
+				c.src, c.dst = rest[0], rest[1]
+			}
+			s.copies = append(s.copies, c)
+		case "ENTRYPOINT":
+			var argv []string
+			if err := yaml.Unmarshal([]byte(strings.Join(rest, " ")), &argv); err != nil || len(argv) == 0 {
+				t.Fatalf("Dockerfile: ENTRYPOINT %q is not an exec-form array", l)
+			}
+			s.entrypoint = argv[0]
+		case "WORKDIR", "ARG", "ENV", "LABEL":
+		default:
+			t.Fatalf("Dockerfile: this test does not know %s (%q): teach parseDockerfile", instr, l)
+		}
+	}
+	return stages
+}
+
+// goDirective is go.mod's go version as major.minor (the golang image tag).
+func goDirective(t *testing.T, gomod string) string {
+	t.Helper()
+	data, err := os.ReadFile(gomod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(data)
+	if m == nil {
+		t.Fatalf("%s: no go directive", gomod)
+	}
+	return string(m[1])
+}
+
+// collapseBlankLines removes the blank lines of every multi-line string in v.
+func collapseBlankLines(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			v[k] = collapseBlankLines(e)
+		}
+	case []any:
+		for i, e := range v {
+			v[i] = collapseBlankLines(e)
+		}
+	case string:
+		if strings.Contains(v, "\n\n") {
+			lines := strings.Split(v, "\n")
+			return strings.Join(slices.DeleteFunc(lines, func(l string) bool { return strings.TrimSpace(l) == "" }), "\n")
+		}
+	}
+	return v
+}
+
+// readAll reads every file below root (or root itself): go test caches a
+// result until a file the test process opened changes, and the files helm and
+// make read in their own processes would otherwise not count.
+func readAll(t *testing.T, root string) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		_, err = os.ReadFile(p)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
