@@ -67,6 +67,9 @@ if $with_kwok; then
   # told its version and the Kubernetes release of its client libraries, as
   # helm's own release build does: `helm template` checks the chart's
   # kubeVersion against that release.
+  # kustomize renders deploy/ for the same tests (`kubectl kustomize` without kubectl).
+  echo ">> building kustomize ($((SECONDS - start))s)"
+  go build -C hack/tools -o "$PWD/$out/kustomize" sigs.k8s.io/kustomize/kustomize/v5
   echo ">> building helm ($((SECONDS - start))s)"
   helm_version=$(go list -C hack/tools -m -f '{{.Version}}' helm.sh/helm/v3)
   k8s_minor=$(go list -C hack/tools -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2)

@@ -1,7 +1,10 @@
 // Package install renders resclass's install artifacts into objects: the
-// kustomize base deploy/ (with kustomize's own library, as `kubectl kustomize
-// deploy` does) and the Helm chart deploy/helm/resclass (with the helm binary
-// `make e2e-binaries` builds into _output/bin). Tests check the rendered sets
+// kustomize base deploy/ and the Helm chart deploy/helm/resclass, with the
+// kustomize and helm binaries `make e2e-binaries` builds into _output/bin.
+// (Binaries, not kustomize's library: it imports Go's plugin package, which
+// makes the linker bind every symbol at load time, and the e2e test binary,
+// which links go-nvml's lazily bound NVML symbols, would no longer start on a
+// machine without NVML.) Tests check the rendered sets
 // (deploy/install_test.go) and dry-run them against a real apiserver.
 package install
 
@@ -18,8 +21,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 )
 
@@ -32,6 +33,9 @@ const (
 	Chart = "deploy/helm/resclass"
 	// Base is the kustomize base, relative to the repository root.
 	Base = "deploy"
+	// KustomizeBinary is where `make e2e-binaries` builds kustomize, relative
+	// to the repository root.
+	KustomizeBinary = "_output/bin/kustomize"
 	// HelmBinary is where `make e2e-binaries` builds helm, relative to the
 	// repository root.
 	HelmBinary = "_output/bin/helm"
@@ -47,16 +51,12 @@ func Kustomize() ([]*unstructured.Unstructured, error) {
 	return KustomizeDir(filepath.Join(root, Base))
 }
 
-// KustomizeDir renders the kustomization in dir with kustomize's defaults
-// (files only below dir, builtin plugins only), as `kubectl kustomize dir` does.
+// KustomizeDir renders the kustomization in dir as `kubectl kustomize dir`
+// does (files only below dir, builtin plugins only).
 func KustomizeDir(dir string) ([]*unstructured.Unstructured, error) {
-	resources, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	out, err := run(context.Background(), KustomizeBinary, nil, "build", dir)
 	if err != nil {
-		return nil, fmt.Errorf("kustomize %s: %w", dir, err)
-	}
-	out, err := resources.AsYaml()
-	if err != nil {
-		return nil, fmt.Errorf("kustomize %s: %w", dir, err)
+		return nil, err
 	}
 	return Decode(out)
 }
@@ -104,30 +104,36 @@ func HelmTemplate(ctx context.Context, values map[string]any) ([]*unstructured.U
 // standard output. Helm keeps its cache, config and data in a temporary
 // directory: nothing of the user's helm setup is read or written.
 func Helm(ctx context.Context, args ...string) ([]byte, error) {
-	root, err := RepoRoot()
-	if err != nil {
-		return nil, err
-	}
-	bin := filepath.Join(root, HelmBinary)
-	if _, err := os.Stat(bin); err != nil {
-		return nil, fmt.Errorf("%s is missing: run `make e2e-binaries` (it builds helm from hack/tools)", HelmBinary)
-	}
 	home, err := os.MkdirTemp("", "resclass-helm-")
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = os.RemoveAll(home) }()
+	return run(ctx, HelmBinary, []string{
+		"HELM_CACHE_HOME=" + filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME=" + filepath.Join(home, "config"),
+		"HELM_DATA_HOME=" + filepath.Join(home, "data"),
+	}, args...)
+}
+
+// run runs one of the tools `make e2e-binaries` builds, in the repository
+// root, and returns its standard output.
+func run(ctx context.Context, tool string, env []string, args ...string) ([]byte, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	bin := filepath.Join(root, tool)
+	if _, err := os.Stat(bin); err != nil {
+		return nil, fmt.Errorf("%s is missing: run `make e2e-binaries` (it builds it from hack/tools)", tool)
+	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(),
-		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
-		"HELM_DATA_HOME="+filepath.Join(home, "data"),
-	)
+	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return stdout.Bytes(), fmt.Errorf("helm %v: %w\n%s%s", args, err, stdout.Bytes(), stderr.Bytes())
+		return stdout.Bytes(), fmt.Errorf("%s %v: %w\n%s%s", filepath.Base(tool), args, err, stdout.Bytes(), stderr.Bytes())
 	}
 	return stdout.Bytes(), nil
 }
