@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	authorizationv1 "k8s.io/api/authorization/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -116,7 +116,7 @@ func TestComponentsCannotDoMore(t *testing.T) {
 	sa := func(name string) string { return "system:serviceaccount:resclass-system:" + name }
 	type check struct {
 		verb, group, resource, subresource, namespace, name string
-		allowed                                              bool
+		allowed                                             bool
 	}
 	for _, c := range []struct {
 		user   string
