@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 
@@ -395,7 +394,7 @@ func configMap(name string, data map[string]string) []byte {
 // grant gives user rule, cluster-wide when ns is "".
 func grant(t *testing.T, ctx context.Context, user, ns string, rule rbacv1.PolicyRule) {
 	t.Helper()
-	var c kubernetes.Interface = cluster.Client
+	c := cluster.Client
 	name := fmt.Sprintf("%s-%d", user, len(rule.Resources[0]))
 	subject := []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: user, APIGroup: rbacv1.GroupName}}
 	if ns == "" {

@@ -221,8 +221,8 @@ func TestParseResourceRefusals(t *testing.T) {
 
 		{"unknown top-level field", raw(cm(name, `"spec":{}`)),
 			[]fieldErr{{field.ErrorTypeForbidden, "spec.resource.spec"}}, "unknown field"},
-		{"unknown metadata field", raw(cm(name+`,"nmae":"x"`, "")),
-			[]fieldErr{{field.ErrorTypeForbidden, "spec.resource.metadata.nmae"}}, "unknown field"},
+		{"unknown metadata field", raw(cm(name+`,"nickname":"x"`, "")),
+			[]fieldErr{{field.ErrorTypeForbidden, "spec.resource.metadata.nickname"}}, "unknown field"},
 		{"wrong-case field", raw(cm(name, `"Data":{"k":"v"}`)),
 			[]fieldErr{{field.ErrorTypeForbidden, "spec.resource.Data"}}, "case-sensitive"},
 		{"type on a ConfigMap", raw(cm(name, `"type":"Opaque"`)),
@@ -712,7 +712,7 @@ func TestStringHidesData(t *testing.T) {
 		"%v":         fmt.Sprintf("%v", r),
 		"%+v":        fmt.Sprintf("%+v", r),
 		"%#v":        fmt.Sprintf("%#v", r),
-		"%s":         fmt.Sprintf("%s", r),
+		"%s":         fmt.Sprintf("%s", r), //nolint:staticcheck // the %s verb is what is tested
 		"value %+v":  fmt.Sprintf("%+v", *r),
 		"MarshalLog": fmt.Sprintf("%+v", r.MarshalLog()),
 		"JSON":       string(encoded),
