@@ -1,10 +1,11 @@
 package framework
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/resclass/resclass/deploy/install"
 )
 
 // binaries are the executables a cluster runs.
@@ -50,19 +51,4 @@ func findBinaries(dir string) (binaries, error) {
 
 // RepoRoot is the directory of the repository's go.mod, found from the working
 // directory upwards.
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("not inside the resclass repository (no go.mod above the working directory)")
-		}
-		dir = parent
-	}
-}
+func RepoRoot() (string, error) { return install.RepoRoot() }
