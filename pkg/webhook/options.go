@@ -121,7 +121,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, "Address of Go's /debug/pprof profiles, for diagnosing CPU or memory use; empty (the default) turns them off. Bind it to localhost: the endpoint has no authentication.")
 
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect,
-		"Elect a leader among replicas for the controllers (certificate rotation, later ResourceDistribution). Every replica serves the webhooks.")
+		"Elect a leader among replicas for the controllers (certificate rotation, ResourceDistribution). Every replica serves the webhooks.")
 	fs.StringVar(&o.LeaderElectID, "leader-election-id", o.LeaderElectID, "Name of the leader-election Lease in --namespace.")
 
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS,

@@ -1,8 +1,9 @@
 // Package webhook is the resclass webhook binary: a controller-runtime manager
 // serving the admission webhooks (ResourceClass validation, the pod affinity
-// namespaceSelector and covering-quota policies) over TLS that it bootstraps
-// and rotates itself (open-policy-agent/cert-controller) or takes from
-// cert-manager. docs/webhook.md is the operator's guide.
+// namespaceSelector and covering-quota policies, ResourceDistribution
+// validation and authorization) over TLS that it bootstraps and rotates itself
+// (open-policy-agent/cert-controller) or takes from cert-manager, and running
+// the ResourceDistribution controller. docs/webhook.md is the operator's guide.
 package webhook
 
 import (
@@ -48,17 +49,25 @@ func NewCommand() *cobra.Command {
 	logging := logsapi.NewLoggingConfiguration()
 	cmd := &cobra.Command{
 		Use:   "webhook",
-		Short: "Serve resclass's admission webhooks",
+		Short: "Serve resclass's admission webhooks and the ResourceDistribution controller",
 		Long: `webhook serves resclass's validating admission webhooks:
 
   /validate-resourceclasses  ResourceClass selectors compile (typed values,
                              operators that fit the attribute); spec is immutable.
+  /validate-resourcedistributions
+                             the resource is a complete Secret or ConfigMap whose
+                             apiVersion, kind and name never change; at create no
+                             target namespace may hold a same-named object; the
+                             author must be allowed to create it in every target.
   /validate-pods             pod (anti-)affinity terms may not use an empty
                              namespaceSelector {} (--allow-empty-namespace-selector
                              lifts that); a pod matching a limited scope of
                              --quota-config (PriorityClass, CrossNamespacePodAffinity,
                              ...) or consuming a limited resource needs a covering
                              ResourceQuota in its namespace.
+
+It also runs the ResourceDistribution controller, which keeps each
+distribution's copies in its target namespaces (docs/distribution.md).
 
 It bootstraps and rotates its own TLS certificate (--cert-management=self) or
 serves one cert-manager issues (--cert-management=external). Every replica
