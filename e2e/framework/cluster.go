@@ -510,6 +510,18 @@ func (c *Cluster) Processes() []int {
 	return pids
 }
 
+// PID returns the process id of the named component (e.g. "kube-apiserver").
+func (c *Cluster) PID(name string) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.processes {
+		if p.name == name {
+			return p.cmd.Process.Pid, nil
+		}
+	}
+	return 0, fmt.Errorf("the cluster runs no %s", name)
+}
+
 // Diagnostics is the tail of every component's log: print it when a test fails.
 func (c *Cluster) Diagnostics() string {
 	c.mu.Lock()
