@@ -82,7 +82,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // evaluate in Reconcile.
 func (r *Reconciler) allDistributions(ctx context.Context, _ client.Object) []reconcile.Request {
 	var list v1alpha1.ResourceDistributionList
-	if err := r.Client.List(ctx, &list); err != nil {
+	if err := r.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "listing ResourceDistributions for a namespace event")
 		return nil
 	}
@@ -119,8 +119,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, r.writeStatus(ctx, rd, status)
 	}
 
+	// Every namespace event reconciles every distribution: read the cache's
+	// objects as they are (nothing here changes them) rather than copying
+	// every namespace each time.
 	var nsList corev1.NamespaceList
-	if err := r.Client.List(ctx, &nsList); err != nil {
+	if err := r.Client.List(ctx, &nsList, client.UnsafeDisableDeepCopy); err != nil {
 		return reconcile.Result{}, err
 	}
 	namespaces := make([]*corev1.Namespace, len(nsList.Items))
@@ -225,7 +228,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // of labelled copies, checked by owner UID (a label alone proves nothing).
 func (r *Reconciler) ownedCopies(ctx context.Context, rd *v1alpha1.ResourceDistribution, res *Resource) (map[string]client.Object, error) {
 	list := newList(res)
-	if err := r.Client.List(ctx, list, client.MatchingLabelsSelector{Selector: labels.SelectorFromSet(labels.Set{LabelDistribution: LabelValue(rd.Name)})}); err != nil {
+	// Not copied either: syncCopy copies a copy before changing it.
+	if err := r.Client.List(ctx, list, client.UnsafeDisableDeepCopy,
+		client.MatchingLabelsSelector{Selector: labels.SelectorFromSet(labels.Set{LabelDistribution: LabelValue(rd.Name)})}); err != nil {
 		return nil, err
 	}
 	owned := map[string]client.Object{}

@@ -87,7 +87,7 @@ func (d *resourceDistributions) Handle(ctx context.Context, req admission.Reques
 	}
 
 	var nsList corev1.NamespaceList
-	if err := d.namespaces.List(ctx, &nsList); err != nil {
+	if err := d.namespaces.List(ctx, &nsList, client.UnsafeDisableDeepCopy); err != nil {
 		return internalError(ctx, ResourceDistributionsPath, fmt.Errorf("listing namespaces: %w", err))
 	}
 	var resolved, added []string
