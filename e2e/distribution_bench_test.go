@@ -55,14 +55,10 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 		secretName = "bench-distributed"
 	)
 	ctx := context.Background()
-	wh, err := cluster.StartWebhook(ctx, framework.WebhookOptions{
+	wh := startWebhook(b, framework.WebhookOptions{
 		Selector: webhookLabel,
 		Args:     []string{"--kube-api-qps=5000", "--kube-api-burst=10000"},
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = wh.Stop(context.Background()) })
 	rc, err := cluster.Resclass()
 	if err != nil {
 		b.Fatal(err)

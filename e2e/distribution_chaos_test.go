@@ -70,15 +70,7 @@ func TestResourceDistributionChaos(t *testing.T) {
 	}
 	t.Logf("seed %d (replay with %s=%d)", seed, chaosSeedEnv, seed)
 
-	wh, err := cluster.StartWebhook(ctx, framework.WebhookOptions{Selector: webhookLabel})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := wh.Stop(context.Background()); err != nil {
-			t.Errorf("stopping the webhook: %v", err)
-		}
-	})
+	wh := startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
 	rc, err := cluster.Resclass()
 	if err != nil {
 		t.Fatal(err)

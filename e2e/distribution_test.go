@@ -31,15 +31,7 @@ const secretValue = "s3cr3t-e2e-d1str1but10n-value"
 func TestResourceDistribution(t *testing.T) {
 	diagnoseOnFailure(t, cluster)
 	ctx := context.Background()
-	wh, err := cluster.StartWebhook(ctx, framework.WebhookOptions{Selector: webhookLabel})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := wh.Stop(context.Background()); err != nil {
-			t.Errorf("stopping the webhook: %v", err)
-		}
-	})
+	wh := startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
 	rc, err := cluster.Resclass()
 	if err != nil {
 		t.Fatal(err)

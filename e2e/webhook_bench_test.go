@@ -37,11 +37,7 @@ func BenchmarkPodCreateWebhooks(b *testing.B) {
 	const pods = 2000
 	ctx := context.Background()
 	label := map[string]string{"bench-webhook": "on"}
-	wh, err := cluster.StartWebhook(ctx, framework.WebhookOptions{QuotaConfig: []byte(quotaSeed000And001Story1), Selector: label})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = wh.Stop(context.Background()) })
+	wh := startWebhook(b, framework.WebhookOptions{QuotaConfig: []byte(quotaSeed000And001Story1), Selector: label})
 	priorityClass(b, ctx, "cluster-services")
 	client := fastClient(b)
 	apiserver, err := cluster.PID("kube-apiserver")

@@ -63,15 +63,7 @@ plugins:
 func TestWebhookPolicies(t *testing.T) {
 	diagnoseOnFailure(t, cluster)
 	ctx := context.Background()
-	wh, err := cluster.StartWebhook(ctx, framework.WebhookOptions{QuotaConfig: []byte(quotaSeed000And001Story1), Selector: webhookLabel})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := wh.Stop(context.Background()); err != nil {
-			t.Errorf("stopping the webhook: %v", err)
-		}
-	})
+	wh := startWebhook(t, framework.WebhookOptions{QuotaConfig: []byte(quotaSeed000And001Story1), Selector: webhookLabel})
 	for _, pc := range []string{"cluster-services", "high"} {
 		priorityClass(t, ctx, pc)
 	}
@@ -339,6 +331,22 @@ func TestWebhookPolicies(t *testing.T) {
 			t.Errorf("kube-system must not depend on the webhook: %v", err)
 		}
 	})
+}
+
+// startWebhook starts the webhook binary for one test or benchmark and
+// stops it, removing its webhook configuration, when that ends.
+func startWebhook(tb testing.TB, opts framework.WebhookOptions) *framework.Webhook {
+	tb.Helper()
+	wh, err := cluster.StartWebhook(context.Background(), opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := wh.Stop(context.Background()); err != nil {
+			tb.Errorf("stopping the webhook: %v", err)
+		}
+	})
+	return wh
 }
 
 // podClient creates small pods that no scheduler takes (they stay Pending), so
