@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -175,12 +176,7 @@ func (w *Webhook) Stop(ctx context.Context) error {
 		errStop = w.proc.stop(10 * time.Second)
 	}
 	w.c.mu.Lock()
-	for i, p := range w.c.processes {
-		if p == w.proc {
-			w.c.processes = append(w.c.processes[:i], w.c.processes[i+1:]...)
-			break
-		}
-	}
+	w.c.processes = slices.DeleteFunc(w.c.processes, func(p *process) bool { return p == w.proc })
 	w.c.mu.Unlock()
 	if errStop != nil {
 		return errStop
