@@ -66,6 +66,11 @@ func decodeAttribute(name string, a v1alpha1.DeviceAttribute) attribute {
 	case v1alpha1.AttributeTypeBool:
 		out.b = *a.BoolValue
 	case v1alpha1.AttributeTypeQuantity:
+		// Decoding JSON never bounds a quantity's exponent: check it before
+		// anything compares it.
+		if err := CheckQuantity(*a.QuantityValue); err != nil {
+			return attribute{err: fmt.Errorf("attribute %q: the quantity is %w", name, err)}
+		}
 		out.q = *a.QuantityValue
 	case v1alpha1.AttributeTypeBandwidth:
 		q, err := ParseBandwidth(*a.BandwidthValue)
@@ -84,6 +89,8 @@ func decodeAttribute(name string, a v1alpha1.DeviceAttribute) attribute {
 }
 
 // Problems lists the attributes of the device that could not be decoded, sorted.
+// The scheduler gives out no device that has any: what it publishes is not what
+// a class may rely on.
 func (d *Device) Problems() []error {
 	var names []string
 	for name, a := range d.attrs {

@@ -3,28 +3,127 @@ package selector
 import (
 	"errors"
 	"fmt"
-	"strconv"
+		"strconv"
 	"strings"
 
+	"gopkg.in/inf.v0"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
+
+// Bounds on the values a selector or a device may carry (docs/resource-classes.md,
+// "Bounds"). Every real device value fits with room to spare (a 1Ei memory, a
+// 1.6Tbps link, driver 580.159.04), and within them any comparison costs a few
+// word operations: Kubernetes quantities compare by scaling one side to the
+// other's exponent, so an exponent of 1e999999999 would cost 10^999999999.
+const (
+	// MaxQuantityLength is the longest quantity text accepted.
+	MaxQuantityLength = 64
+	// MaxQuantityExponent bounds the exponent of the e-notation: 1e18 and
+	// 5e-6 are read, 1e19 is not (write 10Ei-scale sizes with a suffix).
+	MaxQuantityExponent = 18
+	// MaxBandwidthLength is the longest bandwidth text accepted.
+	MaxBandwidthLength = 32
+	// MaxVersionLength is the longest version text accepted: 8 parts of 9
+	// digits, their dots and a "v".
+	MaxVersionLength = 80
+)
+
+// maxQuantity is the largest magnitude of a quantity or bandwidth: 2^62, that
+// is 4Ei (or 4.6 Ebit/s). Every value converts to an int64 with room for a
+// sum, and apimachinery's parser, which silently caps larger values at
+// 2^63-1, cannot turn "16Ei" into something smaller that passes.
+var maxQuantity = inf.NewDec(1<<62, 0)
+
+// ErrOutOfRange is wrapped by every error about a value beyond the bounds.
+var ErrOutOfRange = errors.New("out of range")
+
+// quoted renders s for a message, cut short so that a hostile value never
+// makes a long message.
+func quoted(s string) string {
+	const keep = 40
+	if len(s) > keep {
+		return strconv.Quote(s[:keep]) + fmt.Sprintf("... (%d bytes)", len(s))
+	}
+	return strconv.Quote(s)
+}
 
 // ParseQuantity parses an amount in Kubernetes quantity notation, so "30G" is
 // 30*10^9 and "30Gi" is 30*2^30, exactly as in a pod's resources. A trailing "B"
 // after a suffix is accepted and ignored ("30GB", "30GiB") because that is how
-// vendors and operators write memory sizes.
+// vendors and operators write memory sizes. The text is checked against the
+// bounds before it is parsed: apimachinery's parser itself rounds to 1n with
+// big decimals, so "1e-999999999" would not return.
 func ParseQuantity(s string) (resource.Quantity, error) {
+	if len(s) > MaxQuantityLength {
+		return resource.Quantity{}, fmt.Errorf("%s is not a quantity: longer than %d characters: %w", quoted(s), MaxQuantityLength, ErrOutOfRange)
+	}
 	t := s
 	if n := len(t); n >= 2 && t[n-1] == 'B' {
 		if c := t[n-2]; c == 'i' || strings.IndexByte("kMGTPE", c) >= 0 {
 			t = t[:n-1]
 		}
 	}
+	if err := checkExponent(t); err != nil {
+		return resource.Quantity{}, fmt.Errorf("%s is not a quantity: %w", quoted(s), err)
+	}
 	q, err := resource.ParseQuantity(t)
 	if err != nil {
-		return resource.Quantity{}, fmt.Errorf("%q is not a quantity (write e.g. 30G, 30Gi or 512Mi)", s)
+		return resource.Quantity{}, fmt.Errorf("%s is not a quantity (write e.g. 30G, 30Gi or 512Mi)", quoted(s))
+	}
+	if err := CheckQuantity(q); err != nil {
+		return resource.Quantity{}, fmt.Errorf("%s: %w", quoted(s), err)
 	}
 	return q, nil
+}
+
+// checkExponent refuses an e-notation exponent beyond MaxQuantityExponent. It
+// reads the text as apimachinery's parser splits it: sign, digits, fraction,
+// then the suffix, which is an exponent when it is "e" or "E" followed by more.
+func checkExponent(s string) error {
+	i := 0
+	if i < len(s) && (s[i] == '+' || s[i] == '-') {
+		i++
+	}
+	for i < len(s) && (s[i] >= '0' && s[i] <= '9' || s[i] == '.') {
+		i++
+	}
+	suffix := s[i:]
+	if len(suffix) < 2 || (suffix[0] != 'e' && suffix[0] != 'E') {
+		return nil
+	}
+	exp, err := strconv.ParseInt(suffix[1:], 10, 64)
+	if err != nil {
+		return nil // not an exponent: the parser refuses it
+	}
+	if exp > MaxQuantityExponent || exp < -MaxQuantityExponent {
+		return fmt.Errorf("the exponent %d is %w (at most e%d and at least e-%d; write large sizes with a suffix, e.g. 1Ei)",
+			exp, ErrOutOfRange, MaxQuantityExponent, MaxQuantityExponent)
+	}
+	return nil
+}
+
+// CheckQuantity reports whether q is within the bounds: a magnitude of at most
+// 2^62 (4Ei) and no precision finer than 1n. Its cost does not depend on q, so it is
+// the check to make on a quantity decoded from an untrusted object (a
+// NodeDevices status) before comparing it with anything.
+func CheckQuantity(q resource.Quantity) error {
+	d := q.AsDec() // q is the caller's copy: the decimal it caches stays here
+	// d is unscaled * 10^-scale. The scale is bounded even for zero: comparing
+	// two values scales one to the other's exponent, whatever their digits.
+	switch scale := int64(d.Scale()); {
+	case scale > 9:
+		return fmt.Errorf("%w: finer than 1n", ErrOutOfRange)
+	case -scale > MaxQuantityExponent:
+		return fmt.Errorf("%w: its exponent is beyond e%d", ErrOutOfRange, MaxQuantityExponent)
+	case d.UnscaledBig().BitLen() > 128:
+		// At least 2^128*10^-9: known without multiplying anything out.
+		return fmt.Errorf("%w: larger than 4Ei (2^62)", ErrOutOfRange)
+	}
+	var abs inf.Dec
+	if abs.Abs(d).Cmp(maxQuantity) > 0 {
+		return fmt.Errorf("%w: larger than 4Ei (2^62)", ErrOutOfRange)
+	}
+	return nil
 }
 
 // bandwidthPrefixes maps a decimal prefix, in either case, to its quantity suffix.
@@ -44,7 +143,10 @@ var bandwidthPrefixes = map[byte]string{
 // reports link speed in Mbit/s, so "40000" would be ambiguous.
 func ParseBandwidth(s string) (resource.Quantity, error) {
 	fail := func(why string) (resource.Quantity, error) {
-		return resource.Quantity{}, fmt.Errorf("%q is not a bandwidth: %s (write e.g. 40Gbps, 100G or 25000Mbps)", s, why)
+		return resource.Quantity{}, fmt.Errorf("%s is not a bandwidth: %s (write e.g. 40Gbps, 100G or 25000Mbps)", quoted(s), why)
+	}
+	if len(s) > MaxBandwidthLength {
+		return resource.Quantity{}, fmt.Errorf("%s is not a bandwidth: longer than %d characters: %w", quoted(s), MaxBandwidthLength, ErrOutOfRange)
 	}
 	t := s
 	hasUnit := false
@@ -66,6 +168,9 @@ func ParseBandwidth(s string) (resource.Quantity, error) {
 	q, err := resource.ParseQuantity(t + suffix)
 	if err != nil {
 		return fail(err.Error())
+	}
+	if err := CheckQuantity(q); err != nil {
+		return resource.Quantity{}, fmt.Errorf("%s is not a bandwidth: %w", quoted(s), err)
 	}
 	return q, nil
 }
@@ -114,16 +219,22 @@ var errVersion = errors.New("must be dot-separated numbers, e.g. 8.0 or 535.104.
 // ParseVersion parses a version, with an optional leading "v".
 func ParseVersion(s string) (Version, error) {
 	var v Version
+	if len(s) > MaxVersionLength {
+		return v, fmt.Errorf("%s is not a version: longer than %d characters: %w", quoted(s), MaxVersionLength, ErrOutOfRange)
+	}
 	t := strings.TrimPrefix(strings.TrimPrefix(s, "v"), "V")
 	if t == "" {
 		return v, fmt.Errorf("%q is not a version: %w", s, errVersion)
 	}
 	for part := range strings.SplitSeq(t, ".") {
 		if v.n == maxVersionParts {
-			return Version{}, fmt.Errorf("%q is not a version: more than %d parts", s, maxVersionParts)
+			return Version{}, fmt.Errorf("%q is not a version: more than %d parts: %w", s, maxVersionParts, ErrOutOfRange)
 		}
-		if part == "" || len(part) > 9 || strings.Trim(part, "0123456789") != "" {
+		if part == "" || strings.Trim(part, "0123456789") != "" {
 			return Version{}, fmt.Errorf("%q is not a version: %w", s, errVersion)
+		}
+		if len(part) > 9 {
+			return Version{}, fmt.Errorf("%q is not a version: a part of more than 9 digits is %w", s, ErrOutOfRange)
 		}
 		n, _ := strconv.ParseUint(part, 10, 32) // at most 9 digits: cannot fail
 		v.parts[v.n] = uint32(n)
