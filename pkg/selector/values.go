@@ -3,7 +3,7 @@ package selector
 import (
 	"errors"
 	"fmt"
-		"strconv"
+	"strconv"
 	"strings"
 
 	"gopkg.in/inf.v0"
