@@ -1,6 +1,9 @@
 package resourceclasses
 
 import (
+	"errors"
+	"maps"
+	"math"
 	"slices"
 	"sync"
 
@@ -32,6 +35,11 @@ type cache struct {
 	// dirty.
 	classNodes map[string]sets.Set[string]
 	dirty      bool
+	// classGen counts class changes, so that a node matched outside the lock
+	// knows whether its snapshot of the classes is still current.
+	classGen uint64
+	// invalidDevices counts published devices given to nobody (invalidDevice).
+	invalidDevices int
 
 	// freed is called, outside the lock, after a change that may let a waiting
 	// pod fit: devices released, added or healed, a class created or changed.
@@ -46,6 +54,7 @@ type nodeState struct {
 	devices         []*deviceState
 	index           map[string]int   // device id -> position
 	matches         map[string][]int // class -> devices it selects, in published order
+	invalid         []invalidDevice  // in published order
 }
 
 type deviceState struct {
@@ -53,6 +62,7 @@ type deviceState struct {
 	healthy  bool
 	numa     int // -1: unknown
 	excluded bool
+	invalid  bool // an attribute cannot be read: selected by no class
 	sel      *selector.Device
 	pool     *poolState // huge-pages only
 	holders  int        // pods holding an exclusive device (more than 1 is a conflict)
@@ -134,14 +144,62 @@ func (c *cache) nodesFor(classes []string) sets.Set[string] {
 	return out
 }
 
+// invalidDevice is a published device the scheduler gives to nobody because
+// some attribute cannot be read (out of its bounds, or of the wrong type).
+type invalidDevice struct {
+	id, reason string
+}
+
 // setNodeDevices replaces a node's devices. Unchanged objects (same
-// resourceVersion) are ignored, so replays are cheap.
-func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) {
-	c.mu.Lock()
-	if old := c.nodes[nd.Name]; old != nil && old.resourceVersion == nd.ResourceVersion {
-		c.mu.Unlock()
-		return
+// resourceVersion) are ignored, so replays are cheap. The devices are decoded
+// and matched against a snapshot of the classes outside the write lock, so that
+// what a NodeDevices object holds never stalls Filter and Reserve; only classes
+// that changed meanwhile are matched under it. It returns the node's invalid
+// devices when they differ from what the node published before.
+func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) (invalid []invalidDevice, changed bool) {
+	c.mu.RLock()
+	old := c.nodes[nd.Name]
+	if old != nil && old.resourceVersion == nd.ResourceVersion {
+		c.mu.RUnlock()
+		return nil, false
 	}
+	classes, gen := maps.Clone(c.classes), c.classGen
+	c.mu.RUnlock()
+
+	n := newNodeState(nd)
+	for name, cl := range classes {
+		n.setMatches(name, n.selectedBy(cl))
+	}
+
+	c.mu.Lock()
+	if c.classGen != gen {
+		for name, cl := range c.classes {
+			if classes[name] != cl {
+				n.setMatches(name, n.selectedBy(cl))
+			}
+		}
+		for name := range classes {
+			if c.classes[name] == nil {
+				delete(n.matches, name)
+			}
+		}
+	}
+	c.invalidDevices += len(n.invalid) - len(c.nodes[nd.Name].invalidOrNil())
+	c.nodes[nd.Name] = n
+	c.dirty = true
+	for _, h := range c.byNode[nd.Name] {
+		c.charge(n, h, 1)
+	}
+	invalidNow := c.invalidDevices
+	c.mu.Unlock()
+	invalidDevices.Set(float64(invalidNow))
+	c.freed()
+	c.changed()
+	return n.invalid, !slices.Equal(n.invalid, old.invalidOrNil())
+}
+
+// newNodeState decodes a node's published devices.
+func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 	n := &nodeState{resourceVersion: nd.ResourceVersion, index: map[string]int{}, matches: map[string][]int{}}
 	for i := range nd.Status.Devices {
 		d := &nd.Status.Devices[i]
@@ -149,6 +207,15 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) {
 			continue // ids are unique on a node; the first one wins
 		}
 		ds := &deviceState{id: d.ID, healthy: d.Healthy, numa: -1, sel: selector.NewDevice(d)}
+		n.index[d.ID] = len(n.devices)
+		n.devices = append(n.devices, ds)
+		if problems := ds.sel.Problems(); len(problems) > 0 {
+			// Nothing else reads the attributes of such a device: a pool's
+			// size, for one, is only safe to convert once it is in bounds.
+			ds.excluded, ds.invalid = true, true
+			n.invalid = append(n.invalid, invalidDevice{id: d.ID, reason: errors.Join(problems...).Error()})
+			continue
+		}
 		if v := d.Attributes[v1alpha1.AttributeNUMANode].IntValue; v != nil {
 			ds.numa = int(*v)
 		}
@@ -163,20 +230,15 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) {
 				ds.healthy = false
 			}
 		}
-		n.index[d.ID] = len(n.devices)
-		n.devices = append(n.devices, ds)
 	}
-	for name, cl := range c.classes {
-		n.computeMatches(name, cl)
+	return n
+}
+
+func (n *nodeState) invalidOrNil() []invalidDevice {
+	if n == nil {
+		return nil
 	}
-	c.nodes[nd.Name] = n
-	c.dirty = true
-	for _, h := range c.byNode[nd.Name] {
-		c.charge(n, h, 1)
-	}
-	c.mu.Unlock()
-	c.freed()
-	c.changed()
+	return n.invalid
 }
 
 func newPool(d *v1alpha1.Device) *poolState {
@@ -186,6 +248,11 @@ func newPool(d *v1alpha1.Device) *poolState {
 		return nil // a pool the scheduler cannot account for serves nobody
 	}
 	s := size.Value()
+	// Pages are counted in bytes: a count whose bytes do not fit an int64 is
+	// no pool either.
+	if *total < 0 || *free < 0 || *free > *total || *total > math.MaxInt64/s {
+		return nil
+	}
 	p := &poolState{resourceName: v1helper.HugePageResourceName(*size), total: *total * s, free: *free * s}
 	if name != nil {
 		p.resourceName = corev1.ResourceName(*name)
@@ -195,45 +262,70 @@ func newPool(d *v1alpha1.Device) *poolState {
 
 func (c *cache) deleteNodeDevices(name string) {
 	c.mu.Lock()
+	c.invalidDevices -= len(c.nodes[name].invalidOrNil())
+	invalidNow := c.invalidDevices
 	delete(c.nodes, name)
 	c.dirty = true
 	c.mu.Unlock()
+	invalidDevices.Set(float64(invalidNow))
 	c.changed()
 }
 
-func (n *nodeState) computeMatches(name string, cl *classState) {
+// selectedBy lists the devices of n that cl selects, in published order. A
+// device that is invalid is selected by no class.
+func (n *nodeState) selectedBy(cl *classState) []int {
 	var idx []int
 	if cl.compiled != nil {
 		for i, d := range n.devices {
-			if cl.compiled.Matches(d.sel) {
+			if !d.invalid && cl.compiled.Matches(d.sel) {
 				idx = append(idx, i)
 			}
 		}
 	}
+	return idx
+}
+
+func (n *nodeState) setMatches(class string, idx []int) {
 	if len(idx) == 0 {
-		delete(n.matches, name)
+		delete(n.matches, class)
 		return
 	}
-	n.matches[name] = idx
+	n.matches[class] = idx
 }
 
 // setClass compiles rc once and recomputes which devices it selects on every
-// node: selection is never evaluated per pod.
+// node: selection is never evaluated per pod. Both happen outside the write
+// lock, against a snapshot of the nodes; a node replaced meanwhile is matched
+// under it.
 func (c *cache) setClass(rc *v1alpha1.ResourceClass) {
-	c.mu.Lock()
+	c.mu.RLock()
 	// Status writes change the resourceVersion, not the generation: only a new
 	// spec (a re-created class) needs recomputing.
 	if old := c.classes[rc.Name]; old != nil && old.uid == rc.UID && old.generation == rc.Generation {
-		c.mu.Unlock()
+		c.mu.RUnlock()
 		return
 	}
+	nodes := maps.Clone(c.nodes)
+	c.mu.RUnlock()
+
 	cl := &classState{uid: rc.UID, generation: rc.Generation}
 	if compiled, errs := selector.Compile(&rc.Spec, field.NewPath("spec")); len(errs) == 0 {
 		cl.compiled = compiled
 	}
+	selected := make(map[string][]int, len(nodes))
+	for name, n := range nodes {
+		selected[name] = n.selectedBy(cl)
+	}
+
+	c.mu.Lock()
 	c.classes[rc.Name] = cl
-	for _, n := range c.nodes {
-		n.computeMatches(rc.Name, cl)
+	c.classGen++
+	for name, n := range c.nodes {
+		if nodes[name] == n {
+			n.setMatches(rc.Name, selected[name])
+		} else {
+			n.setMatches(rc.Name, n.selectedBy(cl))
+		}
 	}
 	c.dirty = true
 	c.mu.Unlock()
@@ -244,6 +336,7 @@ func (c *cache) setClass(rc *v1alpha1.ResourceClass) {
 func (c *cache) deleteClass(name string) {
 	c.mu.Lock()
 	delete(c.classes, name)
+	c.classGen++
 	for _, n := range c.nodes {
 		delete(n.matches, name)
 	}

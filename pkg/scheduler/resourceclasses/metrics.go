@@ -27,8 +27,13 @@ var (
 		Help:           "Devices that more than one pod's assignment names (should be 0; see docs/scheduler.md).",
 		StabilityLevel: metrics.ALPHA,
 	})
+	invalidDevices = metrics.NewGauge(&metrics.GaugeOpts{
+		Namespace: "resclass", Subsystem: "scheduler", Name: "invalid_devices",
+		Help:           "Published devices given to no pod because an attribute cannot be read (out of its bounds or of the wrong type); the NodeDevices object has a Warning Event naming them.",
+		StabilityLevel: metrics.ALPHA,
+	})
 )
 
 func init() {
-	legacyregistry.MustRegister(reservations, assignments, statusWrites, conflicts)
+	legacyregistry.MustRegister(reservations, assignments, statusWrites, conflicts, invalidDevices)
 }

@@ -75,8 +75,8 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	factory := externalversions.NewSharedInformerFactory(rc, 0)
 	nd := factory.Resclass().V1alpha1().NodeDevices().Informer()
 	ndReg, err := nd.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.cache.setNodeDevices(obj.(*v1alpha1.NodeDevices)) },
-		UpdateFunc: func(_, obj any) { p.cache.setNodeDevices(obj.(*v1alpha1.NodeDevices)) },
+		AddFunc:    func(obj any) { p.nodeDevicesChanged(logger, obj.(*v1alpha1.NodeDevices)) },
+		UpdateFunc: func(_, obj any) { p.nodeDevicesChanged(logger, obj.(*v1alpha1.NodeDevices)) },
 		DeleteFunc: func(obj any) {
 			if nd, ok := tombstone[*v1alpha1.NodeDevices](obj); ok {
 				p.cache.deleteNodeDevices(nd.Name)
@@ -135,6 +135,38 @@ func tombstone[T any](obj any) (T, bool) {
 
 // Name returns the plugin's name.
 func (p *Plugin) Name() string { return Name }
+
+// nodeDevicesChanged takes a node's new inventory into the cache and reports
+// the devices it will give to nobody, once per change: in the log, as a
+// Warning Event on the NodeDevices object, and in the invalid_devices metric.
+func (p *Plugin) nodeDevicesChanged(logger klog.Logger, nd *v1alpha1.NodeDevices) {
+	invalid, changed := p.cache.setNodeDevices(nd)
+	if !changed || len(invalid) == 0 {
+		return
+	}
+	var b strings.Builder
+	for i, d := range invalid {
+		logger.Info("Not giving out a device whose attributes cannot be read", "node", nd.Name, "device", d.id, "reason", d.reason)
+		if i < 4 {
+			fmt.Fprintf(&b, "; %s: %s", d.id, d.reason)
+		}
+	}
+	if len(invalid) > 4 {
+		fmt.Fprintf(&b, "; and %d more (scheduler log)", len(invalid)-4)
+	}
+	if rec := p.handle.EventRecorder(); rec != nil {
+		ref := &v1alpha1.NodeDevices{
+			TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: "NodeDevices"},
+			ObjectMeta: metav1.ObjectMeta{Name: nd.Name, UID: nd.UID, ResourceVersion: nd.ResourceVersion},
+		}
+		// An Event's note holds at most 1 kB.
+		note := fmt.Sprintf("%d device(s) given to no pod until the node agent publishes readable attributes%s", len(invalid), b.String())
+		if len(note) > 1000 {
+			note = note[:1000]
+		}
+		rec.Eventf(ref, nil, corev1.EventTypeWarning, "InvalidDevices", "Scheduling", "%s", note)
+	}
+}
 
 // podChanged keeps the devices a pod holds in step with its annotation and phase.
 func (p *Plugin) podChanged(logger klog.Logger, pod *corev1.Pod) {

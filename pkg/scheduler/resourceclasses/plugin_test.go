@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/events"
 	clienttesting "k8s.io/client-go/testing"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/klog/v2"
@@ -251,6 +252,7 @@ type harness struct {
 	plugin    *Plugin
 	client    *fake.Clientset
 	activator *recordingActivator
+	events    *events.FakeRecorder
 	nodes     map[string]fwk.NodeInfo
 }
 
@@ -286,7 +288,7 @@ func newHarnessWithArgs(t *testing.T, rawArgs string, nds []*v1alpha1.NodeDevice
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel) // runs before the server closes: informers stop first
 
-	h := &harness{t: t, ctx: ctx, activator: &recordingActivator{}, nodes: map[string]fwk.NodeInfo{}}
+	h := &harness{t: t, ctx: ctx, activator: &recordingActivator{}, events: events.NewFakeRecorder(100), nodes: map[string]fwk.NodeInfo{}}
 	var objs []runtime.Object
 	var nodes []*corev1.Node
 	for _, nd := range nds {
@@ -322,6 +324,7 @@ func newHarnessWithArgs(t *testing.T, rawArgs string, nds []*v1alpha1.NodeDevice
 		frameworkruntime.WithInformerFactory(informerFactory),
 		frameworkruntime.WithSnapshotSharedLister(internalcache.NewSnapshot(nil, nodes)),
 		frameworkruntime.WithPodActivator(h.activator),
+		frameworkruntime.WithEventRecorder(h.events),
 	)
 	if err != nil {
 		t.Fatalf("NewFramework: %v", err)
