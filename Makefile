@@ -78,6 +78,8 @@ generate: $(CONTROLLER_GEN) $(CODE_GENERATOR)
 	$(CONTROLLER_GEN) object paths=./pkg/apis/...
 	rm -f deploy/crds/*.yaml
 	$(CONTROLLER_GEN) crd paths=./pkg/apis/... output:crd:artifacts:config=deploy/crds
+	hack/bound-crd-quantities.sh deploy/crds/*.yaml
+	cp deploy/crds/*.yaml deploy/helm/resclass/crds/
 	hack/update-codegen.sh $(CODE_GENERATOR)
 	hack/update-proto.sh
 

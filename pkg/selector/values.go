@@ -76,10 +76,18 @@ func ParseQuantity(s string) (resource.Quantity, error) {
 	return q, nil
 }
 
-// checkExponent refuses an e-notation exponent beyond MaxQuantityExponent. It
-// reads the text as apimachinery's parser splits it: sign, digits, fraction,
-// then the suffix, which is an exponent when it is "e" or "E" followed by more.
+// checkExponent refuses an e-notation exponent beyond MaxQuantityExponent.
 func checkExponent(s string) error {
+	return CheckExponent(s, MaxQuantityExponent)
+}
+
+// CheckExponent refuses quantity text whose e-notation exponent is beyond
+// ±limit, before apimachinery's parser sees it: that parser rounds to 1n with
+// big decimals, so its cost grows with 10^|exponent|. It reads the text as the
+// parser splits it: sign, digits, fraction, then the suffix, which is an
+// exponent when it is "e" or "E" followed by more. Anything else is left to the
+// parser.
+func CheckExponent(s string, limit int64) error {
 	i := 0
 	if i < len(s) && (s[i] == '+' || s[i] == '-') {
 		i++
@@ -93,11 +101,15 @@ func checkExponent(s string) error {
 	}
 	exp, err := strconv.ParseInt(suffix[1:], 10, 64)
 	if err != nil {
+		var numErr *strconv.NumError
+		if errors.As(err, &numErr) && errors.Is(numErr.Err, strconv.ErrRange) {
+			return fmt.Errorf("the exponent is %w (at most e%d and at least e-%d)", ErrOutOfRange, limit, limit)
+		}
 		return nil // not an exponent: the parser refuses it
 	}
-	if exp > MaxQuantityExponent || exp < -MaxQuantityExponent {
+	if exp > limit || exp < -limit {
 		return fmt.Errorf("the exponent %d is %w (at most e%d and at least e-%d; write large sizes with a suffix, e.g. 1Ei)",
-			exp, ErrOutOfRange, MaxQuantityExponent, MaxQuantityExponent)
+			exp, ErrOutOfRange, limit, limit)
 	}
 	return nil
 }

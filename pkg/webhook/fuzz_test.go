@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 	"github.com/resclass/resclass/pkg/quota"
 )
 
@@ -124,6 +125,11 @@ func FuzzAdmissionReview(f *testing.F) {
 		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u4","operation":"CREATE","kind":{"version":"v1","kind":"Pod"},"namespace":"team-a","object":{"spec":{"priority":1e40,"containers":[{"name":"c","resources":{"requests":{"class.resclass.io/x":"9999999999999999999999999999999999999e999999"}}}]}}}}`),
 		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u5","operation":"CREATE","kind":{"group":"resclass.io","version":"v1alpha1","kind":"ResourceClass"},"object":{"spec":{"resourceSelector":[{"matchExpressions":[{"key":"memory","operator":"Gt","values":["1e999999999"]}]}]}}}}`),
 		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":1e999}}`),
+		// Each of these held a handler for 10^|exponent| steps in
+		// apimachinery's quantity parser before decode bounded them.
+		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u6","operation":"CREATE","kind":{"version":"v1","kind":"Pod"},"namespace":"team-a","object":{"apiVersion":"v1","kind":"Pod","spec":{"containers":[{"name":"c","resources":{"limits":{"cpu":"1e-999999999"}}}]}}}}`),
+		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u7","operation":"CREATE","kind":{"version":"v1","kind":"Pod"},"namespace":"team-a","object":{"apiVersion":"v1","kind":"Pod","spec":{"priorityClassName":"cluster-services","containers":[{"name":"c","resources":{"requests":{"class.resclass.io/nvidia-big":9e99999999}}}]}}}}`),
+		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u8","operation":"UPDATE","kind":{"group":"resclass.io","version":"v1alpha1","kind":"ResourceClass"},"object":{"apiVersion":"resclass.io/v1alpha1","kind":"ResourceClass","status":{"allocatable":"1e-999999999"}},"oldObject":{"apiVersion":"resclass.io/v1alpha1","kind":"ResourceClass"}}}`),
 		review(f, "admission.k8s.io/v1", &podCreate)[:200],
 	} {
 		f.Add(seed)
@@ -131,19 +137,21 @@ func FuzzAdmissionReview(f *testing.F) {
 
 	handlers := fuzzHandlers(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, decoded := decodeReview(body)
-		for path, h := range handlers {
-			first := postReview(t, h, path, body)
-			if decoded && req.UID != "" && first.UID != req.UID {
-				t.Errorf("%s: response UID %q, request UID %q", path, first.UID, req.UID)
+		watchdog.Run(t, func() {
+			req, decoded := decodeReview(body)
+			for path, h := range handlers {
+				first := postReview(t, h, path, body)
+				if decoded && req.UID != "" && first.UID != req.UID {
+					t.Errorf("%s: response UID %q, request UID %q", path, first.UID, req.UID)
+				}
+				if !decoded && (first.Allowed || first.Result == nil || first.Result.Code != http.StatusBadRequest) {
+					t.Errorf("%s: an AdmissionReview that does not decode was answered %+v, want a 400 refusal", path, first)
+				}
+				if again := postReview(t, h, path, body); again.Allowed != first.Allowed {
+					t.Errorf("%s: allowed %v, then %v for the same body", path, first.Allowed, again.Allowed)
+				}
 			}
-			if !decoded && (first.Allowed || first.Result == nil || first.Result.Code != http.StatusBadRequest) {
-				t.Errorf("%s: an AdmissionReview that does not decode was answered %+v, want a 400 refusal", path, first)
-			}
-			if again := postReview(t, h, path, body); again.Allowed != first.Allowed {
-				t.Errorf("%s: allowed %v, then %v for the same body", path, first.Allowed, again.Allowed)
-			}
-		}
+		})
 	})
 }
 

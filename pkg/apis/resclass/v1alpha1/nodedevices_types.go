@@ -115,18 +115,23 @@ type DeviceAttribute struct {
 	BoolValue *bool `json:"bool,omitempty"`
 
 	// QuantityValue is an amount with a unit in Kubernetes quantity notation, e.g.
-	// memory "40Gi" or a hugepage size "1Gi".
+	// memory "40Gi" or a hugepage size "1Gi". At most 64 characters, an exponent
+	// within e-18 and e18, a magnitude of at most 4Ei (docs/resource-classes.md,
+	// "Bounds"): the schema checks the spelling, the scheduler the magnitude.
 	// +optional
 	QuantityValue *resource.Quantity `json:"quantity,omitempty"`
 
 	// BandwidthValue is a rate in bits per second with a decimal prefix, e.g. "100Gbps".
 	// +optional
 	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^[0-9]+(\.[0-9]+)?([kKmMgGtTpP]([bB][pP][sS])?|[bB][pP][sS])$`
 	BandwidthValue *string `json:"bandwidth,omitempty"`
 
-	// VersionValue is a dot-separated list of numbers, e.g. "8.0" or "535.104.05".
+	// VersionValue is a dot-separated list of numbers, e.g. "8.0" or "535.104.05":
+	// at most 8 parts of at most 9 digits.
 	// +optional
-	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:MaxLength=80
+	// +kubebuilder:validation:Pattern=`^[vV]?[0-9]{1,9}(\.[0-9]{1,9}){0,7}$`
 	VersionValue *string `json:"version,omitempty"`
 }
 

@@ -67,6 +67,7 @@ type ResourcePropertySelector struct {
 //
 // +kubebuilder:validation:XValidation:rule="self.operator in ['Exists', 'DoesNotExist'] ? !has(self.values) || size(self.values) == 0 : has(self.values) && size(self.values) > 0",message="In and NotIn need at least one value, Eq, Gt, GtEq, Lt and LtEq exactly one, Exists and DoesNotExist none"
 // +kubebuilder:validation:XValidation:rule="!(self.operator in ['Eq', 'Gt', 'GtEq', 'Lt', 'LtEq']) || !has(self.values) || size(self.values) == 1",message="Eq, Gt, GtEq, Lt and LtEq take exactly one value"
+// +kubebuilder:validation:XValidation:rule="!has(self.values) || self.values.all(v, !v.matches('^[-+.0-9]+[eE][-+]?0*([1-9]..|[2-9].|19)'))",message="a value that starts as a number with an exponent must keep the exponent within e-18 and e18 (write large sizes with a suffix, e.g. 1Ei)"
 type ResourceSelectorRequirement struct {
 	// Key names the device attribute, e.g. "memory", "speed", "size".
 	// "kind" (or "Kind", as the original proposal writes it) is the device kind and
