@@ -2,6 +2,7 @@ package handoff
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -17,17 +18,29 @@ import (
 // directory.
 const CheckpointFile = "kubelet_internal_checkpoint"
 
+// maxCheckpointBytes bounds what is read of the checkpoint: a node with a
+// thousand containers holding eight devices each writes well under 1 MiB.
+const maxCheckpointBytes = 16 << 20
+
 // loadCheckpoint marks as allocated every container the kubelet's checkpoint
 // lists with devices of a class, and returns how many it found. The kubelet
 // writes the file after each allocation, so it is the record of what its
 // containers hold, surviving restarts of the agent (and of the kubelet).
 func (a *Allocator) loadCheckpoint(path string) (int, error) {
-	blob, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if os.IsNotExist(err) {
 		return 0, nil
 	}
 	if err != nil {
 		return 0, err
+	}
+	defer func() { _ = f.Close() }()
+	blob, err := io.ReadAll(io.LimitReader(f, maxCheckpointBytes+1))
+	if err != nil {
+		return 0, err
+	}
+	if len(blob) > maxCheckpointBytes {
+		return 0, fmt.Errorf("%s is larger than %d MiB: not the kubelet's checkpoint", path, maxCheckpointBytes>>20)
 	}
 	cp := checkpoint.New(nil, nil)
 	if err := cp.UnmarshalCheckpoint(blob); err != nil {
