@@ -58,7 +58,9 @@ func TestAPIServerRefusesOutOfRangeValues(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = rc.ResclassV1alpha1().NodeDevices().Delete(context.Background(), nd.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = rc.ResclassV1alpha1().NodeDevices().Delete(context.Background(), nd.Name, metav1.DeleteOptions{})
+		})
 		// Written as raw JSON: apimachinery's own Quantity cannot even
 		// hold some of these values without running away.
 		status := func(attr string) []byte {
