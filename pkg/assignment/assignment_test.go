@@ -9,6 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
 const (
@@ -347,21 +349,23 @@ func FuzzDecode(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		a, err := Decode(s)
-		if err != nil {
-			return
-		}
-		encoded, err := Encode(a)
-		if err != nil {
-			t.Fatalf("Decode accepted %q but Encode of the result fails: %v", s, err)
-		}
-		again, err := Decode(encoded)
-		if err != nil {
-			t.Fatalf("Decode(Encode(x)) fails for %q: %v", encoded, err)
-		}
-		if diff := cmp.Diff(a, again); diff != "" {
-			t.Fatalf("Decode(Encode(x)) differs from x (-x +got):\n%s", diff)
-		}
+		watchdog.Run(t, func() {
+			a, err := Decode(s)
+			if err != nil {
+				return
+			}
+			encoded, err := Encode(a)
+			if err != nil {
+				t.Fatalf("Decode accepted %q but Encode of the result fails: %v", s, err)
+			}
+			again, err := Decode(encoded)
+			if err != nil {
+				t.Fatalf("Decode(Encode(x)) fails for %q: %v", encoded, err)
+			}
+			if diff := cmp.Diff(a, again); diff != "" {
+				t.Fatalf("Decode(Encode(x)) differs from x (-x +got):\n%s", diff)
+			}
+		})
 	})
 }
 
@@ -373,15 +377,17 @@ func FuzzCompatKey(f *testing.F) {
 	f.Add("a/b", "c/d/e")
 	f.Add("ü", "\xff")
 	f.Fuzz(func(t *testing.T, class, device string) {
-		key := CompatKey(class, device)
-		if errs := validation.IsQualifiedName(key); len(errs) > 0 {
-			t.Fatalf("CompatKey(%q, %q) = %q, not a qualified name: %v", class, device, key, errs)
-		}
-		if !strings.HasPrefix(key, CompatKeyPrefix) {
-			t.Fatalf("CompatKey(%q, %q) = %q, want prefix %q", class, device, key, CompatKeyPrefix)
-		}
-		if plain := CompatKeyPrefix + class + "_" + device; len(validation.IsQualifiedName(plain)) == 0 && key != plain {
-			t.Fatalf("CompatKey(%q, %q) = %q, want the valid key %q unchanged", class, device, key, plain)
-		}
+		watchdog.Run(t, func() {
+			key := CompatKey(class, device)
+			if errs := validation.IsQualifiedName(key); len(errs) > 0 {
+				t.Fatalf("CompatKey(%q, %q) = %q, not a qualified name: %v", class, device, key, errs)
+			}
+			if !strings.HasPrefix(key, CompatKeyPrefix) {
+				t.Fatalf("CompatKey(%q, %q) = %q, want prefix %q", class, device, key, CompatKeyPrefix)
+			}
+			if plain := CompatKeyPrefix + class + "_" + device; len(validation.IsQualifiedName(plain)) == 0 && key != plain {
+				t.Fatalf("CompatKey(%q, %q) = %q, want the valid key %q unchanged", class, device, key, plain)
+			}
+		})
 	})
 }

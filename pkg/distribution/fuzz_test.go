@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
 // FuzzParseResource: ParseResource never panics and returns either a Resource or
@@ -42,41 +43,43 @@ func FuzzParseResource(f *testing.F) {
 	}
 	rd := owner("dist", "uid-1")
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r, errs := ParseResource(runtime.RawExtension{Raw: data}, resourcePath)
-		if (r == nil) == (len(errs) == 0) {
-			t.Fatalf("ParseResource returned %v and %d errors", r, len(errs))
-		}
-		for _, e := range errs {
-			if e.Field != "spec.resource" && !strings.HasPrefix(e.Field, "spec.resource.") {
-				t.Fatalf("error outside the resource: %v", e)
+		watchdog.Run(t, func() {
+			r, errs := ParseResource(runtime.RawExtension{Raw: data}, resourcePath)
+			if (r == nil) == (len(errs) == 0) {
+				t.Fatalf("ParseResource returned %v and %d errors", r, len(errs))
 			}
-		}
-		if r == nil {
-			return
-		}
-		if r.Kind != KindSecret && r.Kind != KindConfigMap || r.APIVersion != "v1" {
-			t.Fatalf("accepted %s %s", r.APIVersion, r.Kind)
-		}
-		if msgs := validation.IsDNS1123Subdomain(r.Name); len(msgs) > 0 {
-			t.Fatalf("accepted name %q: %v", r.Name, msgs)
-		}
-		again, errs := ParseResource(runtime.RawExtension{Raw: data}, resourcePath)
-		if len(errs) > 0 || again.Hash() != r.Hash() {
-			t.Fatalf("parse is not deterministic: %v", errs)
-		}
-		a, b := r.Copy("ns", rd, testNow), r.Copy("ns", rd, testNow)
-		if !reflect.DeepEqual(a, b) {
-			t.Fatalf("Copy is not deterministic:\n%+v\n%+v", a, b)
-		}
-		if a.GetName() != r.Name || a.GetNamespace() != "ns" || !r.UpToDate(a) || !r.Owned(a, rd) || r.NeedsRecreate(a) {
-			t.Fatalf("a copy is not the resource's own: %+v", a)
-		}
-		if s, ok := a.(*corev1.Secret); ok && (s.StringData != nil || s.Type == "") {
-			t.Fatalf("a Secret copy is not normalized: %+v", s)
-		}
-		if strings.Contains(r.String(), "\n") {
-			t.Fatalf("String spans lines: %q", r.String())
-		}
+			for _, e := range errs {
+				if e.Field != "spec.resource" && !strings.HasPrefix(e.Field, "spec.resource.") {
+					t.Fatalf("error outside the resource: %v", e)
+				}
+			}
+			if r == nil {
+				return
+			}
+			if r.Kind != KindSecret && r.Kind != KindConfigMap || r.APIVersion != "v1" {
+				t.Fatalf("accepted %s %s", r.APIVersion, r.Kind)
+			}
+			if msgs := validation.IsDNS1123Subdomain(r.Name); len(msgs) > 0 {
+				t.Fatalf("accepted name %q: %v", r.Name, msgs)
+			}
+			again, errs := ParseResource(runtime.RawExtension{Raw: data}, resourcePath)
+			if len(errs) > 0 || again.Hash() != r.Hash() {
+				t.Fatalf("parse is not deterministic: %v", errs)
+			}
+			a, b := r.Copy("ns", rd, testNow), r.Copy("ns", rd, testNow)
+			if !reflect.DeepEqual(a, b) {
+				t.Fatalf("Copy is not deterministic:\n%+v\n%+v", a, b)
+			}
+			if a.GetName() != r.Name || a.GetNamespace() != "ns" || !r.UpToDate(a) || !r.Owned(a, rd) || r.NeedsRecreate(a) {
+				t.Fatalf("a copy is not the resource's own: %+v", a)
+			}
+			if s, ok := a.(*corev1.Secret); ok && (s.StringData != nil || s.Type == "") {
+				t.Fatalf("a Secret copy is not normalized: %+v", s)
+			}
+			if strings.Contains(r.String(), "\n") {
+				t.Fatalf("String spans lines: %q", r.String())
+			}
+		})
 	})
 }
 
@@ -105,37 +108,39 @@ func FuzzCompileTargets(f *testing.F) {
 		all = append(all, ns.Name)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		var spec v1alpha1.ResourceDistributionTargets
-		if err := json.Unmarshal(data, &spec); err != nil {
-			return
-		}
-		targets, errs := CompileTargets(&spec, field.NewPath("spec", "targets"))
-		if (targets == nil) == (len(errs) == 0) {
-			t.Fatalf("CompileTargets returned %v and %d errors", targets, len(errs))
-		}
-		if targets == nil {
-			return
-		}
-		got := targets.Resolve(cluster)
-		reversed := slices.Clone(cluster)
-		slices.Reverse(reversed)
-		if again := targets.Resolve(reversed); !slices.Equal(got, again) {
-			t.Fatalf("Resolve depends on order: %v vs %v", got, again)
-		}
-		if !slices.IsSorted(got) || len(slices.Compact(slices.Clone(got))) != len(got) {
-			t.Fatalf("Resolve = %v, not sorted and unique", got)
-		}
-		for _, name := range got {
-			if !slices.Contains(all, name) {
-				t.Fatalf("Resolve invented %q", name)
+		watchdog.Run(t, func() {
+			var spec v1alpha1.ResourceDistributionTargets
+			if err := json.Unmarshal(data, &spec); err != nil {
+				return
 			}
-		}
-		if want := literalTargets(t, &spec, cluster); !slices.Equal(got, want) {
-			t.Fatalf("Resolve = %v, the rules say %v", got, want)
-		}
-		if e := targets.Explicit(); len(spec.IncludedNamespaces) == 0 && e != nil {
-			t.Fatalf("Explicit = %v without includedNamespaces", e)
-		}
+			targets, errs := CompileTargets(&spec, field.NewPath("spec", "targets"))
+			if (targets == nil) == (len(errs) == 0) {
+				t.Fatalf("CompileTargets returned %v and %d errors", targets, len(errs))
+			}
+			if targets == nil {
+				return
+			}
+			got := targets.Resolve(cluster)
+			reversed := slices.Clone(cluster)
+			slices.Reverse(reversed)
+			if again := targets.Resolve(reversed); !slices.Equal(got, again) {
+				t.Fatalf("Resolve depends on order: %v vs %v", got, again)
+			}
+			if !slices.IsSorted(got) || len(slices.Compact(slices.Clone(got))) != len(got) {
+				t.Fatalf("Resolve = %v, not sorted and unique", got)
+			}
+			for _, name := range got {
+				if !slices.Contains(all, name) {
+					t.Fatalf("Resolve invented %q", name)
+				}
+			}
+			if want := literalTargets(t, &spec, cluster); !slices.Equal(got, want) {
+				t.Fatalf("Resolve = %v, the rules say %v", got, want)
+			}
+			if e := targets.Explicit(); len(spec.IncludedNamespaces) == 0 && e != nil {
+				t.Fatalf("Explicit = %v without includedNamespaces", e)
+			}
+		})
 	})
 }
 

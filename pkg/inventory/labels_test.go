@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
 func gpu(product, memory string, mig bool) v1alpha1.Device {
@@ -106,9 +107,11 @@ func FuzzLabelValue(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		v := labelValue(s)
-		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
-			t.Fatalf("labelValue(%q) = %q: %v", s, v, errs)
-		}
+		watchdog.Run(t, func() {
+			v := labelValue(s)
+			if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+				t.Fatalf("labelValue(%q) = %q: %v", s, v, errs)
+			}
+		})
 	})
 }

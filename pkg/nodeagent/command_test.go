@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -104,5 +105,23 @@ func TestSummarize(t *testing.T) {
 	})
 	if want := (v1alpha1.DeviceSummary{GPUs: 2, NICs: 1, HugePagePools: 1, Unhealthy: 1}); got != want {
 		t.Errorf("Summarize = %+v, want %+v", got, want)
+	}
+}
+
+// --ignored-xids is parsed by nvml.ParseXIDs: a bad entry stops the agent at
+// start, naming it; repeated flags add up.
+func TestIgnoredXIDsFlag(t *testing.T) {
+	cmd := &cobra.Command{Use: "serve", RunE: func(*cobra.Command, []string) error { return nil }}
+	var o serveOptions
+	o.addFlags(cmd)
+	if err := cmd.ParseFlags([]string{"--ignored-xids=94,95", "--ignored-xids", "95,120"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := o.ignoredXIDs.String(); got != "94,95,120" {
+		t.Errorf("--ignored-xids = %s", got)
+	}
+	err := cmd.ParseFlags([]string{"--ignored-xids=94,1e999999999"})
+	if err == nil || !strings.Contains(err.Error(), `entry 2, "1e999999999", is not an XID`) {
+		t.Errorf("a bad XID: %v", err)
 	}
 }

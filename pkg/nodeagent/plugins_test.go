@@ -1,15 +1,20 @@
 package nodeagent
 
 import (
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/internal/watchdog"
+	"github.com/resclass/resclass/pkg/selector"
 )
 
 func class(name, rv string, exprs ...v1alpha1.ResourceSelectorRequirement) *v1alpha1.ResourceClass {
@@ -108,4 +113,62 @@ func TestHealthReachesIntrospection(t *testing.T) {
 	if d := s.Devices(); len(d) != 1 || d[0].GetNumaNode() != -1 || d[0].GetHealthy() {
 		t.Errorf("devices %v", d)
 	}
+}
+
+// FuzzClassMatcher feeds hostile classes (values that went around the
+// webhook) and hostile device attributes (what a broken NVML or sysfs may
+// answer) through the agent's class matching: it must decide within the
+// watchdog and advertise, for each class, exactly the devices the class
+// selects.
+func FuzzClassMatcher(f *testing.F) {
+	f.Add("memory", uint8(5), "1e999999999", uint8(3), "", int64(40), int32(9))
+	f.Add("memory", uint8(6), "40Gi", uint8(3), "", int64(1), int32(999999999))
+	f.Add("custom", uint8(8), "1e-999999999", uint8(1), "", int64(-1), int32(0))
+	f.Add("speed", uint8(5), "1.6Tbps", uint8(4), "99999999999999999999999999Pbps", int64(0), int32(0))
+	f.Add("driverVersion", uint8(6), "580.159.04", uint8(5), "1.2.3.4.5.6.7.8.9", int64(0), int32(0))
+	ops := []v1alpha1.ResourceSelectorOperator{"In", "NotIn", "Eq", "Exists", "DoesNotExist", "Gt", "GtEq", "Lt", "LtEq"}
+	f.Fuzz(func(t *testing.T, key string, opIndex uint8, value string, typ uint8, text string, num int64, scale int32) {
+		watchdog.Run(t, func() {
+			var a v1alpha1.DeviceAttribute
+			switch typ % 6 {
+			case 0:
+				a.StringValue = &text
+			case 1:
+				a.IntValue = &num
+			case 2:
+				a.BoolValue = ptr.To(num%2 == 0)
+			case 3:
+				a.QuantityValue = resource.NewScaledQuantity(num, resource.Scale(scale))
+			case 4:
+				a.BandwidthValue = &text
+			case 5:
+				a.VersionValue = &text
+			}
+			devices := []v1alpha1.Device{
+				{ID: "GPU-hostile", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{key: a, "memory": a}},
+				{ID: "GPU-ok", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{"memory": {QuantityValue: ptr.To(resource.MustParse("80Gi"))}}},
+			}
+			op := ops[int(opIndex)%len(ops)]
+			var values []string
+			if op != "Exists" && op != "DoesNotExist" {
+				values = []string{value}
+			}
+			rc := class("fuzz", "1", v1alpha1.ResourceSelectorRequirement{Key: key, Operator: op, Values: values})
+			eps := newClassMatcher(2).endpoints([]*v1alpha1.ResourceClass{rc}, devices)
+			c, errs := selector.Compile(&rc.Spec, field.NewPath("spec"))
+			var want []string
+			for i := range devices {
+				if len(errs) == 0 && c.Matches(selector.NewDevice(&devices[i])) {
+					want = append(want, devices[i].ID)
+				}
+			}
+			var got []string
+			for _, d := range eps[v1alpha1.ResourceNamePrefix+"fuzz"] {
+				got = append(got, d.ID)
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("advertised %v, the class selects %v", got, want)
+			}
+		})
+	})
 }

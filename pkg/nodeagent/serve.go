@@ -7,6 +7,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -18,6 +21,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/introspection"
 )
 
@@ -30,7 +34,7 @@ type serveOptions struct {
 	poll           time.Duration
 	resync         time.Duration
 	recoveryAfter  time.Duration
-	ignoredXIDs    []uint
+	ignoredXIDs    xidList
 	metricsAddress string
 	pluginDir      string
 	poolSlots      int
@@ -48,7 +52,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.DurationVar(&o.poll, "poll-interval", 10*time.Second, "how often NIC link state and free hugepages are re-read from sysfs (cheap: no NVML, and nothing is written unless something changed)")
 	f.DurationVar(&o.resync, "resync-interval", 5*time.Minute, "how often GPUs are re-described through NVML (MIG layout, NVLinks) and the published objects re-checked")
 	f.DurationVar(&o.recoveryAfter, "gpu-recovery-after", 5*time.Minute, "how long an unhealthy GPU must go without a critical NVML event, answering NVML with no page retirement or row remapping pending, before it is healthy again")
-	f.UintSliceVar(&o.ignoredXIDs, "ignored-xids", nil, "XIDs to treat as application errors in addition to the built-in list (13, 31, 43, 45, 68, 109), e.g. --ignored-xids=94,95")
+	f.Var(&o.ignoredXIDs, "ignored-xids", fmt.Sprintf("XIDs to treat as application errors in addition to the built-in list (13, 31, 43, 45, 68, 109), e.g. --ignored-xids=94,95: decimal numbers from 1 to %d, repeatable", nvmldiscovery.MaxXID))
 	f.StringVar(&o.pluginDir, "device-plugin-dir", pluginapi.DevicePluginPath, "the kubelet's device-plugin directory: one endpoint (rc-<class>.sock) per ResourceClass that selects a device of this node is served and registered there; \"\" serves none (inventory only)")
 	f.IntVar(&o.poolSlots, "hugepage-pool-slots", 110, "how many containers may draw from one hugepage pool at once: the slot devices each pool is to the kubelet (docs/hugepages.md); raise it with the kubelet's maxPods")
 	f.DurationVar(&o.waitForPod, "pod-wait", 3*time.Second, "how long a kubelet Allocate or GetPreferredAllocation call waits for the agent's pod cache to show the pod it is about before answering without it")
@@ -81,10 +85,7 @@ func (o *serveOptions) run(ctx context.Context) error {
 	if o.nvmlLibrary != "" {
 		libOpts = append(libOpts, lib.WithLibraryPath(o.nvmlLibrary))
 	}
-	xids := make([]uint64, len(o.ignoredXIDs))
-	for i, x := range o.ignoredXIDs {
-		xids[i] = uint64(x)
-	}
+	xids := []uint64(o.ignoredXIDs)
 	cfg := Config{
 		NodeName:            o.nodeName,
 		HostRoot:            o.hostRoot,
@@ -140,3 +141,30 @@ func serveMetrics(ctx context.Context, address string, m *metrics, a *Agent) (*h
 
 // Published says whether the agent has published its inventory at least once.
 func (a *Agent) Published() bool { return a.published.Load() }
+
+// xidList is --ignored-xids: parsed by nvmldiscovery.ParseXIDs, so a bad entry stops
+// the agent at start with a message naming it.
+type xidList []uint64
+
+func (l *xidList) String() string {
+	parts := make([]string, len(*l))
+	for i, x := range *l {
+		parts[i] = strconv.FormatUint(x, 10)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (l *xidList) Set(s string) error {
+	xids, err := nvmldiscovery.ParseXIDs(s)
+	if err != nil {
+		return err
+	}
+	for _, x := range xids {
+		if !slices.Contains(*l, x) {
+			*l = append(*l, x)
+		}
+	}
+	return nil
+}
+
+func (l *xidList) Type() string { return "xids" }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -78,7 +79,7 @@ func NewFile(path string, interval time.Duration, log logr.Logger) (*File, error
 		f.current.Store(&Config{})
 		return f, nil
 	}
-	data, err := os.ReadFile(path)
+	data, err := readBounded(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading ResourceQuota configuration: %w", err)
 	}
@@ -117,7 +118,7 @@ func (f *File) Reload() error {
 	f.reloadMu.Lock()
 	defer f.reloadMu.Unlock()
 
-	data, err := os.ReadFile(f.path)
+	data, err := readBounded(f.path)
 	if err != nil {
 		f.seen = ""
 		return f.fail(fmt.Errorf("reading ResourceQuota configuration: %w", err))
@@ -151,6 +152,28 @@ func (f *File) Reload() error {
 		f.OnLoad(cfg, nil)
 	}
 	return nil
+}
+
+// MaxFileBytes bounds the configuration file: the apiserver's own is a few
+// hundred bytes, and a ConfigMap holds at most 1 MiB.
+const MaxFileBytes = 1 << 20
+
+// readBounded reads at most MaxFileBytes of path, refusing a larger file
+// rather than parsing part of it.
+func readBounded(path string) ([]byte, error) {
+	file, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = file.Close() }()
+	data, err := io.ReadAll(io.LimitReader(file, MaxFileBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxFileBytes {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, MaxFileBytes)
+	}
+	return data, nil
 }
 
 // Start polls the file every interval until ctx is done, then returns nil.

@@ -146,12 +146,14 @@ func TestNewFile(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "invalid.yaml"), invalid)
 	writeFile(t, filepath.Join(dir, "empty.yaml"), "")
+	writeFile(t, filepath.Join(dir, "huge.yaml"), configA+"# "+strings.Repeat("x", MaxFileBytes)+"\n")
 	for _, tc := range []struct {
 		name, path, wantErr string
 	}{
 		{name: "missing", path: filepath.Join(dir, "missing.yaml"), wantErr: "no such file"},
 		{name: "invalid", path: filepath.Join(dir, "invalid.yaml"), wantErr: "invalid.yaml: limitedResources[0].matchScopes[0].scopeName"},
 		{name: "empty file", path: filepath.Join(dir, "empty.yaml"), wantErr: "empty"},
+		{name: "larger than a ConfigMap", path: filepath.Join(dir, "huge.yaml"), wantErr: "huge.yaml is larger than 1048576 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := NewFile(tc.path, 0, testr.New(t)); err == nil || !strings.Contains(err.Error(), tc.wantErr) {

@@ -2,6 +2,7 @@ package hugepages
 
 import (
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -330,27 +332,29 @@ func FuzzParsePageDir(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
-		bytes, ok := parsePageDir(name)
-		if !ok {
-			return
-		}
-		if bytes <= 0 || bytes%1024 != 0 {
-			t.Fatalf("%q: %d bytes is not a positive number of kB", name, bytes)
-		}
-		if again := "hugepages-" + strconv.FormatInt(bytes/1024, 10) + "kB"; again != name {
-			t.Fatalf("%q accepted, but the kernel writes %d bytes as %q", name, bytes, again)
-		}
-		size := sizeName(bytes)
-		q, err := resource.ParseQuantity(size)
-		if err != nil || q.Value() != bytes {
-			t.Fatalf("%q: size %q reads back as %v, %v; want %d bytes", name, size, q.Value(), err, bytes)
-		}
-		if errs := validation.IsQualifiedName("hugepages-" + size); len(errs) > 0 {
-			t.Fatalf("%q: resource name hugepages-%s: %v", name, size, errs)
-		}
-		if id := poolID(bytes, 1023); len(id) > 128 || strings.ContainsAny(id, " /\n") {
-			t.Fatalf("%q: pool id %q is not a valid device id", name, id)
-		}
+		watchdog.Run(t, func() {
+			bytes, ok := parsePageDir(name)
+			if !ok {
+				return
+			}
+			if bytes <= 0 || bytes%1024 != 0 {
+				t.Fatalf("%q: %d bytes is not a positive number of kB", name, bytes)
+			}
+			if again := "hugepages-" + strconv.FormatInt(bytes/1024, 10) + "kB"; again != name {
+				t.Fatalf("%q accepted, but the kernel writes %d bytes as %q", name, bytes, again)
+			}
+			size := sizeName(bytes)
+			q, err := resource.ParseQuantity(size)
+			if err != nil || q.Value() != bytes {
+				t.Fatalf("%q: size %q reads back as %v, %v; want %d bytes", name, size, q.Value(), err, bytes)
+			}
+			if errs := validation.IsQualifiedName("hugepages-" + size); len(errs) > 0 {
+				t.Fatalf("%q: resource name hugepages-%s: %v", name, size, errs)
+			}
+			if id := poolID(bytes, 1023); len(id) > 128 || strings.ContainsAny(id, " /\n") {
+				t.Fatalf("%q: pool id %q is not a valid device id", name, id)
+			}
+		})
 	})
 }
 
@@ -417,4 +421,27 @@ func readInt(t *testing.T, path string) (int64, bool) {
 		t.Errorf("%s: %v", path, err)
 	}
 	return n, err == nil
+}
+
+// FuzzParseNodeDir: an accepted name is the kernel's spelling of a NUMA node
+// ("node<N>", no sign, no leading zero), N fits an int32, and the pool id it
+// makes is one the NodeDevices API accepts.
+func FuzzParseNodeDir(f *testing.F) {
+	for _, s := range []string{"node0", "node1", "node07", "node-1", "node+1", "node", "node2147483647", "node2147483648", "node1e9", "node٣", "nodes", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		watchdog.Run(t, func() {
+			n, ok := parseNodeDir(name)
+			if !ok {
+				return
+			}
+			if n < 0 || n > math.MaxInt32 || "node"+strconv.FormatInt(n, 10) != name {
+				t.Fatalf("%q accepted as node %d", name, n)
+			}
+			if id := poolID(1<<30, n); len(id) > 128 {
+				t.Fatalf("pool id %q is longer than the API allows", id)
+			}
+		})
+	})
 }

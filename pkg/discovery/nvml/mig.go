@@ -2,6 +2,8 @@ package nvml
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -190,13 +192,34 @@ func migProfileName(profileIndex int, giSlices, ciSlices uint32, profileMB, gpuM
 	return name + migProfileSuffix[profileIndex]
 }
 
-// migMemoryGB is the "gb" of a profile's name; see migProfileName.
+// migMemoryGB is the "gb" of a profile's name; see migProfileName. NVML's
+// answers are not trusted to be sane: the products are taken in 128 bits, so
+// no profile or GPU size wraps around into a plausible name.
 func migMemoryGB(profileMB, gpuMemory uint64) uint64 {
 	const gib = 1 << 30
 	if gpuMemory == 0 {
 		return 0
 	}
-	eighths := (profileMB<<20*8 + gpuMemory - 1) / gpuMemory
-	gpuGiB := (gpuMemory + gib - 1) / gib
-	return (eighths*gpuGiB + 4) / 8
+	// eighths = ceil(profileMB * 2^20 * 8 / gpuMemory)
+	hi, lo := bits.Mul64(profileMB, 8<<20)
+	if hi >= gpuMemory {
+		return math.MaxUint64 // a profile larger than 2^64 eighths of its GPU
+	}
+	eighths, rem := bits.Div64(hi, lo, gpuMemory)
+	if rem != 0 {
+		if eighths == math.MaxUint64 {
+			return math.MaxUint64
+		}
+		eighths++
+	}
+	gpuGiB := gpuMemory/gib + min(1, gpuMemory%gib)
+	// (eighths * gpuGiB + 4) / 8
+	hi, lo = bits.Mul64(eighths, gpuGiB)
+	lo, carry := bits.Add64(lo, 4, 0)
+	hi += carry
+	if hi >= 8 {
+		return math.MaxUint64
+	}
+	gb, _ := bits.Div64(hi, lo, 8)
+	return gb
 }

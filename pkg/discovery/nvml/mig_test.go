@@ -2,6 +2,9 @@ package nvml
 
 import (
 	"fmt"
+	"math"
+	"math/big"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -10,6 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
 // a100ProfileIDs are the GPU instance profile ids an A100-SXM4-40GB reports
@@ -354,4 +358,40 @@ func TestMIGProfileName(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzMIGProfileName names profiles from any figures NVML may answer: the
+// name must have the profile grammar and a bounded length, and the memory
+// figure must be the exact rule (checked in big integers), never a value that
+// wrapped around 2^64.
+func FuzzMIGProfileName(f *testing.F) {
+	f.Add(lib.GPU_INSTANCE_PROFILE_1_SLICE, uint32(1), uint32(1), uint64(4864), uint64(40<<30))
+	f.Add(lib.GPU_INSTANCE_PROFILE_3_SLICE, uint32(3), uint32(1), uint64(19968), uint64(95830<<20))
+	f.Add(-1, uint32(0), uint32(7), uint64(1<<63), uint64(1))
+	f.Add(1<<30, ^uint32(0), uint32(0), ^uint64(0), ^uint64(0))
+	f.Add(0, uint32(1), uint32(1), uint64(1<<44), uint64(40<<30)) // wrapped to 0gb before 128-bit products
+	name := regexp.MustCompile(`^([0-9]+c\.)?[0-9]+g\.[0-9]+gb(\+me|\+me\.all|\+gfx|-me)?$`)
+	f.Fuzz(func(t *testing.T, profile int, gi, ci uint32, profileMB, gpu uint64) {
+		watchdog.Run(t, func() {
+			got := migProfileName(profile, gi, ci, profileMB, gpu)
+			if !name.MatchString(got) || len(got) > 64 {
+				t.Fatalf("%q", got)
+			}
+			if gpu == 0 {
+				return
+			}
+			// The rule in big integers: ceil(MB*2^20*8/gpu) eighths, times
+			// the GPU's GiB rounded up, /8 rounded to nearest.
+			g := new(big.Int).SetUint64(gpu)
+			eighths := new(big.Int).Mul(new(big.Int).SetUint64(profileMB), big.NewInt(8<<20))
+			eighths.Add(eighths, new(big.Int).Sub(g, big.NewInt(1))).Div(eighths, g)
+			gib := new(big.Int).Add(g, big.NewInt(1<<30-1))
+			gib.Div(gib, big.NewInt(1<<30))
+			want := new(big.Int).Mul(eighths, gib)
+			want.Add(want, big.NewInt(4)).Div(want, big.NewInt(8))
+			if gb := migMemoryGB(profileMB, gpu); want.IsUint64() && gb != want.Uint64() || !want.IsUint64() && gb != math.MaxUint64 {
+				t.Fatalf("migMemoryGB(%d, %d) = %d, want %s", profileMB, gpu, gb, want)
+			}
+		})
+	})
 }

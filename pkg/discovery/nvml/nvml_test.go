@@ -2,6 +2,8 @@ package nvml
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -11,6 +13,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
 // dgx returns the DGX A100 mock of nvmlmock (PCI bus ids, GPUs 0-3 on NUMA node 0
@@ -183,15 +186,17 @@ func FuzzPCIBusID(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		var p lib.PciInfo
-		copy(p.BusId[:], s)
-		got := pciBusID(p)
-		if strings.ContainsRune(got, 0) || got != strings.ToLower(got) {
-			t.Fatalf("pciBusID(%q) = %q", s, got)
-		}
-		if again := pciBusID(busID(got)); again != got {
-			t.Fatalf("not stable: %q -> %q -> %q", s, got, again)
-		}
+		watchdog.Run(t, func() {
+			var p lib.PciInfo
+			copy(p.BusId[:], s)
+			got := pciBusID(p)
+			if strings.ContainsRune(got, 0) || got != strings.ToLower(got) {
+				t.Fatalf("pciBusID(%q) = %q", s, got)
+			}
+			if again := pciBusID(busID(got)); again != got {
+				t.Fatalf("not stable: %q -> %q -> %q", s, got, again)
+			}
+		})
 	})
 }
 
@@ -199,4 +204,79 @@ func busID(s string) lib.PciInfo {
 	var p lib.PciInfo
 	copy(p.BusId[:], s)
 	return p
+}
+
+func TestParseXIDs(t *testing.T) {
+	for in, want := range map[string]string{
+		"94,95":          "[94 95]",
+		" 94 , 95 ,94 ":  "[94 95]",
+		"":               "[]",
+		"0":              "error: entry 1, \"0\", is not an XID",
+		"94,,95":         "error: entry 2, \"\", is not an XID",
+		"65536":          "error: entry 1, \"65536\", is not an XID: write decimal numbers from 1 to 65535",
+		"0x5e":           "error: entry 1, \"0x5e\"",
+		"+5":             "error: entry 1, \"+5\"",
+		"-5":             "error: entry 1, \"-5\"",
+		"1e999999999":    "error: entry 1, \"1e999999999\"",
+		"99999999999999": "error: entry 1, \"99999999999999\"",
+	} {
+		got, err := ParseXIDs(in)
+		s := fmt.Sprint(got)
+		if got == nil {
+			s = "[]"
+		}
+		if err != nil {
+			s = "error: " + err.Error()
+		}
+		if !strings.HasPrefix(s, want) {
+			t.Errorf("ParseXIDs(%q) = %s, want %s", in, s, want)
+		}
+	}
+	long := strings.Repeat("1,", 3000)
+	if _, err := ParseXIDs(long); err == nil || !strings.Contains(err.Error(), "too long") {
+		t.Errorf("a 6000-character list: %v", err)
+	}
+	var many []string
+	for i := 1; i <= 300; i++ {
+		many = append(many, fmt.Sprint(i))
+	}
+	if _, err := ParseXIDs(strings.Join(many, ",")); err == nil || !strings.Contains(err.Error(), "more than 256 XIDs") {
+		t.Errorf("300 XIDs: %v", err)
+	}
+}
+
+func FuzzParseXIDs(f *testing.F) {
+	for _, s := range []string{"94,95", "", "0", "65535,1", "1e999999999", " 7 ,7", strings.Repeat("9,", 300)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		watchdog.Run(t, func() {
+			xids, err := ParseXIDs(s)
+			if err != nil {
+				if len(err.Error()) > 200 {
+					t.Fatalf("a %d-byte message", len(err.Error()))
+				}
+				return
+			}
+			if len(xids) > maxXIDCount {
+				t.Fatalf("%d XIDs", len(xids))
+			}
+			seen := map[uint64]bool{}
+			for _, x := range xids {
+				if x < 1 || x > MaxXID || seen[x] {
+					t.Fatalf("%q gave %v", s, xids)
+				}
+				seen[x] = true
+			}
+			// What it reads, written back, reads the same.
+			var parts []string
+			for _, x := range xids {
+				parts = append(parts, fmt.Sprint(x))
+			}
+			again, err := ParseXIDs(strings.Join(parts, ","))
+			if err != nil || !slices.Equal(again, xids) {
+				t.Fatalf("%v -> %v, %v", xids, again, err)
+			}
+		})
+	})
 }

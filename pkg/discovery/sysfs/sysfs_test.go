@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
 func TestParseInt(t *testing.T) {
@@ -40,12 +42,14 @@ func FuzzParseInt(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		n, ok := ParseInt(s)
-		if !ok {
-			return
-		}
-		if again, ok2 := ParseInt(strconv.FormatInt(n, 10)); !ok2 || again != n {
-			t.Fatalf("%q -> %d does not read back", s, n)
-		}
+		watchdog.Run(t, func() {
+			n, ok := ParseInt(s)
+			if !ok {
+				return
+			}
+			if again, ok2 := ParseInt(strconv.FormatInt(n, 10)); !ok2 || again != n {
+				t.Fatalf("%q -> %d does not read back", s, n)
+			}
+		})
 	})
 }

@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
 // TestOverlapDefeatsCounting: the cases where counting or greedy choice is wrong.
@@ -77,14 +79,16 @@ func TestAgainstBruteForce(t *testing.T) {
 func FuzzSolve(f *testing.F) {
 	f.Add(uint64(1), uint64(2))
 	f.Fuzz(func(t *testing.T, a, b uint64) {
-		p := randomProblem(rand.New(rand.NewPCG(a, b)))
-		got, ok := Solve(p)
-		if want := bruteForce(p); ok != want {
-			t.Fatalf("%+v: Solve = %v, exhaustive search = %v", p, ok, want)
-		}
-		if ok {
-			checkSolution(t, p, got)
-		}
+		watchdog.Run(t, func() {
+			p := randomProblem(rand.New(rand.NewPCG(a, b)))
+			got, ok := Solve(p)
+			if want := bruteForce(p); ok != want {
+				t.Fatalf("%+v: Solve = %v, exhaustive search = %v", p, ok, want)
+			}
+			if ok {
+				checkSolution(t, p, got)
+			}
+		})
 	})
 }
 

@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
 func decode(t *testing.T, raw, podNamespace string) (*Args, error) {
@@ -133,29 +135,31 @@ func FuzzDecodeArgs(f *testing.F) {
 	f.Add([]byte(`{}`), "resclass")
 	f.Add([]byte(`{}`), "Bad Namespace")
 	f.Fuzz(func(t *testing.T, data []byte, podNamespace string) {
-		args, err := DecodeArgs(&runtime.Unknown{Raw: data}, podNamespace)
-		if err != nil {
-			if args != nil {
-				t.Fatalf("args %+v returned with error %v", args, err)
+		watchdog.Run(t, func() {
+			args, err := DecodeArgs(&runtime.Unknown{Raw: data}, podNamespace)
+			if err != nil {
+				if args != nil {
+					t.Fatalf("args %+v returned with error %v", args, err)
+				}
+				return
 			}
-			return
-		}
-		if args.Strategy == "" || args.AssignmentWrite == "" || args.StatusUpdateInterval == nil || args.StatusLeaseNamespace == "" || args.StatusLeaseName == "" {
-			t.Fatalf("args not defaulted: %+v", args)
-		}
-		if errs := ValidateArgs(args, field.NewPath("args")); len(errs) > 0 {
-			t.Fatalf("DecodeArgs(%q) returned invalid args %+v: %v", data, args, errs)
-		}
-		raw, err := json.Marshal(args)
-		if err != nil {
-			t.Fatalf("marshal %+v: %v", args, err)
-		}
-		again, err := DecodeArgs(&runtime.Unknown{Raw: raw}, podNamespace)
-		if err != nil {
-			t.Fatalf("args %s, as written, are refused: %v", raw, err)
-		}
-		if !reflect.DeepEqual(again, args) {
-			t.Fatalf("args %s read back as %+v, were %+v", raw, again, args)
-		}
+			if args.Strategy == "" || args.AssignmentWrite == "" || args.StatusUpdateInterval == nil || args.StatusLeaseNamespace == "" || args.StatusLeaseName == "" {
+				t.Fatalf("args not defaulted: %+v", args)
+			}
+			if errs := ValidateArgs(args, field.NewPath("args")); len(errs) > 0 {
+				t.Fatalf("DecodeArgs(%q) returned invalid args %+v: %v", data, args, errs)
+			}
+			raw, err := json.Marshal(args)
+			if err != nil {
+				t.Fatalf("marshal %+v: %v", args, err)
+			}
+			again, err := DecodeArgs(&runtime.Unknown{Raw: raw}, podNamespace)
+			if err != nil {
+				t.Fatalf("args %s, as written, are refused: %v", raw, err)
+			}
+			if !reflect.DeepEqual(again, args) {
+				t.Fatalf("args %s read back as %+v, were %+v", raw, again, args)
+			}
+		})
 	})
 }

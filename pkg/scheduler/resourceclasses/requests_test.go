@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/utils/ptr"
+
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
 // fuzzContainers is how many containers a fuzzed pod has: enough for an init
@@ -128,110 +130,112 @@ func FuzzPodDemand(f *testing.F) {
 	f.Add("65537", "0", "0", "0", uint32(0))         // above the bound
 	f.Add("3", "3", "2", "4", uint32(0x0050_5959))
 	f.Fuzz(func(t *testing.T, s0, s1, s2, s3 string, layout uint32) {
-		var q [fuzzContainers]resource.Quantity
-		for i, s := range []string{s0, s1, s2, s3} {
-			var err error
-			if q[i], err = resource.ParseQuantity(s); err != nil {
-				return // not a quantity: the apiserver refuses the pod
+		watchdog.Run(t, func() {
+			var q [fuzzContainers]resource.Quantity
+			for i, s := range []string{s0, s1, s2, s3} {
+				var err error
+				if q[i], err = resource.ParseQuantity(s); err != nil {
+					return // not a quantity: the apiserver refuses the pod
+				}
 			}
-		}
-		pod := fuzzPod(q, layout)
-		d, err := podDemand(pod)
+			pod := fuzzPod(q, layout)
+			d, err := podDemand(pod)
 
-		wantErr := false
-		for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-			for i := range cs {
-				for name, v := range requests(&cs[i]) {
-					if strings.HasPrefix(string(name), "class.") && !validCount(v) {
-						wantErr = true
+			wantErr := false
+			for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+				for i := range cs {
+					for name, v := range requests(&cs[i]) {
+						if strings.HasPrefix(string(name), "class.") && !validCount(v) {
+							wantErr = true
+						}
 					}
 				}
 			}
-		}
-		ref := map[string]map[string]sets.Set[string]{}
-		refDraws := map[string]int{}
-		if !wantErr {
+			ref := map[string]map[string]sets.Set[string]{}
+			refDraws := map[string]int{}
+			if !wantErr {
+				for _, class := range []string{"a", "b"} {
+					got, draws, ambiguous := kubeletAllocation(pod, class)
+					wantErr = wantErr || ambiguous
+					ref[class], refDraws[class] = got, draws
+				}
+			}
+			if wantErr != (err != nil) {
+				t.Fatalf("podDemand(%v): err %v, want an error: %v", pod.Spec, err, wantErr)
+			}
+			if err != nil {
+				return
+			}
+			if (d == nil) != (refDraws["a"] == 0 && refDraws["b"] == 0) {
+				t.Fatalf("demand %+v for reference draws %v", d, refDraws)
+			}
+			if d == nil {
+				return
+			}
+
 			for _, class := range []string{"a", "b"} {
-				got, draws, ambiguous := kubeletAllocation(pod, class)
-				wantErr = wantErr || ambiguous
-				ref[class], refDraws[class] = got, draws
+				draws := d.draws[class]
+				if draws < 0 || draws != refDraws[class] {
+					t.Fatalf("class %s: %d draws, the kubelet draws %d", class, draws, refDraws[class])
+				}
+				if (draws > 0) != slices.Contains(d.classes, class) {
+					t.Fatalf("class %s: %d draws, classes %v", class, draws, d.classes)
+				}
+				if draws == 0 {
+					continue
+				}
+				drawn := make([]string, draws)
+				for i := range drawn {
+					drawn[i] = fmt.Sprint(i)
+				}
+				out := d.assign(class, drawn)
+				used := sets.New[string]()
+				for _, c := range d.containers {
+					ids := out[c.name]
+					if len(ids) != c.classes[class] {
+						t.Fatalf("class %s: container %s got %d devices, asked %d", class, c.name, len(ids), c.classes[class])
+					}
+					set := sets.New(ids...)
+					if set.Len() != len(ids) {
+						t.Fatalf("class %s: container %s got a device twice: %v", class, c.name, ids)
+					}
+					if want := ref[class][c.name]; !set.Equal(want) && (set.Len() > 0 || want != nil) {
+						t.Fatalf("class %s: container %s got %v, the kubelet gives it %v", class, c.name, sets.List(set), sets.List(want))
+					}
+					used = used.Union(set)
+				}
+				if used.Len() != draws {
+					t.Fatalf("class %s: %d of %d draws used", class, used.Len(), draws)
+				}
+				if extra := sets.KeySet(out).Difference(sets.New(containerNames(d)...)); extra.Len() > 0 {
+					t.Fatalf("class %s: devices for unknown containers %v", class, sets.List(extra))
+				}
 			}
-		}
-		if wantErr != (err != nil) {
-			t.Fatalf("podDemand(%v): err %v, want an error: %v", pod.Spec, err, wantErr)
-		}
-		if err != nil {
-			return
-		}
-		if (d == nil) != (refDraws["a"] == 0 && refDraws["b"] == 0) {
-			t.Fatalf("demand %+v for reference draws %v", d, refDraws)
-		}
-		if d == nil {
-			return
-		}
 
-		for _, class := range []string{"a", "b"} {
-			draws := d.draws[class]
-			if draws < 0 || draws != refDraws[class] {
-				t.Fatalf("class %s: %d draws, the kubelet draws %d", class, draws, refDraws[class])
+			// All of the demand's containers drawing from one pool: the pool is
+			// charged the pod's request, counted over those containers.
+			all := make([]*containerDemand, len(d.containers))
+			for i := range d.containers {
+				all[i] = &d.containers[i]
 			}
-			if (draws > 0) != slices.Contains(d.classes, class) {
-				t.Fatalf("class %s: %d draws, classes %v", class, draws, d.classes)
-			}
-			if draws == 0 {
-				continue
-			}
-			drawn := make([]string, draws)
-			for i := range drawn {
-				drawn[i] = fmt.Sprint(i)
-			}
-			out := d.assign(class, drawn)
-			used := sets.New[string]()
-			for _, c := range d.containers {
-				ids := out[c.name]
-				if len(ids) != c.classes[class] {
-					t.Fatalf("class %s: container %s got %d devices, asked %d", class, c.name, len(ids), c.classes[class])
+			only := sets.New(containerNames(d)...)
+			sub := pod.DeepCopy()
+			keep := func(cs []corev1.Container) []corev1.Container {
+				var out []corev1.Container
+				for _, c := range cs {
+					if only.Has(c.Name) {
+						c.Resources.Requests = requests(&c)
+						out = append(out, c)
+					}
 				}
-				set := sets.New(ids...)
-				if set.Len() != len(ids) {
-					t.Fatalf("class %s: container %s got a device twice: %v", class, c.name, ids)
-				}
-				if want := ref[class][c.name]; !set.Equal(want) && (set.Len() > 0 || want != nil) {
-					t.Fatalf("class %s: container %s got %v, the kubelet gives it %v", class, c.name, sets.List(set), sets.List(want))
-				}
-				used = used.Union(set)
+				return out
 			}
-			if used.Len() != draws {
-				t.Fatalf("class %s: %d of %d draws used", class, used.Len(), draws)
+			sub.Spec.InitContainers, sub.Spec.Containers = keep(sub.Spec.InitContainers), keep(sub.Spec.Containers)
+			want := resourcehelper.PodRequests(sub, resourcehelper.PodResourcesOptions{})["hugepages-1Gi"]
+			if got := pageBytes(all, "hugepages-1Gi"); got != want.Value() {
+				t.Fatalf("pages charged %d, the pod requests %s (containers %v)", got, want.String(), slices.Collect(maps.Keys(only)))
 			}
-			if extra := sets.KeySet(out).Difference(sets.New(containerNames(d)...)); extra.Len() > 0 {
-				t.Fatalf("class %s: devices for unknown containers %v", class, sets.List(extra))
-			}
-		}
-
-		// All of the demand's containers drawing from one pool: the pool is
-		// charged the pod's request, counted over those containers.
-		all := make([]*containerDemand, len(d.containers))
-		for i := range d.containers {
-			all[i] = &d.containers[i]
-		}
-		only := sets.New(containerNames(d)...)
-		sub := pod.DeepCopy()
-		keep := func(cs []corev1.Container) []corev1.Container {
-			var out []corev1.Container
-			for _, c := range cs {
-				if only.Has(c.Name) {
-					c.Resources.Requests = requests(&c)
-					out = append(out, c)
-				}
-			}
-			return out
-		}
-		sub.Spec.InitContainers, sub.Spec.Containers = keep(sub.Spec.InitContainers), keep(sub.Spec.Containers)
-		want := resourcehelper.PodRequests(sub, resourcehelper.PodResourcesOptions{})["hugepages-1Gi"]
-		if got := pageBytes(all, "hugepages-1Gi"); got != want.Value() {
-			t.Fatalf("pages charged %d, the pod requests %s (containers %v)", got, want.String(), slices.Collect(maps.Keys(only)))
-		}
+		})
 	})
 }
 
