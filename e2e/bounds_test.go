@@ -40,6 +40,7 @@ func TestAPIServerRefusesOutOfRangeValues(t *testing.T) {
 				}}}},
 			}
 			created, err := rc.ResclassV1alpha1().ResourceClasses().Create(ctx, class, metav1.CreateOptions{})
+			t.Logf("memory Gt %s: %v", tc.value, err)
 			if err == nil {
 				_ = rc.ResclassV1alpha1().ResourceClasses().Delete(ctx, created.Name, metav1.DeleteOptions{})
 			}
