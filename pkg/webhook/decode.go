@@ -52,31 +52,56 @@ const (
 
 // mayHoldCostlyQuantity is a scan of the raw bytes, microseconds for a pod,
 // that rules out costly quantities in nearly every object: they need an
-// exponent of three digits or more, or a long run of digits. Only an object it
-// cannot rule out is walked token by token.
+// exponent of three digits or more on a number that is a whole JSON value, or
+// a long run of digits. (A UID such as "…2c3e-0000-4000…" has the first shape
+// inside a string, not as one.) Only an object it cannot rule out is walked
+// token by token.
 func mayHoldCostlyQuantity(raw []byte) bool {
 	run := 0
 	for i, c := range raw {
-		if c >= '0' && c <= '9' || c == '.' {
+		if isDigit(c) || c == '.' {
 			if run++; run > maxQuantityText/2 {
 				return true
 			}
 			continue
 		}
 		run = 0
-		if (c == 'e' || c == 'E') && i > 0 && (raw[i-1] >= '0' && raw[i-1] <= '9' || raw[i-1] == '.') {
-			j := i + 1
-			if j < len(raw) && (raw[j] == '+' || raw[j] == '-') {
-				j++
-			}
-			k := j
-			for k < len(raw) && raw[k] >= '0' && raw[k] <= '9' {
-				k++
-			}
-			if k-j >= 3 {
-				return true
-			}
+		if (c != 'e' && c != 'E') || i == 0 || !(isDigit(raw[i-1]) || raw[i-1] == '.') {
+			continue
 		}
+		j := i + 1
+		if j < len(raw) && (raw[j] == '+' || raw[j] == '-') {
+			j++
+		}
+		k := j
+		for k < len(raw) && isDigit(raw[k]) {
+			k++
+		}
+		if k-j < 3 || k < len(raw) && !isBoundary(raw[k]) {
+			continue
+		}
+		b := i - 1
+		for b > 0 && (isDigit(raw[b-1]) || raw[b-1] == '.') {
+			b--
+		}
+		if b > 0 && (raw[b-1] == '+' || raw[b-1] == '-') {
+			b--
+		}
+		if b == 0 || isBoundary(raw[b-1]) {
+			return true
+		}
+	}
+	return false
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// isBoundary reports whether c may stand next to a JSON value: a string's
+// quotes, a number's neighbours.
+func isBoundary(c byte) bool {
+	switch c {
+	case '"', ':', ',', '[', ']', '{', '}', ' ', '\t', '\r', '\n':
+		return true
 	}
 	return false
 }

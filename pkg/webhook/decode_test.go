@@ -55,3 +55,21 @@ func TestDecodeBoundsQuantities(t *testing.T) {
 		})
 	}
 }
+
+// The scan that keeps the token walk off the hot path: UIDs, timestamps and
+// ordinary quantities pass it; every costly spelling is caught.
+func TestMayHoldCostlyQuantity(t *testing.T) {
+	for raw, want := range map[string]bool{
+		`{"metadata":{"uid":"8a5d2c3e-0000-4000-8000-000000000002","creationTimestamp":"2026-11-24T19:00:00Z"}}`: false,
+		`{"limits":{"cpu":"100m","memory":"8Ei","x":"1e18","y":5e10}}`:                                           false,
+		`{"limits":{"cpu":"1e-999999999"}}`:                                                                      true,
+		`{"limits":{"cpu":1E+100}}`:                                                                              true,
+		`{"limits":{"cpu":"-.5e123"}}`:                                                                           true,
+		`{"limits":{"cpu":"0.` + strings.Repeat("0", 70) + `1"}}`:                                                true,
+		`{"annotations":{"a":"x1e999"}}`:                                                                         false,
+	} {
+		if got := mayHoldCostlyQuantity([]byte(raw)); got != want {
+			t.Errorf("mayHoldCostlyQuantity(%.60s) = %v, want %v", raw, got, want)
+		}
+	}
+}
