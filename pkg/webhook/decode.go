@@ -66,7 +66,7 @@ func mayHoldCostlyQuantity(raw []byte) bool {
 			continue
 		}
 		run = 0
-		if (c != 'e' && c != 'E') || i == 0 || !(isDigit(raw[i-1]) || raw[i-1] == '.') {
+		if (c != 'e' && c != 'E') || i == 0 || !isDigit(raw[i-1]) && raw[i-1] != '.' {
 			continue
 		}
 		j := i + 1
@@ -179,7 +179,7 @@ func checkQuantities(raw []byte) error {
 			continue
 		}
 		top.atKey = top.object
-		if !top.object || !(quantityMaps[top.name] || quantityFields[[2]string{top.name, top.key}]) {
+		if !top.object || !quantityMaps[top.name] && !quantityFields[[2]string{top.name, top.key}] {
 			continue
 		}
 		where := fmt.Sprintf("%s.%s", joinPath(path), top.key)
