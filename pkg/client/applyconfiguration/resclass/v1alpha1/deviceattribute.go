@@ -18,11 +18,14 @@ type DeviceAttributeApplyConfiguration struct {
 	// BoolValue is true or false.
 	BoolValue *bool `json:"bool,omitempty"`
 	// QuantityValue is an amount with a unit in Kubernetes quantity notation, e.g.
-	// memory "40Gi" or a hugepage size "1Gi".
+	// memory "40Gi" or a hugepage size "1Gi". At most 64 characters, an exponent
+	// within e-18 and e18, a magnitude of at most 4Ei (docs/resource-classes.md,
+	// "Bounds"): the schema checks the spelling, the scheduler the magnitude.
 	QuantityValue *resource.Quantity `json:"quantity,omitempty"`
 	// BandwidthValue is a rate in bits per second with a decimal prefix, e.g. "100Gbps".
 	BandwidthValue *string `json:"bandwidth,omitempty"`
-	// VersionValue is a dot-separated list of numbers, e.g. "8.0" or "535.104.05".
+	// VersionValue is a dot-separated list of numbers, e.g. "8.0" or "535.104.05":
+	// at most 8 parts of at most 9 digits.
 	VersionValue *string `json:"version,omitempty"`
 }
 
