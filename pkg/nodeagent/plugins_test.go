@@ -172,3 +172,27 @@ func FuzzClassMatcher(f *testing.F) {
 		})
 	})
 }
+
+// The reproduction at the node agent's door: a class that went around
+// the webhook with an out-of-range value serves nothing, and a device whose
+// memory is out of range is served by no class that compares memory; neither
+// runs away.
+func TestOutOfRangeValuesAtTheAgent(t *testing.T) {
+	huge := resource.MustParse("1e999999999")
+	devices := []v1alpha1.Device{
+		{ID: "GPU-hostile", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{"memory": {QuantityValue: &huge}}},
+		{ID: "GPU-ok", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{"memory": {QuantityValue: ptr.To(resource.MustParse("80Gi"))}}},
+	}
+	watchdog.Run(t, func() {
+		eps := newClassMatcher(1).endpoints([]*v1alpha1.ResourceClass{
+			class("hostile", "1", v1alpha1.ResourceSelectorRequirement{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGt, Values: []string{"1e999999999"}}),
+			class("big", "1", v1alpha1.ResourceSelectorRequirement{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"40Gi"}}),
+		}, devices)
+		if _, ok := eps[v1alpha1.ResourceNamePrefix+"hostile"]; ok {
+			t.Error("a class with an out-of-range value serves devices")
+		}
+		if big := eps[v1alpha1.ResourceNamePrefix+"big"]; len(big) != 1 || big[0].ID != "GPU-ok" {
+			t.Errorf("memory GtEq 40Gi serves %+v, want GPU-ok only", big)
+		}
+	})
+}
