@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/events"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -252,6 +253,9 @@ type harness struct {
 	client    *fake.Clientset
 	activator *recordingActivator
 	nodes     map[string]fwk.NodeInfo
+	// recorder gets the plugin's Events; its buffer outlasts any test (a full
+	// one would block the plugin).
+	recorder *events.FakeRecorder
 }
 
 // newHarness starts a framework whose ResourceClasses plugin, with strategy and
@@ -286,7 +290,7 @@ func newHarnessWithArgs(t *testing.T, rawArgs string, nds []*v1alpha1.NodeDevice
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel) // runs before the server closes: informers stop first
 
-	h := &harness{t: t, ctx: ctx, activator: &recordingActivator{}, nodes: map[string]fwk.NodeInfo{}}
+	h := &harness{t: t, ctx: ctx, activator: &recordingActivator{}, nodes: map[string]fwk.NodeInfo{}, recorder: events.NewFakeRecorder(1000)}
 	var objs []runtime.Object
 	var nodes []*corev1.Node
 	for _, nd := range nds {
@@ -322,6 +326,7 @@ func newHarnessWithArgs(t *testing.T, rawArgs string, nds []*v1alpha1.NodeDevice
 		frameworkruntime.WithInformerFactory(informerFactory),
 		frameworkruntime.WithSnapshotSharedLister(internalcache.NewSnapshot(nil, nodes)),
 		frameworkruntime.WithPodActivator(h.activator),
+		frameworkruntime.WithEventRecorder(h.recorder),
 	)
 	if err != nil {
 		t.Fatalf("NewFramework: %v", err)
@@ -351,6 +356,16 @@ func (h *harness) holds(uid types.UID) bool {
 	h.plugin.cache.mu.RLock()
 	defer h.plugin.cache.mu.RUnlock()
 	return h.plugin.cache.pods[uid] != nil
+}
+
+// blockedOn is what node's pods hold, which devices unknown, per class.
+func (h *harness) blockedOn(node string) map[string]int {
+	h.plugin.cache.mu.RLock()
+	defer h.plugin.cache.mu.RUnlock()
+	if n := h.plugin.cache.nodes[node]; n != nil {
+		return maps.Clone(n.blocked)
+	}
+	return nil
 }
 
 func (h *harness) preFilter(pod *corev1.Pod) (fwk.CycleState, *fwk.PreFilterResult, *fwk.Status) {
@@ -1231,15 +1246,20 @@ func TestCacheRebuiltFromBoundPods(t *testing.T) {
 	done.Status.Phase = corev1.PodSucceeded
 	pending := boundPod(t, "pending", "", "n1", "gpu", "g1")
 	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{
-		nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi")),
+		nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"), gpu("g2", 0, "80Gi")),
 		nodeDevices("n2", gpu("h0", 0, "80Gi")),
 	}, allClasses, bound, foreign, done, pending)
 	h.waitFor("the bound pod's devices to be held", func() bool { return h.holds(bound.UID) })
 	// The informer listed every pod before it synced, so the others are decided.
-	for _, p := range []*corev1.Pod{foreign, done, pending} {
+	for _, p := range []*corev1.Pod{done, pending} {
 		if h.holds(p.UID) {
 			t.Errorf("pod %s holds devices", p.Name)
 		}
+	}
+	// The pod whose assignment names another node runs on n1, on devices
+	// nobody can tell: it holds one of n1's, which one unknown.
+	if got := h.blockedOn("n1"); !maps.Equal(got, map[string]int{"gpu": 1}) {
+		t.Errorf("n1 blocked %v, want gpu: 1 (the pod whose assignment names n2)", got)
 	}
 
 	_, placed := h.reserve(gpuPod("one", "gpu", 1), "n1")
@@ -1291,45 +1311,82 @@ func TestHoldingFromPod(t *testing.T) {
 	garbled.Annotations[assignment.AnnotationKey] = `{"node":"n1"`
 	failed := boundPod(t, "failed", "n1", "n1", "gpu", "g0")
 	failed.Status.Phase = corev1.PodFailed
-	noAnnotation := gpuPod("plain", "gpu", 1)
-	noAnnotation.Spec.NodeName = "n1"
+	missing := gpuPod("missing", "gpu", 1)
+	missing.Spec.NodeName = "n1"
+	plain := testPod("plain", ctr{name: "app"})
+	plain.Spec.NodeName = "n1"
+	inflated := boundPod(t, "inflated", "n1", "n1", "gpu", "g0", "g1", "g2")
+	inflated.Spec.Containers[0].Resources.Limits[cls("gpu")] = resource.MustParse("1")
+	otherClass := boundPod(t, "other-class", "n1", "n1", "gpu", "g0")
+	otherClass.Spec.Containers[0].Resources.Limits = corev1.ResourceList{cls("gpu-big"): resource.MustParse("1")}
+	// An init container's devices are reused by the next container: it must
+	// begin with them.
+	reuse := testPod("reuse", ctr{name: "init", kind: initC, limits: map[corev1.ResourceName]string{cls("gpu"): "1"}},
+		ctr{name: "app", limits: map[corev1.ResourceName]string{cls("gpu"): "2"}})
+	reuse.Spec.NodeName = "n1"
+	reuseOK, reuseBad := reuse.DeepCopy(), reuse.DeepCopy()
+	for p, app := range map[*corev1.Pod][]string{reuseOK: {"g0", "g1"}, reuseBad: {"g1", "g2"}} {
+		anns, err := assignment.Annotations(&assignment.Assignment{Node: "n1", Containers: []assignment.Container{
+			{Name: "init", Init: true, Classes: map[string][]string{"gpu": {"g0"}}}, {Name: "app", Classes: map[string][]string{"gpu": app}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Annotations = anns
+	}
 
 	for _, tc := range []struct {
-		name    string
-		pod     *corev1.Pod
-		wantErr string
-		want    map[string][]string // nil: no holding
+		name string
+		pod  *corev1.Pod
+		flaw string              // the inconsistency's reason; "" for none
+		want map[string][]string // the devices; nil: no holding
 	}{
 		{"bound", boundPod(t, "bound", "n1", "n1", "gpu", "g0", "g1"), "", map[string][]string{"gpu": {"g0", "g1"}}},
 		{"not bound", boundPod(t, "pending", "", "n1", "gpu", "g0"), "", nil},
 		{"failed", failed, "", nil},
-		{"no assignment", noAnnotation, "", nil},
-		{"another node", boundPod(t, "foreign", "n1", "n2", "gpu", "g0"), "assignment names node n2 but the pod is bound to n1", nil},
-		{"garbled", garbled, "malformed assignment", nil},
+		{"no requests, no assignment", plain, "", nil},
+		{"requests, no assignment", missing, "missing", map[string][]string{}},
+		{"another node", boundPod(t, "foreign", "n1", "n2", "gpu", "g0"), "node", map[string][]string{}},
+		{"garbled", garbled, "garbled", map[string][]string{}},
+		{"inflated", inflated, "requests", map[string][]string{}},
+		{"a class not requested", otherClass, "requests", map[string][]string{}},
+		{"init reuse", reuseOK, "", map[string][]string{"gpu": {"g0", "g1"}}},
+		{"init devices not reused", reuseBad, "requests", map[string][]string{}},
 		{"pool", withPages, "", map[string][]string{"hp-1g": {pool}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, err := holdingFromPod(tc.pod)
-			if (err == nil) != (tc.wantErr == "") || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
-				t.Fatalf("err %v, want %q", err, tc.wantErr)
-			}
+			h := holdingFromPod(tc.pod)
 			if tc.want == nil {
 				if h != nil {
 					t.Fatalf("holding %+v, want none", h)
 				}
 				return
 			}
-			if h == nil || h.node != tc.pod.Spec.NodeName || h.uid != tc.pod.UID || h.raw != tc.pod.Annotations[assignment.AnnotationKey] {
-				t.Fatalf("holding %+v", h)
+			if h == nil || h.node != tc.pod.Spec.NodeName || h.uid != tc.pod.UID || h.trusted {
+				t.Fatalf("holding %+v, want one learned (not trusted yet) on %s", h, tc.pod.Spec.NodeName)
+			}
+			if raw, ok := tc.pod.Annotations[assignment.AnnotationKey]; ok && h.raw != raw || !ok && h.raw != absentAnnotation {
+				t.Errorf("raw %q", h.raw)
+			}
+			if got := ""; h.flaw != nil {
+				got = h.flaw.reason
+				if got != tc.flaw {
+					t.Errorf("flaw %+v, want reason %q", h.flaw, tc.flaw)
+				}
+			} else if tc.flaw != "" {
+				t.Errorf("no flaw, want reason %q", tc.flaw)
 			}
 			if !maps.EqualFunc(h.devices, tc.want, slices.Equal) {
 				t.Errorf("devices %v, want %v", h.devices, tc.want)
+			}
+			// Whatever the annotation says, the pod holds its requests when not believed.
+			if d, _ := podDemand(tc.pod); d != nil && !maps.Equal(h.draws, d.draws) {
+				t.Errorf("draws %v, want %v", h.draws, d.draws)
 			}
 		})
 	}
 
 	// The pool's users carry the native request the pool is charged with.
-	h, _ := holdingFromPod(withPages)
+	h := holdingFromPod(withPages)
 	if users := h.users[pool]; len(users) != 1 || pageBytes(users, "hugepages-1Gi") != 2<<30 {
 		t.Errorf("pool users %+v, want the container with 2Gi", users)
 	}
