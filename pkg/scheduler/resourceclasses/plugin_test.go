@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/component-base/metrics/testutil"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -1446,5 +1447,202 @@ func TestClassStatus(t *testing.T) {
 	c.release("a")
 	if s := c.classStatus()["gpu-big"]; s.Requested.Value() != 0 || s.Allocatable.Value() != 2 {
 		t.Errorf("gpu-big after release: allocatable %s requested %s, want 2 and 0", s.Allocatable.String(), s.Requested.String())
+	}
+}
+
+// ---- assignments the cache does not believe (docs/scheduler.md, "Trust model") ----
+
+// suspectNode has four GPUs, three of them big, and a NIC.
+func suspectNode() *v1alpha1.NodeDevices {
+	return nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"), gpu("g2", 0, "80Gi"), gpu("g3", 0, "40Gi"), nic("nic0", 0))
+}
+
+// wantRoomFor checks that n1 has room for exactly room devices of class: a
+// pod asking room fits, one asking room+1 does not.
+func (h *harness) wantRoomFor(class string, room int) {
+	h.t.Helper()
+	if room > 0 {
+		if _, st := h.fits(gpuPod(fmt.Sprintf("room-%d", room), class, room), "n1"); !st.IsSuccess() {
+			h.t.Errorf("a pod asking %d %s does not fit: %v", room, class, st)
+		}
+	}
+	if _, st := h.fits(gpuPod(fmt.Sprintf("room-%d", room+1), class, room+1), "n1"); st.Code() != fwk.Unschedulable {
+		h.t.Errorf("a pod asking %d %s: %v, want Unschedulable", room+1, class, st)
+	}
+}
+
+// waitEvent waits for the plugin's Event that contains every part.
+func (h *harness) waitEvent(parts ...string) string {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(h.ctx, 10*time.Second)
+	defer cancel()
+	for {
+		select {
+		case e := <-h.recorder.Events:
+			if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(e, p) }) {
+				return e
+			}
+		case <-ctx.Done():
+			h.t.Fatalf("no Event with %q", parts)
+			return ""
+		}
+	}
+}
+
+func untrustedCount(t *testing.T, reason string) float64 {
+	t.Helper()
+	v, err := testutil.GetCounterMetricValue(untrustedAssignments.WithLabelValues(reason))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestLearnedAssignmentMustFitThePod: a bound pod's annotation, read as after a
+// restart, counts only when it fits the pod; otherwise the pod holds what it
+// requests on its node, which devices unknown, and an Event and the metric say
+// so.
+func TestLearnedAssignmentMustFitThePod(t *testing.T) {
+	withAnnotation := func(p *corev1.Pod, raw string) *corev1.Pod {
+		p.Annotations = map[string]string{assignment.AnnotationKey: raw}
+		return p
+	}
+	inflated := boundPod(t, "inflated", "n1", "n1", "gpu", "g0", "g1", "g2")
+	inflated.Spec.Containers[0].Resources.Limits[cls("gpu")] = resource.MustParse("1")
+	removed := gpuPod("removed", "gpu", 1)
+	removed.Spec.NodeName, removed.Status.Phase = "n1", corev1.PodRunning
+	for _, tc := range []struct {
+		name, reason string
+		pod          *corev1.Pod
+		class        string // what the pod requests (1 device)
+		room         int    // what n1 has left for class
+	}{
+		{"garbled", "garbled", withAnnotation(boundPod(t, "garbled", "n1", "n1", "gpu", "g0"), `{"node":`), "gpu", 3},
+		{"removed", "missing", removed, "gpu", 3},
+		{"inflated", "requests", inflated, "gpu", 3},
+		{"wrong node", "node", boundPod(t, "wrong-node", "n1", "n2", "gpu", "g0"), "gpu", 3},
+		{"unknown device", "device", boundPod(t, "unknown-device", "n1", "n1", "gpu", "g9"), "gpu", 3},
+		// g3 has 40Gi: gpu-big does not select it.
+		{"device not selected by the class", "class", boundPod(t, "not-selected", "n1", "n1", "gpu-big", "g3"), "gpu-big", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := untrustedCount(t, tc.reason)
+			h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{suspectNode()}, allClasses, tc.pod)
+			h.waitFor("the pod's hold", func() bool { return h.holds(tc.pod.UID) })
+			h.waitFor("the node's blocked devices", func() bool { return len(h.blockedOn("n1")) > 0 })
+			if got := h.blockedOn("n1"); !maps.Equal(got, map[string]int{tc.class: 1}) {
+				t.Errorf("blocked %v, want %s: 1", got, tc.class)
+			}
+			h.wantRoomFor(tc.class, tc.room)
+			h.waitEvent("Warning DeviceAssignmentNotBelieved", "("+tc.reason+")")
+			if got := untrustedCount(t, tc.reason) - before; got != 1 {
+				t.Errorf("%s counted %v times, want 1", tc.reason, got)
+			}
+			// The pod's status updates neither report nor change anything again.
+			tc.pod.Status.Conditions = append(tc.pod.Status.Conditions, corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue})
+			if _, err := h.client.CoreV1().Pods("default").UpdateStatus(h.ctx, tc.pod, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h.waitFor("the status update", func() bool {
+				p, err := h.plugin.handle.SharedInformerFactory().Core().V1().Pods().Lister().Pods("default").Get(tc.pod.Name)
+				return err == nil && len(p.Status.Conditions) > 0
+			})
+			if got := untrustedCount(t, tc.reason) - before; got != 1 {
+				t.Errorf("after a status update, %s counted %v times, want 1", tc.reason, got)
+			}
+			// Finishing releases what it held.
+			tc.pod.Status.Phase = corev1.PodSucceeded
+			if _, err := h.client.CoreV1().Pods("default").UpdateStatus(h.ctx, tc.pod, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h.waitFor("the finished pod to release", func() bool { return !h.holds(tc.pod.UID) })
+			if got := h.blockedOn("n1"); len(got) != 0 {
+				t.Errorf("blocked %v after the pod finished", got)
+			}
+		})
+	}
+
+	// A consistent assignment counts as it says.
+	t.Run("consistent", func(t *testing.T) {
+		pod := boundPod(t, "fits", "n1", "n1", "gpu", "g3")
+		h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{suspectNode()}, allClasses, pod)
+		h.waitFor("the pod's hold", func() bool { return h.holds(pod.UID) })
+		if got := h.blockedOn("n1"); len(got) != 0 {
+			t.Errorf("blocked %v, want none", got)
+		}
+		h.wantRoomFor("gpu-big", 3) // g3 is not big: every big one is free
+		h.wantRoomFor("gpu", 3)
+	})
+
+	// Blocked devices never make a node refuse more than its free devices:
+	// here trusted pods hold every GPU and a garbled one asks one more.
+	t.Run("blocked beyond the free devices", func(t *testing.T) {
+		all := boundPod(t, "all", "n1", "n1", "gpu", "g0", "g1", "g2", "g3")
+		garbled := withAnnotation(boundPod(t, "garbled", "n1", "n1", "gpu", "g0"), "not json")
+		h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{suspectNode()}, allClasses, all, garbled)
+		h.waitFor("both holds", func() bool { return h.holds(all.UID) && h.holds(garbled.UID) })
+		h.wantRoomFor("gpu", 0)
+		h.wantRoomFor("nic", 1)
+	})
+}
+
+// TestDecidedAssignmentStands: once the scheduler has bound a pod with the
+// devices it chose, a changed annotation neither frees them nor adds any.
+func TestDecidedAssignmentStands(t *testing.T) {
+	for _, tc := range []struct {
+		name, reason string
+		change       func(anns map[string]string)
+	}{
+		{"garbled", "garbled", func(a map[string]string) { a[assignment.AnnotationKey] = `{"node":` }},
+		{"removed", "removed", func(a map[string]string) {
+			for k := range a {
+				delete(a, k)
+			}
+		}},
+		{"inflated", "changed", func(a map[string]string) {
+			a[assignment.AnnotationKey] = `{"node":"n1","containers":[{"name":"app","classes":{"gpu":["g0","g1","g2"]}}]}`
+		}},
+		{"moved to another device", "changed", func(a map[string]string) {
+			a[assignment.AnnotationKey] = `{"node":"n1","containers":[{"name":"app","classes":{"gpu":["g1"]}}]}`
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := untrustedCount(t, tc.reason)
+			h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{suspectNode()}, allClasses)
+			pod := gpuPod("decided", "gpu", 1)
+			_, placed := h.reserve(pod, "n1")
+			if got := placed.Devices("app", "gpu"); !slices.Equal(got, []string{"g0"}) {
+				t.Fatalf("reserved %v, want [g0]", got)
+			}
+			// The pod as the apiserver has it after the Binding.
+			bound := pod.DeepCopy()
+			bound.Spec.NodeName, bound.Status.Phase = "n1", corev1.PodRunning
+			anns, err := assignment.Annotations(placed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bound.Annotations = anns
+			if _, err := h.client.CoreV1().Pods("default").Create(h.ctx, bound, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h.waitFor("the binding to confirm the hold", func() bool { return h.holds(pod.UID) && !h.plugin.cache.isAssumed(pod.UID) })
+
+			tc.change(bound.Annotations)
+			if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, bound, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h.waitEvent("Warning DeviceAssignmentNotBelieved", "("+tc.reason+")", "gpu=g0")
+			if got := untrustedCount(t, tc.reason) - before; got != 1 {
+				t.Errorf("%s counted %v times, want 1", tc.reason, got)
+			}
+			// Still exactly g0 held: three GPUs left, and they are g1..g3.
+			h.wantRoomFor("gpu", 3)
+			if _, placed := h.reserve(gpuPod("next", "gpu", 3), "n1"); !slices.Equal(placed.Devices("app", "gpu"), []string{"g1", "g2", "g3"}) {
+				t.Errorf("the next pod got %v, want [g1 g2 g3]", placed.Devices("app", "gpu"))
+			}
+			if got := h.blockedOn("n1"); len(got) != 0 {
+				t.Errorf("blocked %v, want none", got)
+			}
+		})
 	}
 }
