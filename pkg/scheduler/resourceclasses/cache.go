@@ -447,7 +447,6 @@ func (c *cache) keep(pod *corev1.Pod, raw string) bool {
 	case err != nil:
 		why = &inconsistency{reason: "garbled", detail: "the annotation no longer decodes (" + err.Error() + ")"}
 	}
-	why.detail += "; the devices " + describeDevices(h.devices) + " stay held until the pod ends"
 	c.untrusted(h, why)
 	c.mu.Unlock()
 	return true

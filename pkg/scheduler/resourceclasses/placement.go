@@ -136,6 +136,10 @@ func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, fre
 	prob.Candidates = append(prob.Candidates, cands...)
 	got, ok := matching.Solve(prob)
 	if !ok {
+		rows := len(prob.Demand) - len(demand)
+		if _, alone := matching.Solve(matching.Problem{Devices: prob.Devices, Demand: prob.Demand[:rows], Candidates: prob.Candidates[:rows]}); len(demand) > 0 && alone {
+			return nil, &unfit{reason: "Insufficient free devices of class " + strings.Join(exclusive, ", ") + ": pods whose assignment the scheduler does not believe hold some, which ones unknown"}
+		}
 		return nil, explainShortage(exclusive, prob)
 	}
 	for ci, class := range exclusive {

@@ -181,7 +181,7 @@ func (p *Plugin) podChanged(logger klog.Logger, pod *corev1.Pod) {
 func (p *Plugin) untrusted(logger klog.Logger) func(h *holding, why *inconsistency) {
 	return func(h *holding, why *inconsistency) {
 		untrustedAssignments.WithLabelValues(why.reason).Inc()
-		held := "the devices it was given stay held"
+		held := "the devices " + describeDevices(h.devices) + " stay held"
 		if h.blocked != nil {
 			held = "it is counted as holding the devices it requests on node " + h.node + ", which ones unknown"
 		}
