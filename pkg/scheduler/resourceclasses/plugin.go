@@ -185,6 +185,10 @@ func (p *Plugin) untrusted(logger klog.Logger) func(h *holding, why *inconsisten
 		if h.blocked != nil {
 			held = "it is counted as holding the devices it requests on node " + h.node + ", which ones unknown"
 		}
+		if h.ref == nil {
+			logger.Info("Not believing a pod's device assignment", "podUID", h.uid, "node", h.node, "reason", why.reason, "detail", why.detail)
+			return
+		}
 		logger.Info("Not believing the pod's device assignment", "pod", klog.KRef(h.ref.Namespace, h.ref.Name), "node", h.node,
 			"reason", why.reason, "detail", why.detail, "trusted", h.trusted)
 		if r := p.handle.EventRecorder(); r != nil {
