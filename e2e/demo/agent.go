@@ -159,7 +159,7 @@ func agentHandOff(ctx context.Context, p *printer, c *framework.Cluster, kn *fra
 	p.line("  resclass-assignment-writers), so the apiserver refuses it, even from the cluster admin:")
 	_, err = c.Client.CoreV1().Pods("demo").Create(ctx, train3, metav1.CreateOptions{})
 	if !apierrors.IsForbidden(err) {
-		return fmt.Errorf("a hand-written assignment was not refused: %v", err)
+		return fmt.Errorf("a hand-written assignment was not refused: %w", err)
 	}
 	p.line("    %v", err)
 	p.line("  A stale replica of the scheduler (its identity) binds train-3 with that assignment anyway:")
