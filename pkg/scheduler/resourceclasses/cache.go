@@ -108,7 +108,7 @@ type holding struct {
 	trusted bool                          // decided by Reserve, or learned and found consistent
 	devices map[string][]string           // class -> distinct devices across the pod's containers
 	users   map[string][]*containerDemand // device id -> the containers using it, for pool charges
-	raw     string                        // the annotation the devices come from (absentAnnotation: none), to tell changes apart
+	raw     string                        // the annotation the devices come from (annotationState), to tell changes apart
 
 	// For a holding learned from a pod's annotation:
 	fresh map[string][]string // class -> the devices of the pod's fresh draws, as the annotation has them
@@ -124,13 +124,22 @@ type holding struct {
 	reported string
 }
 
-// absentAnnotation stands for "the pod has no assignment annotation" in
-// holding.raw and holding.reported, notReported for "nothing reported yet" in
-// holding.reported: no annotation value can be either (the apiserver allows
-// no NUL in one).
+// annotationState is how holding.raw and holding.reported spell a pod's
+// assignment annotation: "=" and its value, or absentAnnotation when it has
+// none. notReported ("") is no state, so any value a tenant writes can be told
+// from "nothing reported yet" and from "no annotation".
+func annotationState(pod *corev1.Pod) string {
+	if v, ok := pod.Annotations[assignment.AnnotationKey]; ok {
+		return presentAnnotation(v)
+	}
+	return absentAnnotation
+}
+
+func presentAnnotation(value string) string { return "=" + value }
+
 const (
-	absentAnnotation = "\x00absent"
-	notReported      = "\x00not reported"
+	absentAnnotation = "-"
+	notReported      = ""
 )
 
 // inconsistency is why a pod's annotation is not believed: reason is the
@@ -426,7 +435,8 @@ func (c *cache) hold(h *holding) {
 // informer confirming what Reserve assumed, or the pod's annotation changed
 // since. What the scheduler decided or believed stays the truth until the pod
 // ends; a different annotation is only reported. It returns false when the
-// pod holds nothing trusted on that node: then its annotation is read.
+// pod holds nothing trusted on that node: then its annotation is read. raw
+// is the pod's annotationState.
 func (c *cache) keep(pod *corev1.Pod, raw string) bool {
 	c.mu.Lock()
 	h := c.pods[pod.UID]
@@ -441,7 +451,7 @@ func (c *cache) keep(pod *corev1.Pod, raw string) bool {
 	}
 	h.reported = raw
 	why := &inconsistency{reason: "changed", detail: "the annotation changed after the scheduler accepted it"}
-	switch _, err := assignment.Decode(raw); {
+	switch _, err := assignment.Decode(strings.TrimPrefix(raw, "=")); {
 	case raw == absentAnnotation:
 		why = &inconsistency{reason: "removed", detail: "the annotation was removed after the scheduler accepted it"}
 	case err != nil:
@@ -535,14 +545,11 @@ func holdingFromPod(pod *corev1.Pod) *holding {
 	if err != nil {
 		d = nil // a pod the scheduler would refuse; it can be bound by another
 	}
-	raw, has := pod.Annotations[assignment.AnnotationKey]
-	if !has {
-		raw = absentAnnotation
-	}
+	value, has := pod.Annotations[assignment.AnnotationKey]
 	if d == nil && !has {
 		return nil
 	}
-	h := &holding{uid: pod.UID, node: pod.Spec.NodeName, raw: raw, reported: notReported, devices: map[string][]string{}, users: map[string][]*containerDemand{},
+	h := &holding{uid: pod.UID, node: pod.Spec.NodeName, raw: annotationState(pod), reported: notReported, devices: map[string][]string{}, users: map[string][]*containerDemand{},
 		ref: &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}}
 	if d != nil {
 		h.draws = d.draws
@@ -551,7 +558,7 @@ func holdingFromPod(pod *corev1.Pod) *holding {
 		h.flaw = &inconsistency{reason: "missing", detail: "the pod requests devices but carries no assignment"}
 		return h
 	}
-	a, err := assignment.Decode(raw)
+	a, err := assignment.Decode(value)
 	if err != nil {
 		h.flaw = &inconsistency{reason: "garbled", detail: err.Error()}
 		return h

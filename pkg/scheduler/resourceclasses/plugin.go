@@ -112,8 +112,8 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	// The scheduler's own pod informer: it starts it, and it holds every pod
 	// already, so the devices held are rebuilt from the same watch.
 	podReg, err := h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.podChanged(logger, obj.(*corev1.Pod)) },
-		UpdateFunc: func(_, obj any) { p.podChanged(logger, obj.(*corev1.Pod)) },
+		AddFunc:    func(obj any) { p.podChanged(obj.(*corev1.Pod)) },
+		UpdateFunc: func(_, obj any) { p.podChanged(obj.(*corev1.Pod)) },
 		DeleteFunc: func(obj any) {
 			if pod, ok := tombstone[*corev1.Pod](obj); ok {
 				p.podDeleted(pod)
@@ -148,7 +148,7 @@ func (p *Plugin) Name() string { return Name }
 
 // podChanged keeps the devices a pod holds in step with its phase and, while
 // the cache trusts nothing for it yet, its annotation (cache.go, holding).
-func (p *Plugin) podChanged(logger klog.Logger, pod *corev1.Pod) {
+func (p *Plugin) podChanged(pod *corev1.Pod) {
 	if pod.Spec.NodeName == "" {
 		return // pending, or between PreBind and bind: Reserve's hold stands
 	}
@@ -157,10 +157,7 @@ func (p *Plugin) podChanged(logger klog.Logger, pod *corev1.Pod) {
 		p.cache.release(pod.UID)
 		return
 	}
-	raw, ok := pod.Annotations[assignment.AnnotationKey]
-	if !ok {
-		raw = absentAnnotation
-	}
+	raw := annotationState(pod)
 	if p.cache.holds(pod.UID, pod.Spec.NodeName, raw) {
 		return // a status update of a pod whose devices did not change
 	}
@@ -390,7 +387,7 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 		return fwk.AsStatus(err)
 	}
 	h := newHolding(pod.UID, a, s.demand)
-	h.assumed, h.raw = true, anns[assignment.AnnotationKey]
+	h.assumed, h.raw = true, presentAnnotation(anns[assignment.AnnotationKey])
 	h.ref = &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
 	c.holdLocked(h)
 	c.mu.Unlock()

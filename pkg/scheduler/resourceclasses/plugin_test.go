@@ -661,7 +661,7 @@ func holdDirectly(c *cache, uid types.UID, node, class string, ids ...string) {
 	a := &assignment.Assignment{Node: node, Containers: []assignment.Container{{Name: "app", Classes: map[string][]string{class: ids}}}}
 	raw, _ := assignment.Encode(a)
 	h := newHolding(uid, a, nil)
-	h.raw = raw
+	h.raw = presentAnnotation(raw)
 	c.hold(h)
 }
 
@@ -1365,7 +1365,7 @@ func TestHoldingFromPod(t *testing.T) {
 			if h == nil || h.node != tc.pod.Spec.NodeName || h.uid != tc.pod.UID || h.trusted {
 				t.Fatalf("holding %+v, want one learned (not trusted yet) on %s", h, tc.pod.Spec.NodeName)
 			}
-			if raw, ok := tc.pod.Annotations[assignment.AnnotationKey]; ok && h.raw != raw || !ok && h.raw != absentAnnotation {
+			if raw, ok := tc.pod.Annotations[assignment.AnnotationKey]; ok && h.raw != "="+raw || !ok && h.raw != absentAnnotation {
 				t.Errorf("raw %q", h.raw)
 			}
 			if got := ""; h.flaw != nil {
