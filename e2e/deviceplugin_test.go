@@ -37,8 +37,8 @@ const (
 
 // TestDevicePluginHandOff runs the node agent against a real kubelet (with the
 // recording runtime): its device-plugin endpoints register, the kubelet's device
-// manager asks them for the devices the scheduler assigned (written by the test
-// until the scheduler plugin exists), and the runtime receives exactly those
+// manager asks them for the devices the scheduler assigned (chosen by the test
+// and bound with the scheduler's identity, classPod), and the runtime receives exactly those
 // GPUs. Then the kubelet restarts, a GPU fails and recovers, the agent restarts,
 // and pods whose assignment is wrong or missing are refused.
 func TestDevicePluginHandOff(t *testing.T) {
