@@ -236,7 +236,15 @@ func TestHelmChart(t *testing.T) {
 				t.Errorf("strategy %s: the configuration says %s, %s", strategy, args.Strategy, args.AssignmentWrite)
 			}
 		}
-		for _, bad := range []map[string]any{{"strategy": "Random"}, {"assignmentWrite": "Patch"}} {
+		// More assignment writers: users beside the scheduler, and groups.
+		set := check(t, helmTemplate(t, map[string]any{"scheduler": map[string]any{"assignmentWriters": map[string]any{
+			"users": []string{"system:serviceaccount:ops:repair"}, "groups": []string{"ops-admins"},
+		}}}))
+		vap := typed[admissionregistrationv1.ValidatingAdmissionPolicy](t, set.get(t, "ValidatingAdmissionPolicy", "", "resclass-assignment-writers"))
+		if e := vap.Spec.MatchConditions[0].Expression; !strings.Contains(e, `"system:serviceaccount:ops:repair"`) || !strings.Contains(e, `["ops-admins"]`) {
+			t.Errorf("assignmentWriters: the policy's match condition %q lacks the user or the group", e)
+		}
+		for _, bad := range []map[string]any{{"strategy": "Random"}, {"assignmentWrite": "Patch"}, {"assignmentWriters": map[string]any{"user": []string{"x"}}}} {
 			if objs, err := install.HelmTemplate(ctx, map[string]any{"scheduler": bad}); err == nil {
 				t.Errorf("scheduler %v rendered %d objects, want an error", bad, len(objs))
 			}
@@ -765,6 +773,18 @@ func checkScheduler(t *testing.T, set *objects) {
 		}
 	}
 	spec := podSpec(t, set, "Deployment", "resclass-scheduler")
+	// The admission policies that guard the hand-off name the scheduler's
+	// ServiceAccount in this namespace, and each has its binding.
+	user := fmt.Sprintf("system:serviceaccount:%s:%s", ns, spec.ServiceAccountName)
+	for _, name := range []string{"resclass-assignment-writers", "resclass-scheduler-pod-writes"} {
+		vap := typed[admissionregistrationv1.ValidatingAdmissionPolicy](t, set.get(t, "ValidatingAdmissionPolicy", "", name))
+		if len(vap.Spec.MatchConditions) == 0 || !strings.Contains(vap.Spec.MatchConditions[0].Expression, `"`+user+`"`) {
+			t.Errorf("ValidatingAdmissionPolicy %s does not name %s: %+v", name, user, vap.Spec.MatchConditions)
+		}
+		if b := typed[admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, set.get(t, "ValidatingAdmissionPolicyBinding", "", name)); b.Spec.PolicyName != name || !slices.Equal(b.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+			t.Errorf("ValidatingAdmissionPolicyBinding %s: %+v, want policy %s with Deny", name, b.Spec, name)
+		}
+	}
 	for _, p := range []*corev1.Probe{spec.Containers[0].LivenessProbe, spec.Containers[0].ReadinessProbe} {
 		if p.HTTPGet.Scheme != corev1.URISchemeHTTPS || containerPort(spec, p.HTTPGet.Port) != 10259 {
 			t.Errorf("scheduler: probe %s, want HTTPS on the secure port 10259", p.HTTPGet.Path)

@@ -37,8 +37,8 @@ const (
 
 // TestDevicePluginHandOff runs the node agent against a real kubelet (with the
 // recording runtime): its device-plugin endpoints register, the kubelet's device
-// manager asks them for the devices the scheduler assigned (written by the test
-// until the scheduler plugin exists), and the runtime receives exactly those
+// manager asks them for the devices the scheduler assigned (chosen by the test
+// and bound with the scheduler's identity, classPod), and the runtime receives exactly those
 // GPUs. Then the kubelet restarts, a GPU fails and recovers, the agent restarts,
 // and pods whose assignment is wrong or missing are refused.
 func TestDevicePluginHandOff(t *testing.T) {
@@ -251,14 +251,17 @@ type containerSpec struct {
 	unassigned int64
 }
 
-// classPod creates a pod bound to nodeName with the containers' assignment, as
-// the scheduler's PreBind writes it.
+// classPod creates a pod and binds it to nodeName with the containers'
+// assignment in the Binding, as the scheduler binds it and under its identity:
+// only the scheduler may write an assignment (deploy/scheduler/assignment-policy.yaml).
+// No scheduler serves the pod's schedulerName, so the test's choice of devices
+// is the only one.
 func classPod(t *testing.T, ctx context.Context, ns, name, nodeName string, containers []containerSpec) string {
 	t.Helper()
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.PodSpec{
-			NodeName: nodeName, RestartPolicy: corev1.RestartPolicyNever,
+			SchedulerName: "e2e-bound-by-test", RestartPolicy: corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: ptrTo(int64(0)),
 		},
 	}
@@ -282,14 +285,18 @@ func classPod(t *testing.T, ctx context.Context, ns, name, nodeName string, cont
 			a.Containers = append(a.Containers, assignment.Container{Name: c.name, Init: c.init, Classes: c.classes})
 		}
 	}
+	var anns map[string]string
 	if len(a.Containers) > 0 {
-		anns, err := assignment.Annotations(a)
-		if err != nil {
+		var err error
+		if anns, err = assignment.Annotations(a); err != nil {
 			t.Fatal(err)
 		}
-		p.Annotations = anns
 	}
-	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+	created, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.BindAsScheduler(ctx, created, nodeName, anns); err != nil {
 		t.Fatal(err)
 	}
 	return name

@@ -36,8 +36,9 @@ func TestInstallManifestsAreAccepted(t *testing.T) {
 	renders := map[string][]*unstructured.Unstructured{"kustomize deploy/": kustomized}
 	for name, values := range map[string]map[string]any{
 		"helm defaults": nil,
-		"helm BinPack, PreBind, {} allowed, no node agent": {
-			"scheduler": map[string]any{"strategy": "BinPack", "assignmentWrite": "PreBind"},
+		"helm BinPack, PreBind, assignment writers, {} allowed, no node agent": {
+			"scheduler": map[string]any{"strategy": "BinPack", "assignmentWrite": "PreBind",
+				"assignmentWriters": map[string]any{"users": []string{"system:serviceaccount:ops:repair"}, "groups": []string{"ops-admins"}}},
 			"webhook":   map[string]any{"allowEmptyNamespaceSelector": true},
 			"nodeAgent": map[string]any{"enabled": false},
 		},

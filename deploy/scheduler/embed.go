@@ -1,6 +1,7 @@
 // Package scheduler embeds the resclass scheduler's KubeSchedulerConfiguration,
-// and RBAC, so that the e2e harness and the demo run the scheduler with the
-// files this directory ships, under the identity they grant.
+// RBAC and admission policies, so that the e2e harness and the demo run the
+// scheduler with the files this directory ships, under the identity they grant
+// and within the policies that guard its hand-off.
 package scheduler
 
 import _ "embed"
@@ -14,3 +15,10 @@ var Config []byte
 //
 //go:embed rbac.yaml
 var RBAC []byte
+
+// AssignmentPolicy is assignment-policy.yaml: the admission policies that let
+// only the scheduler write the device hand-off annotations, and the scheduler
+// nothing else of a pod.
+//
+//go:embed assignment-policy.yaml
+var AssignmentPolicy []byte

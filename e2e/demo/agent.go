@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -152,9 +153,23 @@ func agentHandOff(ctx context.Context, p *printer, c *framework.Cluster, kn *fra
 
 	// train-3 names one of train-2's GPUs and one free GPU.
 	other := uuids[slices.IndexFunc(uuids, func(u string) bool { return !slices.Contains(held, u) })]
-	p.line("  demo/train-3 is bound by hand with an assignment naming %s, which train-2 holds", short(held[0]))
-	p.line("  (a stale or foreign scheduler, say).")
-	if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, pod("train-3", held[0], other), metav1.CreateOptions{}); err != nil {
+	train3 := pod("train-3", held[0], other)
+	p.line("  demo/train-3 is created already bound, with an assignment written by hand naming %s,", short(held[0]))
+	p.line("  which train-2 holds. Only the scheduler may write an assignment (admission policy")
+	p.line("  resclass-assignment-writers), so the apiserver refuses it, even from the cluster admin:")
+	_, err = c.Client.CoreV1().Pods("demo").Create(ctx, train3, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		return fmt.Errorf("a hand-written assignment was not refused: %w", err)
+	}
+	p.line("    %v", err)
+	p.line("  A stale replica of the scheduler (its identity) binds train-3 with that assignment anyway:")
+	unbound := train3.DeepCopy()
+	unbound.Annotations, unbound.Spec.NodeName, unbound.Spec.SchedulerName = nil, "", "demo-bound-by-hand"
+	created, err := c.Client.CoreV1().Pods("demo").Create(ctx, unbound, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	if err := c.BindAsScheduler(ctx, created, agentNode, train3.Annotations); err != nil {
 		return err
 	}
 	var msg string

@@ -33,6 +33,7 @@ func TestDemo(t *testing.T) {
 		"env EXAMPLE_DEVICES=example-",
 		"resclass.io/assignment: {\"node\":\"dgx-a100\"",
 		"A corrupt assignment is refused",
+		"only the resclass scheduler may set, change or remove the pod annotation",
 		// the webhook: seeds 000 and 001
 		"empty namespaceSelector selects every namespace",
 		"insufficient quota to match these scopes: [{CrossNamespacePodAffinity Exists []}]",

@@ -317,6 +317,12 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 	if _, err := c.ApplyManifestData(ctx, "deploy/scheduler/rbac.yaml", append([]byte(resclassNamespace+"\n---\n"), deployscheduler.RBAC...)); err != nil {
 		return err
 	}
+	// Only the scheduler may write the hand-off annotations, and it nothing
+	// else of a pod: the admission policies as installed, so that every test
+	// that schedules also proves the scheduler works within them.
+	if _, err := c.ApplyManifestData(ctx, "deploy/scheduler/assignment-policy.yaml", deployscheduler.AssignmentPolicy); err != nil {
+		return err
+	}
 	kubeconfig, err := c.componentKubeconfig("scheduler", "system:serviceaccount:resclass-system:resclass-scheduler",
 		[]string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"})
 	if err != nil {
@@ -369,6 +375,36 @@ func (c *Cluster) RestartScheduler(ctx context.Context) error {
 		return err
 	}
 	return c.waitHealthy(ctx, "scheduler", c.schedulerPort)
+}
+
+// SchedulerClient is a client with the resclass scheduler's identity (its
+// ServiceAccount, with the RBAC and admission policies of deploy/scheduler),
+// for tests that act as the scheduler, e.g. bind a pod with an assignment
+// chosen by the test.
+func (c *Cluster) SchedulerClient() (kubernetes.Interface, error) {
+	if c.scheduler == nil {
+		return nil, fmt.Errorf("the cluster runs no scheduler")
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(c.Dir, "scheduler.kubeconfig"))
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+// BindAsScheduler binds pod to node with annotations in the Binding, as the
+// resclass scheduler does (assignmentWrite: Binding), under its identity: the
+// way a test hands a pod an assignment of its own choosing now that no other
+// identity may write one.
+func (c *Cluster) BindAsScheduler(ctx context.Context, pod *corev1.Pod, node string, annotations map[string]string) error {
+	client, err := c.SchedulerClient()
+	if err != nil {
+		return err
+	}
+	return client.CoreV1().Pods(pod.Namespace).Bind(ctx, &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, Annotations: annotations},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+	}, metav1.CreateOptions{})
 }
 
 // PreBindSchedulerName is the embedded cluster's third profile: the shipped one

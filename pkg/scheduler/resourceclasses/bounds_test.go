@@ -41,7 +41,7 @@ func TestOutOfRangeDeviceIsGivenToNobody(t *testing.T) {
 	})
 
 	select {
-	case e := <-h.events.Events:
+	case e := <-h.recorder.Events:
 		if !strings.Contains(e, "Warning InvalidDevices 1 device(s) given to no pod") ||
 			!strings.Contains(e, `GPU-hostile: attribute "memory": the quantity is out of range: its exponent is beyond e18`) {
 			t.Errorf("Event: %s", e)

@@ -2,9 +2,11 @@ package resourceclasses
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -47,6 +49,9 @@ type cache struct {
 	// changed is called, outside the lock, after any change that moves a class's
 	// status.
 	changed func()
+	// untrusted is called, under the lock (it must not block), when a pod's
+	// annotation is not believed.
+	untrusted func(h *holding, why *inconsistency)
 }
 
 type nodeState struct {
@@ -55,6 +60,9 @@ type nodeState struct {
 	index           map[string]int   // device id -> position
 	matches         map[string][]int // class -> devices it selects, in published order
 	invalid         []invalidDevice  // in published order
+	// blocked[class] is how many devices of class pods hold whose assignment
+	// cannot be trusted: which ones is unknown (see holding.blocked).
+	blocked map[string]int
 }
 
 type deviceState struct {
@@ -90,24 +98,75 @@ type classState struct {
 
 // holding is what one pod holds: its devices per class and, for hugepage pools,
 // which containers draw pages from them (charged by the pool's page size).
+//
+// What the pod's annotation says is believed only when it is consistent with
+// the pod (docs/scheduler.md, "Trust model"): tenants may be able to write it.
+// A holding is trusted when this scheduler decided it (Reserve), or when it was
+// learned from a bound pod's annotation and found consistent with the pod and
+// the node's inventory. A trusted holding stays what it is until the pod ends,
+// whatever the annotation says later: a changed, garbled or removed annotation
+// neither frees the devices the pod runs on nor adds any. An untrusted one
+// (inconsistent from the first sight, as after a restart) is blocked: the pod
+// holds draws[class] devices of each class on its node, which ones unknown,
+// never more than it requests.
 type holding struct {
 	uid     types.UID
 	node    string
+	ref     *corev1.ObjectReference       // the pod, for Events
 	assumed bool                          // Reserved by this scheduler, not yet seen bound
+	trusted bool                          // decided by Reserve, or learned and found consistent
 	devices map[string][]string           // class -> distinct devices across the pod's containers
 	users   map[string][]*containerDemand // device id -> the containers using it, for pool charges
-	raw     string                        // the encoded assignment, to tell changes apart
+	raw     string                        // the annotation the devices come from (annotationState), to tell changes apart
+
+	// For a holding learned from a pod's annotation:
+	fresh map[string][]string // class -> the devices of the pod's fresh draws, as the annotation has them
+	draws map[string]int      // class -> the pod's fresh draws: what it holds when blocked
+	flaw  *inconsistency      // why the annotation does not fit the pod itself; nil if it does
+
+	// What charge did, so that uncharging undoes exactly that: blocked counts
+	// per class on the node state chargedOn.
+	blocked   map[string]int
+	chargedOn *nodeState
+	// reported is the annotation value last reported as not believed, so that a
+	// pod's status updates do not report it again.
+	reported string
+}
+
+// annotationState is how holding.raw and holding.reported spell a pod's
+// assignment annotation: "=" and its value, or absentAnnotation when it has
+// none. notReported ("") is no state, so any value a tenant writes can be told
+// from "nothing reported yet" and from "no annotation".
+func annotationState(pod *corev1.Pod) string {
+	if v, ok := pod.Annotations[assignment.AnnotationKey]; ok {
+		return presentAnnotation(v)
+	}
+	return absentAnnotation
+}
+
+func presentAnnotation(value string) string { return "=" + value }
+
+const (
+	absentAnnotation = "-"
+	notReported      = ""
+)
+
+// inconsistency is why a pod's annotation is not believed: reason is the
+// metric's label, detail what the Event and the log say.
+type inconsistency struct {
+	reason, detail string
 }
 
 func newCache() *cache {
 	return &cache{
-		nodes:   map[string]*nodeState{},
-		classes: map[string]*classState{},
-		pods:    map[types.UID]*holding{},
-		byNode:  map[string]map[types.UID]*holding{},
-		freed:   func() {},
-		changed: func() {},
-		dirty:   true,
+		nodes:     map[string]*nodeState{},
+		classes:   map[string]*classState{},
+		pods:      map[types.UID]*holding{},
+		byNode:    map[string]map[types.UID]*holding{},
+		freed:     func() {},
+		changed:   func() {},
+		untrusted: func(*holding, *inconsistency) {},
+		dirty:     true,
 	}
 }
 
@@ -345,8 +404,30 @@ func (c *cache) deleteClass(name string) {
 	c.changed()
 }
 
-// charge adds (sign 1) or removes (sign -1) h's hold on n's devices.
+// charge adds (sign 1) or removes (sign -1) h's hold on n's devices. Adding
+// decides, for a holding not yet trusted, whether the node's inventory and
+// classes bear out its annotation: then it is trusted from now on; else it is
+// blocked and reported.
 func (c *cache) charge(n *nodeState, h *holding, sign int) {
+	if sign > 0 {
+		c.unblock(h)
+		if !h.trusted {
+			flaw := h.flaw
+			if flaw == nil {
+				flaw = h.checkOn(n)
+			}
+			if flaw == nil {
+				h.trusted = true
+			} else {
+				c.block(n, h)
+				c.reportLocked(h, flaw)
+				return
+			}
+		}
+	} else if h.chargedOn != nil {
+		c.unblock(h)
+		return
+	}
 	for _, ids := range h.devices {
 		for _, id := range ids {
 			if i, ok := n.index[id]; ok && n.devices[i].pool == nil {
@@ -360,6 +441,68 @@ func (c *cache) charge(n *nodeState, h *holding, sign int) {
 			p.charged += int64(sign) * pageBytes(users, p.resourceName)
 		}
 	}
+}
+
+// block charges h's draws of exclusive devices to n as devices held, which
+// ones unknown. Pools are shared and their free pages are published by the
+// node agent, so a blocked pod's pages are not charged.
+func (c *cache) block(n *nodeState, h *holding) {
+	h.chargedOn, h.blocked = n, map[string]int{}
+	for class, k := range h.draws {
+		idx := n.matches[class]
+		if k == 0 || len(idx) == 0 || slices.ContainsFunc(idx, func(i int) bool { return n.devices[i].pool != nil }) {
+			continue
+		}
+		if n.blocked == nil {
+			n.blocked = map[string]int{}
+		}
+		n.blocked[class] += k
+		h.blocked[class] = k
+	}
+}
+
+// unblock undoes block, on the node state it was charged to.
+func (c *cache) unblock(h *holding) {
+	n := h.chargedOn
+	if n == nil {
+		return
+	}
+	for class, k := range h.blocked {
+		if n.blocked[class] -= k; n.blocked[class] <= 0 {
+			delete(n.blocked, class)
+		}
+	}
+	h.chargedOn, h.blocked = nil, nil
+}
+
+// recheck charges again every holding not trusted yet, after the classes
+// changed: whether a class selects a device decides whether the annotation is
+// believed, and the pods' informer may have delivered them before the classes.
+func (c *cache) recheck() {
+	c.mu.Lock()
+	changed := false
+	for _, h := range c.pods {
+		if n := c.nodes[h.node]; !h.trusted && n != nil {
+			c.charge(n, h, -1)
+			c.charge(n, h, 1)
+			changed = changed || h.trusted
+		}
+	}
+	c.mu.Unlock()
+	if changed {
+		c.freed()
+		c.changed()
+	}
+}
+
+// reportLocked reports, once per annotation value, that h's annotation is not
+// believed. It runs under c.mu: the report must not block.
+func (c *cache) reportLocked(h *holding, why *inconsistency) {
+	if h.reported == h.raw {
+		return
+	}
+	h.reported = h.raw
+	c.untrusted(h, why)
 }
 
 // hold records h, replacing what the same pod held before.
@@ -378,6 +521,45 @@ func (c *cache) hold(h *holding) {
 		c.freed()
 	}
 	c.changed()
+}
+
+// keep handles a bound pod whose devices the cache already trusts: the
+// informer confirming what Reserve assumed, or the pod's annotation changed
+// since. What the scheduler decided or believed stays the truth until the pod
+// ends; a different annotation is only reported. It returns false when the
+// pod holds nothing trusted on that node: then its annotation is read. raw
+// is the pod's annotationState.
+func (c *cache) keep(pod *corev1.Pod, raw string) bool {
+	c.mu.Lock()
+	h := c.pods[pod.UID]
+	if h == nil || !h.trusted || h.node != pod.Spec.NodeName {
+		c.mu.Unlock()
+		return false
+	}
+	h.assumed = false
+	if raw == h.raw || raw == h.reported {
+		c.mu.Unlock()
+		return true
+	}
+	h.reported = raw
+	why := &inconsistency{reason: "changed", detail: "the annotation changed after the scheduler accepted it"}
+	switch _, err := assignment.Decode(strings.TrimPrefix(raw, "=")); {
+	case raw == absentAnnotation:
+		why = &inconsistency{reason: "removed", detail: "the annotation was removed after the scheduler accepted it"}
+	case err != nil:
+		why = &inconsistency{reason: "garbled", detail: "the annotation no longer decodes (" + err.Error() + ")"}
+	}
+	c.untrusted(h, why)
+	c.mu.Unlock()
+	return true
+}
+
+func describeDevices(devices map[string][]string) string {
+	var parts []string
+	for _, class := range slices.Sorted(maps.Keys(devices)) {
+		parts = append(parts, class+"="+strings.Join(devices[class], ","))
+	}
+	return "[" + strings.Join(parts, " ") + "]"
 }
 
 // holdLocked records h; it reports whether the pod held other devices before.
@@ -423,12 +605,13 @@ func (c *cache) releaseLocked(uid types.UID) bool {
 }
 
 // holds reports whether uid already holds, bound, what the annotation raw says
-// on node: then a pod update need not decode it again.
+// on node, or has had raw reported as not believed: then a pod update need not
+// decode it again.
 func (c *cache) holds(uid types.UID, node, raw string) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	h := c.pods[uid]
-	return h != nil && !h.assumed && h.node == node && h.raw == raw
+	return h != nil && !h.assumed && h.node == node && (h.raw == raw || h.reported == raw)
 }
 
 // isAssumed reports whether uid holds devices through Reserve only.
@@ -439,38 +622,150 @@ func (c *cache) isAssumed(uid types.UID) bool {
 	return h != nil && h.assumed
 }
 
-// holdingFromPod turns a bound pod's assignment into a holding. Pods that hold
-// nothing (finished, not bound, no or a foreign assignment) return nil.
-func holdingFromPod(pod *corev1.Pod) (*holding, error) {
+// holdingFromPod turns a bound pod's annotation into a holding learned from
+// it, not trusted yet: charge checks it against the node's inventory and
+// classes. Pods that hold nothing (finished, not bound, or neither requesting
+// devices nor carrying an assignment) return nil. A pod that requests devices
+// but whose annotation is missing, garbled or does not fit its requests holds
+// its draws, blocked: it may run on devices it got before the annotation
+// changed, and it never holds more than it requests.
+func holdingFromPod(pod *corev1.Pod) *holding {
 	if pod.Spec.NodeName == "" || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-		return nil, nil
-	}
-	a, found, err := assignment.FromPod(pod)
-	if !found || err != nil {
-		return nil, err
-	}
-	if a.Node != pod.Spec.NodeName {
-		return nil, errNodeMismatch{assigned: a.Node, bound: pod.Spec.NodeName}
+		return nil
 	}
 	d, err := podDemand(pod)
 	if err != nil {
-		d = nil // pages then go uncharged; the devices are still held
+		d = nil // a pod the scheduler would refuse; it can be bound by another
 	}
-	h := newHolding(pod.UID, a, d)
-	h.raw = pod.Annotations[assignment.AnnotationKey]
-	return h, nil
+	value, has := pod.Annotations[assignment.AnnotationKey]
+	if d == nil && !has {
+		return nil
+	}
+	h := &holding{uid: pod.UID, node: pod.Spec.NodeName, raw: annotationState(pod), reported: notReported, devices: map[string][]string{}, users: map[string][]*containerDemand{},
+		ref: &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}}
+	if d != nil {
+		h.draws = d.draws
+	}
+	if !has {
+		h.flaw = &inconsistency{reason: "missing", detail: "the pod requests devices but carries no assignment"}
+		return h
+	}
+	a, err := assignment.Decode(value)
+	if err != nil {
+		h.flaw = &inconsistency{reason: "garbled", detail: err.Error()}
+		return h
+	}
+	if a.Node != pod.Spec.NodeName {
+		h.flaw = &inconsistency{reason: "node", detail: "the assignment names node " + a.Node + " but the pod is bound to " + pod.Spec.NodeName}
+		return h
+	}
+	if h.flaw = checkAgainstDemand(a, d); h.flaw != nil {
+		return h
+	}
+	learned := newHolding(pod.UID, a, d)
+	h.devices, h.users, h.fresh = learned.devices, learned.users, freshDraws(a, d)
+	return h
 }
 
-type errNodeMismatch struct{ assigned, bound string }
-
-func (e errNodeMismatch) Error() string {
-	return "assignment names node " + e.assigned + " but the pod is bound to " + e.bound + "; its devices are not counted"
+// checkAgainstDemand: every container the assignment names requests devices of
+// each class it names, and holds exactly as many as it requests, formed as the
+// kubelet forms them (the devices earlier init containers leave for reuse
+// first, demand.assign).
+func checkAgainstDemand(a *assignment.Assignment, d *demand) *inconsistency {
+	bad := func(format string, args ...any) *inconsistency {
+		return &inconsistency{reason: "requests", detail: fmt.Sprintf(format, args...)}
+	}
+	if d == nil {
+		return bad("the pod requests no devices the scheduler can assign")
+	}
+	for _, ac := range a.Containers {
+		i := slices.IndexFunc(d.containers, func(c containerDemand) bool { return c.name == ac.Name })
+		if i < 0 {
+			return bad("container %q requests no devices", ac.Name)
+		}
+		for class := range ac.Classes {
+			if d.containers[i].classes[class] == 0 {
+				return bad("container %q does not request class %s", ac.Name, class)
+			}
+		}
+	}
+	for _, class := range d.classes {
+		var reusable []string
+		for _, c := range d.containers {
+			n := c.classes[class]
+			if n == 0 {
+				continue
+			}
+			ids := a.Devices(c.name, class)
+			if len(ids) != n {
+				return bad("container %q holds %d devices of class %s but requests %d", c.name, len(ids), class, n)
+			}
+			if !slices.Equal(ids[:len(reusable)], reusable) {
+				return bad("container %q does not begin with the devices of class %s its init containers leave for reuse", c.name, class)
+			}
+			if c.init && !c.restartable {
+				reusable = ids
+			} else {
+				reusable = nil
+			}
+		}
+	}
+	return nil
 }
 
-// newHolding collects what a holds. Pools are told apart from devices when
-// charged, by the node's inventory: here every id is listed under its class.
+// freshDraws lists, per class, the devices of the pod's fresh draws in a (a
+// consistent with d): each container's devices after those it reuses.
+func freshDraws(a *assignment.Assignment, d *demand) map[string][]string {
+	out := map[string][]string{}
+	for _, class := range d.classes {
+		reused := 0
+		for _, c := range d.containers {
+			n := c.classes[class]
+			if n == 0 {
+				continue
+			}
+			out[class] = append(out[class], a.Devices(c.name, class)[reused:]...)
+			if c.init && !c.restartable {
+				reused = n
+			} else {
+				reused = 0
+			}
+		}
+	}
+	return out
+}
+
+// checkOn checks a learned assignment against n: every device exists there and
+// is selected by its class, and no exclusive device serves two draws of the
+// pod (the kubelet gives each draw its own).
+func (h *holding) checkOn(n *nodeState) *inconsistency {
+	seen := map[string]string{}
+	for _, class := range slices.Sorted(maps.Keys(h.fresh)) {
+		for _, id := range h.fresh[class] {
+			i, ok := n.index[id]
+			if !ok {
+				return &inconsistency{reason: "device", detail: fmt.Sprintf("device %s of class %s does not exist on node %s", id, class, h.node)}
+			}
+			if !slices.Contains(n.matches[class], i) {
+				return &inconsistency{reason: "class", detail: fmt.Sprintf("class %s does not select device %s of node %s", class, id, h.node)}
+			}
+			if n.devices[i].pool != nil {
+				continue // a pool serves many draws
+			}
+			if other, dup := seen[id]; dup {
+				return &inconsistency{reason: "requests", detail: fmt.Sprintf("device %s serves two draws (classes %s and %s)", id, other, class)}
+			}
+			seen[id] = class
+		}
+	}
+	return nil
+}
+
+// newHolding collects what a holds, trusted: what Reserve decided. Pools are
+// told apart from devices when charged, by the node's inventory: here every id
+// is listed under its class.
 func newHolding(uid types.UID, a *assignment.Assignment, d *demand) *holding {
-	h := &holding{uid: uid, node: a.Node, devices: map[string][]string{}, users: map[string][]*containerDemand{}}
+	h := &holding{uid: uid, node: a.Node, trusted: true, reported: notReported, devices: map[string][]string{}, users: map[string][]*containerDemand{}}
 	for _, ac := range a.Containers {
 		var cd *containerDemand
 		if d != nil {

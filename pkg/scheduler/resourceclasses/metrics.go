@@ -22,6 +22,12 @@ var (
 		Help:           "ResourceClass status writes by the leader, by result (written, conflict, error).",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"result"})
+	untrustedAssignments = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace: "resclass", Subsystem: "scheduler", Name: "untrusted_assignments_total",
+		Help: "Pod assignment annotations the scheduler does not believe, by reason: changed, garbled or removed after the scheduler accepted them " +
+			"(its decision stands), or, learned from a pod, missing, garbled, node, requests, device or class (the pod holds its requests, which devices unknown).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"reason"})
 	conflicts = metrics.NewGauge(&metrics.GaugeOpts{
 		Namespace: "resclass", Subsystem: "scheduler", Name: "devices_held_twice",
 		Help:           "Devices that more than one pod's assignment names (should be 0; see docs/scheduler.md).",
@@ -35,5 +41,5 @@ var (
 )
 
 func init() {
-	legacyregistry.MustRegister(reservations, assignments, statusWrites, conflicts, invalidDevices)
+	legacyregistry.MustRegister(reservations, assignments, statusWrites, untrustedAssignments, conflicts, invalidDevices)
 }

@@ -2,6 +2,7 @@ package resourceclasses
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -127,8 +128,18 @@ func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, fre
 		prob.Demand = append(prob.Demand, d.draws[class])
 		prob.Candidates = append(prob.Candidates, order(cand))
 	}
+	// Pods whose assignment is not believed hold devices of their classes,
+	// which ones unknown: they join the matching, so that whatever this pod
+	// takes leaves enough for them.
+	demand, cands := blockedRows(n, free)
+	prob.Demand = append(prob.Demand, demand...)
+	prob.Candidates = append(prob.Candidates, cands...)
 	got, ok := matching.Solve(prob)
 	if !ok {
+		rows := len(prob.Demand) - len(demand)
+		if _, alone := matching.Solve(matching.Problem{Devices: prob.Devices, Demand: prob.Demand[:rows], Candidates: prob.Candidates[:rows]}); len(demand) > 0 && alone {
+			return nil, &unfit{reason: "Insufficient free devices of class " + strings.Join(exclusive, ", ") + ": pods whose assignment the scheduler does not believe hold some, which ones unknown"}
+		}
 		return nil, explainShortage(exclusive, prob)
 	}
 	for ci, class := range exclusive {
@@ -188,6 +199,36 @@ func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, fre
 	}
 	p.aligned = p.numas == 1
 	return p, nil
+}
+
+// blockedRows are the rows of n's blocked devices (nodeState.blocked) in the
+// matching: per class, its free exclusive devices on any NUMA node. When
+// they cannot all be served even alone (the free devices are fewer, e.g.
+// because a blocked pod's device is also named by a trusted assignment), the
+// rows ask only for what can be: blocked devices never make a node refuse
+// more than its free devices.
+func blockedRows(n *nodeState, free []bool) ([]int, [][]int) {
+	if len(n.blocked) == 0 {
+		return nil, nil
+	}
+	var demand []int
+	var cands [][]int
+	for _, class := range slices.Sorted(maps.Keys(n.blocked)) {
+		var cand []int
+		for _, i := range n.matches[class] {
+			if free[i] && n.devices[i].pool == nil {
+				cand = append(cand, i)
+			}
+		}
+		demand = append(demand, min(n.blocked[class], len(cand)))
+		cands = append(cands, cand)
+	}
+	for {
+		if _, ok := matching.Solve(matching.Problem{Devices: len(n.devices), Demand: demand, Candidates: cands}); ok {
+			return demand, cands
+		}
+		demand[slices.Index(demand, slices.Max(demand))]--
+	}
 }
 
 // requestsAll reports whether every container drawing from a pool requests its
@@ -292,7 +333,7 @@ const maxNUMA = 16
 // hundreds of nodes, so this path must not allocate; Reserve, once per pod,
 // always takes the full path. handled is false for any other pod.
 func (c *cache) quick(n *nodeState, d *demand) (fits bool, util int64, numas int, handled bool) {
-	if n == nil || len(d.classes) != 1 {
+	if n == nil || len(d.classes) != 1 || len(n.blocked) > 0 {
 		return false, 0, 0, false
 	}
 	class := d.classes[0]

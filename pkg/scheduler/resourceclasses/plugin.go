@@ -72,6 +72,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	p.cache.freed = p.activateWaiting
 
 	logger := klog.FromContext(ctx).WithName(Name)
+	p.cache.untrusted = p.untrusted(logger)
 	factory := externalversions.NewSharedInformerFactory(rc, 0)
 	nd := factory.Resclass().V1alpha1().NodeDevices().Informer()
 	ndReg, err := nd.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
@@ -88,11 +89,20 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	}
 	classes := factory.Resclass().V1alpha1().ResourceClasses()
 	rcReg, err := classes.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.cache.setClass(obj.(*v1alpha1.ResourceClass)) },
-		UpdateFunc: func(_, obj any) { p.cache.setClass(obj.(*v1alpha1.ResourceClass)) },
+		// Which devices a class selects decides whether an annotation not yet
+		// trusted is believed: check those again (recheck).
+		AddFunc: func(obj any) {
+			p.cache.setClass(obj.(*v1alpha1.ResourceClass))
+			p.cache.recheck()
+		},
+		UpdateFunc: func(_, obj any) {
+			p.cache.setClass(obj.(*v1alpha1.ResourceClass))
+			p.cache.recheck()
+		},
 		DeleteFunc: func(obj any) {
 			if rc, ok := tombstone[*v1alpha1.ResourceClass](obj); ok {
 				p.cache.deleteClass(rc.Name)
+				p.cache.recheck()
 			}
 		},
 	})
@@ -102,8 +112,8 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	// The scheduler's own pod informer: it starts it, and it holds every pod
 	// already, so the devices held are rebuilt from the same watch.
 	podReg, err := h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.podChanged(logger, obj.(*corev1.Pod)) },
-		UpdateFunc: func(_, obj any) { p.podChanged(logger, obj.(*corev1.Pod)) },
+		AddFunc:    func(obj any) { p.podChanged(obj.(*corev1.Pod)) },
+		UpdateFunc: func(_, obj any) { p.podChanged(obj.(*corev1.Pod)) },
 		DeleteFunc: func(obj any) {
 			if pod, ok := tombstone[*corev1.Pod](obj); ok {
 				p.podDeleted(pod)
@@ -168,25 +178,53 @@ func (p *Plugin) nodeDevicesChanged(logger klog.Logger, nd *v1alpha1.NodeDevices
 	}
 }
 
-// podChanged keeps the devices a pod holds in step with its annotation and phase.
-func (p *Plugin) podChanged(logger klog.Logger, pod *corev1.Pod) {
+// podChanged keeps the devices a pod holds in step with its phase and, while
+// the cache trusts nothing for it yet, its annotation (cache.go, holding).
+func (p *Plugin) podChanged(pod *corev1.Pod) {
 	if pod.Spec.NodeName == "" {
 		return // pending, or between PreBind and bind: Reserve's hold stands
 	}
 	p.forget(pod.UID)
-	if raw, ok := pod.Annotations[assignment.AnnotationKey]; ok && pod.Status.Phase != corev1.PodSucceeded &&
-		pod.Status.Phase != corev1.PodFailed && p.cache.holds(pod.UID, pod.Spec.NodeName, raw) {
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		p.cache.release(pod.UID)
+		return
+	}
+	raw := annotationState(pod)
+	if p.cache.holds(pod.UID, pod.Spec.NodeName, raw) {
 		return // a status update of a pod whose devices did not change
 	}
-	h, err := holdingFromPod(pod)
-	if err != nil {
-		logger.Info("Ignoring the pod's device assignment", "pod", klog.KObj(pod), "err", err)
+	if p.cache.keep(pod, raw) {
+		return // what the scheduler decided or believed stands
 	}
+	h := holdingFromPod(pod)
 	if h == nil {
 		p.cache.release(pod.UID)
 		return
 	}
 	p.cache.hold(h)
+}
+
+// untrusted reports a pod's annotation the cache does not believe: a log line,
+// the metric, and a Warning Event on the pod, whose owner is the one to
+// explain it. It runs under the cache's lock; none of them blocks.
+func (p *Plugin) untrusted(logger klog.Logger) func(h *holding, why *inconsistency) {
+	return func(h *holding, why *inconsistency) {
+		untrustedAssignments.WithLabelValues(why.reason).Inc()
+		held := "the devices " + describeDevices(h.devices) + " stay held"
+		if h.blocked != nil {
+			held = "it is counted as holding the devices it requests on node " + h.node + ", which ones unknown"
+		}
+		if h.ref == nil {
+			logger.Info("Not believing a pod's device assignment", "podUID", h.uid, "node", h.node, "reason", why.reason, "detail", why.detail)
+			return
+		}
+		logger.Info("Not believing the pod's device assignment", "pod", klog.KRef(h.ref.Namespace, h.ref.Name), "node", h.node,
+			"reason", why.reason, "detail", why.detail, "trusted", h.trusted)
+		if r := p.handle.EventRecorder(); r != nil {
+			r.Eventf(h.ref, nil, corev1.EventTypeWarning, "DeviceAssignmentNotBelieved", "Scheduling",
+				"the resclass scheduler does not believe %s (%s): %s; %s until the pod ends", assignment.AnnotationKey, why.reason, why.detail, held)
+		}
+	}
 }
 
 func (p *Plugin) podDeleted(pod *corev1.Pod) {
@@ -381,7 +419,8 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 		return fwk.AsStatus(err)
 	}
 	h := newHolding(pod.UID, a, s.demand)
-	h.assumed, h.raw = true, anns[assignment.AnnotationKey]
+	h.assumed, h.raw = true, presentAnnotation(anns[assignment.AnnotationKey])
+	h.ref = &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
 	c.holdLocked(h)
 	c.mu.Unlock()
 	c.changed()

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/component-base/metrics/testutil"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -252,8 +253,10 @@ type harness struct {
 	plugin    *Plugin
 	client    *fake.Clientset
 	activator *recordingActivator
-	events    *events.FakeRecorder
 	nodes     map[string]fwk.NodeInfo
+	// recorder gets the plugin's Events; its buffer outlasts any test (a full
+	// one would block the plugin).
+	recorder *events.FakeRecorder
 }
 
 // newHarness starts a framework whose ResourceClasses plugin, with strategy and
@@ -288,7 +291,7 @@ func newHarnessWithArgs(t *testing.T, rawArgs string, nds []*v1alpha1.NodeDevice
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel) // runs before the server closes: informers stop first
 
-	h := &harness{t: t, ctx: ctx, activator: &recordingActivator{}, events: events.NewFakeRecorder(100), nodes: map[string]fwk.NodeInfo{}}
+	h := &harness{t: t, ctx: ctx, activator: &recordingActivator{}, nodes: map[string]fwk.NodeInfo{}, recorder: events.NewFakeRecorder(1000)}
 	var objs []runtime.Object
 	var nodes []*corev1.Node
 	for _, nd := range nds {
@@ -324,7 +327,7 @@ func newHarnessWithArgs(t *testing.T, rawArgs string, nds []*v1alpha1.NodeDevice
 		frameworkruntime.WithInformerFactory(informerFactory),
 		frameworkruntime.WithSnapshotSharedLister(internalcache.NewSnapshot(nil, nodes)),
 		frameworkruntime.WithPodActivator(h.activator),
-		frameworkruntime.WithEventRecorder(h.events),
+		frameworkruntime.WithEventRecorder(h.recorder),
 	)
 	if err != nil {
 		t.Fatalf("NewFramework: %v", err)
@@ -354,6 +357,16 @@ func (h *harness) holds(uid types.UID) bool {
 	h.plugin.cache.mu.RLock()
 	defer h.plugin.cache.mu.RUnlock()
 	return h.plugin.cache.pods[uid] != nil
+}
+
+// blockedOn is what node's pods hold, which devices unknown, per class.
+func (h *harness) blockedOn(node string) map[string]int {
+	h.plugin.cache.mu.RLock()
+	defer h.plugin.cache.mu.RUnlock()
+	if n := h.plugin.cache.nodes[node]; n != nil {
+		return maps.Clone(n.blocked)
+	}
+	return nil
 }
 
 func (h *harness) preFilter(pod *corev1.Pod) (fwk.CycleState, *fwk.PreFilterResult, *fwk.Status) {
@@ -648,7 +661,7 @@ func holdDirectly(c *cache, uid types.UID, node, class string, ids ...string) {
 	a := &assignment.Assignment{Node: node, Containers: []assignment.Container{{Name: "app", Classes: map[string][]string{class: ids}}}}
 	raw, _ := assignment.Encode(a)
 	h := newHolding(uid, a, nil)
-	h.raw = raw
+	h.raw = presentAnnotation(raw)
 	c.hold(h)
 }
 
@@ -1234,15 +1247,20 @@ func TestCacheRebuiltFromBoundPods(t *testing.T) {
 	done.Status.Phase = corev1.PodSucceeded
 	pending := boundPod(t, "pending", "", "n1", "gpu", "g1")
 	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{
-		nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi")),
+		nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"), gpu("g2", 0, "80Gi")),
 		nodeDevices("n2", gpu("h0", 0, "80Gi")),
 	}, allClasses, bound, foreign, done, pending)
 	h.waitFor("the bound pod's devices to be held", func() bool { return h.holds(bound.UID) })
 	// The informer listed every pod before it synced, so the others are decided.
-	for _, p := range []*corev1.Pod{foreign, done, pending} {
+	for _, p := range []*corev1.Pod{done, pending} {
 		if h.holds(p.UID) {
 			t.Errorf("pod %s holds devices", p.Name)
 		}
+	}
+	// The pod whose assignment names another node runs on n1, on devices
+	// nobody can tell: it holds one of n1's, which one unknown.
+	if got := h.blockedOn("n1"); !maps.Equal(got, map[string]int{"gpu": 1}) {
+		t.Errorf("n1 blocked %v, want gpu: 1 (the pod whose assignment names n2)", got)
 	}
 
 	_, placed := h.reserve(gpuPod("one", "gpu", 1), "n1")
@@ -1294,45 +1312,82 @@ func TestHoldingFromPod(t *testing.T) {
 	garbled.Annotations[assignment.AnnotationKey] = `{"node":"n1"`
 	failed := boundPod(t, "failed", "n1", "n1", "gpu", "g0")
 	failed.Status.Phase = corev1.PodFailed
-	noAnnotation := gpuPod("plain", "gpu", 1)
-	noAnnotation.Spec.NodeName = "n1"
+	missing := gpuPod("missing", "gpu", 1)
+	missing.Spec.NodeName = "n1"
+	plain := testPod("plain", ctr{name: "app"})
+	plain.Spec.NodeName = "n1"
+	inflated := boundPod(t, "inflated", "n1", "n1", "gpu", "g0", "g1", "g2")
+	inflated.Spec.Containers[0].Resources.Limits[cls("gpu")] = resource.MustParse("1")
+	otherClass := boundPod(t, "other-class", "n1", "n1", "gpu", "g0")
+	otherClass.Spec.Containers[0].Resources.Limits = corev1.ResourceList{cls("gpu-big"): resource.MustParse("1")}
+	// An init container's devices are reused by the next container: it must
+	// begin with them.
+	reuse := testPod("reuse", ctr{name: "init", kind: initC, limits: map[corev1.ResourceName]string{cls("gpu"): "1"}},
+		ctr{name: "app", limits: map[corev1.ResourceName]string{cls("gpu"): "2"}})
+	reuse.Spec.NodeName = "n1"
+	reuseOK, reuseBad := reuse.DeepCopy(), reuse.DeepCopy()
+	for p, app := range map[*corev1.Pod][]string{reuseOK: {"g0", "g1"}, reuseBad: {"g1", "g2"}} {
+		anns, err := assignment.Annotations(&assignment.Assignment{Node: "n1", Containers: []assignment.Container{
+			{Name: "init", Init: true, Classes: map[string][]string{"gpu": {"g0"}}}, {Name: "app", Classes: map[string][]string{"gpu": app}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Annotations = anns
+	}
 
 	for _, tc := range []struct {
-		name    string
-		pod     *corev1.Pod
-		wantErr string
-		want    map[string][]string // nil: no holding
+		name string
+		pod  *corev1.Pod
+		flaw string              // the inconsistency's reason; "" for none
+		want map[string][]string // the devices; nil: no holding
 	}{
 		{"bound", boundPod(t, "bound", "n1", "n1", "gpu", "g0", "g1"), "", map[string][]string{"gpu": {"g0", "g1"}}},
 		{"not bound", boundPod(t, "pending", "", "n1", "gpu", "g0"), "", nil},
 		{"failed", failed, "", nil},
-		{"no assignment", noAnnotation, "", nil},
-		{"another node", boundPod(t, "foreign", "n1", "n2", "gpu", "g0"), "assignment names node n2 but the pod is bound to n1", nil},
-		{"garbled", garbled, "malformed assignment", nil},
+		{"no requests, no assignment", plain, "", nil},
+		{"requests, no assignment", missing, "missing", map[string][]string{}},
+		{"another node", boundPod(t, "foreign", "n1", "n2", "gpu", "g0"), "node", map[string][]string{}},
+		{"garbled", garbled, "garbled", map[string][]string{}},
+		{"inflated", inflated, "requests", map[string][]string{}},
+		{"a class not requested", otherClass, "requests", map[string][]string{}},
+		{"init reuse", reuseOK, "", map[string][]string{"gpu": {"g0", "g1"}}},
+		{"init devices not reused", reuseBad, "requests", map[string][]string{}},
 		{"pool", withPages, "", map[string][]string{"hp-1g": {pool}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, err := holdingFromPod(tc.pod)
-			if (err == nil) != (tc.wantErr == "") || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
-				t.Fatalf("err %v, want %q", err, tc.wantErr)
-			}
+			h := holdingFromPod(tc.pod)
 			if tc.want == nil {
 				if h != nil {
 					t.Fatalf("holding %+v, want none", h)
 				}
 				return
 			}
-			if h == nil || h.node != tc.pod.Spec.NodeName || h.uid != tc.pod.UID || h.raw != tc.pod.Annotations[assignment.AnnotationKey] {
-				t.Fatalf("holding %+v", h)
+			if h == nil || h.node != tc.pod.Spec.NodeName || h.uid != tc.pod.UID || h.trusted {
+				t.Fatalf("holding %+v, want one learned (not trusted yet) on %s", h, tc.pod.Spec.NodeName)
+			}
+			if raw, ok := tc.pod.Annotations[assignment.AnnotationKey]; ok && h.raw != "="+raw || !ok && h.raw != absentAnnotation {
+				t.Errorf("raw %q", h.raw)
+			}
+			if got := ""; h.flaw != nil {
+				got = h.flaw.reason
+				if got != tc.flaw {
+					t.Errorf("flaw %+v, want reason %q", h.flaw, tc.flaw)
+				}
+			} else if tc.flaw != "" {
+				t.Errorf("no flaw, want reason %q", tc.flaw)
 			}
 			if !maps.EqualFunc(h.devices, tc.want, slices.Equal) {
 				t.Errorf("devices %v, want %v", h.devices, tc.want)
+			}
+			// Whatever the annotation says, the pod holds its requests when not believed.
+			if d, _ := podDemand(tc.pod); d != nil && !maps.Equal(h.draws, d.draws) {
+				t.Errorf("draws %v, want %v", h.draws, d.draws)
 			}
 		})
 	}
 
 	// The pool's users carry the native request the pool is charged with.
-	h, _ := holdingFromPod(withPages)
+	h := holdingFromPod(withPages)
 	if users := h.users[pool]; len(users) != 1 || pageBytes(users, "hugepages-1Gi") != 2<<30 {
 		t.Errorf("pool users %+v, want the container with 2Gi", users)
 	}
@@ -1392,5 +1447,202 @@ func TestClassStatus(t *testing.T) {
 	c.release("a")
 	if s := c.classStatus()["gpu-big"]; s.Requested.Value() != 0 || s.Allocatable.Value() != 2 {
 		t.Errorf("gpu-big after release: allocatable %s requested %s, want 2 and 0", s.Allocatable.String(), s.Requested.String())
+	}
+}
+
+// ---- assignments the cache does not believe (docs/scheduler.md, "Trust model") ----
+
+// suspectNode has four GPUs, three of them big, and a NIC.
+func suspectNode() *v1alpha1.NodeDevices {
+	return nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"), gpu("g2", 0, "80Gi"), gpu("g3", 0, "40Gi"), nic("nic0", 0))
+}
+
+// wantRoomFor checks that n1 has room for exactly room devices of class: a
+// pod asking room fits, one asking room+1 does not.
+func (h *harness) wantRoomFor(class string, room int) {
+	h.t.Helper()
+	if room > 0 {
+		if _, st := h.fits(gpuPod(fmt.Sprintf("room-%d", room), class, room), "n1"); !st.IsSuccess() {
+			h.t.Errorf("a pod asking %d %s does not fit: %v", room, class, st)
+		}
+	}
+	if _, st := h.fits(gpuPod(fmt.Sprintf("room-%d", room+1), class, room+1), "n1"); st.Code() != fwk.Unschedulable {
+		h.t.Errorf("a pod asking %d %s: %v, want Unschedulable", room+1, class, st)
+	}
+}
+
+// waitEvent waits for the plugin's Event that contains every part.
+func (h *harness) waitEvent(parts ...string) string {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(h.ctx, 10*time.Second)
+	defer cancel()
+	for {
+		select {
+		case e := <-h.recorder.Events:
+			if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(e, p) }) {
+				return e
+			}
+		case <-ctx.Done():
+			h.t.Fatalf("no Event with %q", parts)
+			return ""
+		}
+	}
+}
+
+func untrustedCount(t *testing.T, reason string) float64 {
+	t.Helper()
+	v, err := testutil.GetCounterMetricValue(untrustedAssignments.WithLabelValues(reason))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestLearnedAssignmentMustFitThePod: a bound pod's annotation, read as after a
+// restart, counts only when it fits the pod; otherwise the pod holds what it
+// requests on its node, which devices unknown, and an Event and the metric say
+// so.
+func TestLearnedAssignmentMustFitThePod(t *testing.T) {
+	withAnnotation := func(p *corev1.Pod, raw string) *corev1.Pod {
+		p.Annotations = map[string]string{assignment.AnnotationKey: raw}
+		return p
+	}
+	inflated := boundPod(t, "inflated", "n1", "n1", "gpu", "g0", "g1", "g2")
+	inflated.Spec.Containers[0].Resources.Limits[cls("gpu")] = resource.MustParse("1")
+	removed := gpuPod("removed", "gpu", 1)
+	removed.Spec.NodeName, removed.Status.Phase = "n1", corev1.PodRunning
+	for _, tc := range []struct {
+		name, reason string
+		pod          *corev1.Pod
+		class        string // what the pod requests (1 device)
+		room         int    // what n1 has left for class
+	}{
+		{"garbled", "garbled", withAnnotation(boundPod(t, "garbled", "n1", "n1", "gpu", "g0"), `{"node":`), "gpu", 3},
+		{"removed", "missing", removed, "gpu", 3},
+		{"inflated", "requests", inflated, "gpu", 3},
+		{"wrong node", "node", boundPod(t, "wrong-node", "n1", "n2", "gpu", "g0"), "gpu", 3},
+		{"unknown device", "device", boundPod(t, "unknown-device", "n1", "n1", "gpu", "g9"), "gpu", 3},
+		// g3 has 40Gi: gpu-big does not select it.
+		{"device not selected by the class", "class", boundPod(t, "not-selected", "n1", "n1", "gpu-big", "g3"), "gpu-big", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := untrustedCount(t, tc.reason)
+			h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{suspectNode()}, allClasses, tc.pod)
+			h.waitFor("the pod's hold", func() bool { return h.holds(tc.pod.UID) })
+			h.waitFor("the node's blocked devices", func() bool { return len(h.blockedOn("n1")) > 0 })
+			if got := h.blockedOn("n1"); !maps.Equal(got, map[string]int{tc.class: 1}) {
+				t.Errorf("blocked %v, want %s: 1", got, tc.class)
+			}
+			h.wantRoomFor(tc.class, tc.room)
+			h.waitEvent("Warning DeviceAssignmentNotBelieved", "("+tc.reason+")")
+			if got := untrustedCount(t, tc.reason) - before; got != 1 {
+				t.Errorf("%s counted %v times, want 1", tc.reason, got)
+			}
+			// The pod's status updates neither report nor change anything again.
+			tc.pod.Status.Conditions = append(tc.pod.Status.Conditions, corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue})
+			if _, err := h.client.CoreV1().Pods("default").UpdateStatus(h.ctx, tc.pod, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h.waitFor("the status update", func() bool {
+				p, err := h.plugin.handle.SharedInformerFactory().Core().V1().Pods().Lister().Pods("default").Get(tc.pod.Name)
+				return err == nil && len(p.Status.Conditions) > 0
+			})
+			if got := untrustedCount(t, tc.reason) - before; got != 1 {
+				t.Errorf("after a status update, %s counted %v times, want 1", tc.reason, got)
+			}
+			// Finishing releases what it held.
+			tc.pod.Status.Phase = corev1.PodSucceeded
+			if _, err := h.client.CoreV1().Pods("default").UpdateStatus(h.ctx, tc.pod, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h.waitFor("the finished pod to release", func() bool { return !h.holds(tc.pod.UID) })
+			if got := h.blockedOn("n1"); len(got) != 0 {
+				t.Errorf("blocked %v after the pod finished", got)
+			}
+		})
+	}
+
+	// A consistent assignment counts as it says.
+	t.Run("consistent", func(t *testing.T) {
+		pod := boundPod(t, "fits", "n1", "n1", "gpu", "g3")
+		h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{suspectNode()}, allClasses, pod)
+		h.waitFor("the pod's hold", func() bool { return h.holds(pod.UID) })
+		if got := h.blockedOn("n1"); len(got) != 0 {
+			t.Errorf("blocked %v, want none", got)
+		}
+		h.wantRoomFor("gpu-big", 3) // g3 is not big: every big one is free
+		h.wantRoomFor("gpu", 3)
+	})
+
+	// Blocked devices never make a node refuse more than its free devices:
+	// here trusted pods hold every GPU and a garbled one asks one more.
+	t.Run("blocked beyond the free devices", func(t *testing.T) {
+		all := boundPod(t, "all", "n1", "n1", "gpu", "g0", "g1", "g2", "g3")
+		garbled := withAnnotation(boundPod(t, "garbled", "n1", "n1", "gpu", "g0"), "not json")
+		h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{suspectNode()}, allClasses, all, garbled)
+		h.waitFor("both holds", func() bool { return h.holds(all.UID) && h.holds(garbled.UID) })
+		h.wantRoomFor("gpu", 0)
+		h.wantRoomFor("nic", 1)
+	})
+}
+
+// TestDecidedAssignmentStands: once the scheduler has bound a pod with the
+// devices it chose, a changed annotation neither frees them nor adds any.
+func TestDecidedAssignmentStands(t *testing.T) {
+	for _, tc := range []struct {
+		name, reason string
+		change       func(anns map[string]string)
+	}{
+		{"garbled", "garbled", func(a map[string]string) { a[assignment.AnnotationKey] = `{"node":` }},
+		{"removed", "removed", func(a map[string]string) {
+			for k := range a {
+				delete(a, k)
+			}
+		}},
+		{"inflated", "changed", func(a map[string]string) {
+			a[assignment.AnnotationKey] = `{"node":"n1","containers":[{"name":"app","classes":{"gpu":["g0","g1","g2"]}}]}`
+		}},
+		{"moved to another device", "changed", func(a map[string]string) {
+			a[assignment.AnnotationKey] = `{"node":"n1","containers":[{"name":"app","classes":{"gpu":["g1"]}}]}`
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := untrustedCount(t, tc.reason)
+			h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{suspectNode()}, allClasses)
+			pod := gpuPod("decided", "gpu", 1)
+			_, placed := h.reserve(pod, "n1")
+			if got := placed.Devices("app", "gpu"); !slices.Equal(got, []string{"g0"}) {
+				t.Fatalf("reserved %v, want [g0]", got)
+			}
+			// The pod as the apiserver has it after the Binding.
+			bound := pod.DeepCopy()
+			bound.Spec.NodeName, bound.Status.Phase = "n1", corev1.PodRunning
+			anns, err := assignment.Annotations(placed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bound.Annotations = anns
+			if _, err := h.client.CoreV1().Pods("default").Create(h.ctx, bound, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h.waitFor("the binding to confirm the hold", func() bool { return h.holds(pod.UID) && !h.plugin.cache.isAssumed(pod.UID) })
+
+			tc.change(bound.Annotations)
+			if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, bound, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h.waitEvent("Warning DeviceAssignmentNotBelieved", "("+tc.reason+")", "gpu=g0")
+			if got := untrustedCount(t, tc.reason) - before; got != 1 {
+				t.Errorf("%s counted %v times, want 1", tc.reason, got)
+			}
+			// Still exactly g0 held: three GPUs left, and they are g1..g3.
+			h.wantRoomFor("gpu", 3)
+			if _, placed := h.reserve(gpuPod("next", "gpu", 3), "n1"); !slices.Equal(placed.Devices("app", "gpu"), []string{"g1", "g2", "g3"}) {
+				t.Errorf("the next pod got %v, want [g1 g2 g3]", placed.Devices("app", "gpu"))
+			}
+			if got := h.blockedOn("n1"); len(got) != 0 {
+				t.Errorf("blocked %v, want none", got)
+			}
+		})
 	}
 }

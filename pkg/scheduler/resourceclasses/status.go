@@ -174,6 +174,15 @@ func (c *cache) classStatus() map[string]v1alpha1.ResourceClassStatus {
 	}
 	twice := 0
 	for _, h := range c.pods {
+		if h.blocked != nil {
+			// Held, which devices unknown (cache.go, holding).
+			for class, k := range h.blocked {
+				if c.classes[class] != nil {
+					get(class, h.node).requested += int64(k)
+				}
+			}
+			continue
+		}
 		for class, ids := range h.devices {
 			if c.classes[class] != nil {
 				get(class, h.node).requested += int64(len(ids))
