@@ -135,6 +135,31 @@ func nodeGPUs(t *testing.T, ctx context.Context, node string) []string {
 	return ids
 }
 
+// tenantOnGPUNode adds one simulated DGX node and a class selecting its GPUs,
+// and returns the node, its GPUs, a new namespace and a client of a tenant
+// holding pod rights in it only.
+func tenantOnGPUNode(t *testing.T, ctx context.Context, prefix, class string) (string, []string, string, kubernetes.Interface) {
+	t.Helper()
+	names, err := cluster.AddSimulatedNodes(ctx, framework.SimulatedNodes{Prefix: prefix, Count: 1, Profile: "dgx-a100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteNodes(names) })
+	node := names[0]
+	schedClass(t, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"))
+	ns := newNamespace(t, ctx, nil)
+	return node, nodeGPUs(t, ctx, node), ns, tenant(t, ctx, ns)
+}
+
+// forgedPod is a one-GPU pod created already bound to node, with an
+// assignment naming every GPU of it: what a hoarding tenant writes.
+func forgedPod(ns, node, class string, gpus []string) *corev1.Pod {
+	forge := gpuPodOn(ns, "forge", "", node, class, 1)
+	forge.Spec.NodeSelector, forge.Spec.NodeName = nil, node
+	forge.Annotations = map[string]string{assignment.AnnotationKey: forged(node, class, gpus...)}
+	return forge
+}
+
 // TestAssignmentPolicy: with the policy deploy/ installs (the harness applies
 // it with the scheduler), a tenant holding every right on pods in its
 // namespace cannot forge, inflate, garble or remove an assignment; its other
@@ -144,22 +169,11 @@ func TestAssignmentPolicy(t *testing.T) {
 	diagnoseOnFailure(t, cluster)
 	ctx := context.Background()
 	const class = "e2e-policy-gpu"
-	names, err := cluster.AddSimulatedNodes(ctx, framework.SimulatedNodes{Prefix: "policy-dgx", Count: 1, Profile: "dgx-a100"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { deleteNodes(names) })
-	node := names[0]
-	schedClass(t, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"))
-	gpus := nodeGPUs(t, ctx, node)
-	ns := newNamespace(t, ctx, nil)
-	tc := tenant(t, ctx, ns)
+	node, gpus, ns, tc := tenantOnGPUNode(t, ctx, "policy-dgx", class)
 
 	// Forging at create: bound already, with an assignment or a seed key.
-	forge := gpuPodOn(ns, "forge", "", node, class, 1)
-	forge.Spec.NodeSelector, forge.Spec.NodeName = nil, node
-	forge.Annotations = map[string]string{assignment.AnnotationKey: forged(node, class, gpus...)}
-	_, err = tc.CoreV1().Pods(ns).Create(ctx, forge, metav1.CreateOptions{})
+	forge := forgedPod(ns, node, class, gpus)
+	_, err := tc.CoreV1().Pods(ns).Create(ctx, forge, metav1.CreateOptions{})
 	wantPolicyDenial(t, "a tenant creating a pod with an assignment", err, assignment.AnnotationKey)
 	compatKey := assignment.CompatKey(class, gpus[0])
 	forge.Annotations = map[string]string{compatKey: "1"}
@@ -276,20 +290,9 @@ func TestForgeriesWithoutThePolicy(t *testing.T) {
 	diagnoseOnFailure(t, cluster)
 	ctx := context.Background()
 	const class = "e2e-hoard-gpu"
-	names, err := cluster.AddSimulatedNodes(ctx, framework.SimulatedNodes{Prefix: "hoard-dgx", Count: 1, Profile: "dgx-a100"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { deleteNodes(names) })
-	node := names[0]
-	schedClass(t, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"))
-	gpus := nodeGPUs(t, ctx, node)
-	ns := newNamespace(t, ctx, nil)
-	tc := tenant(t, ctx, ns)
+	node, gpus, ns, tc := tenantOnGPUNode(t, ctx, "hoard-dgx", class)
 
-	forge := gpuPodOn(ns, "forge", "", node, class, 1)
-	forge.Spec.NodeSelector, forge.Spec.NodeName = nil, node
-	forge.Annotations = map[string]string{assignment.AnnotationKey: forged(node, class, gpus...)}
+	forge := forgedPod(ns, node, class, gpus)
 	withoutAssignmentPolicy(t, ctx, func(ctx context.Context) error {
 		_, err := tc.CoreV1().Pods(ns).Create(ctx, forge, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
