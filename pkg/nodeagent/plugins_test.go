@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/internal/hostile"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 	"github.com/resclass/resclass/pkg/selector"
 )
@@ -129,21 +130,7 @@ func FuzzClassMatcher(f *testing.F) {
 	ops := []v1alpha1.ResourceSelectorOperator{"In", "NotIn", "Eq", "Exists", "DoesNotExist", "Gt", "GtEq", "Lt", "LtEq"}
 	f.Fuzz(func(t *testing.T, key string, opIndex uint8, value string, typ uint8, text string, num int64, scale int32) {
 		watchdog.Run(t, func() {
-			var a v1alpha1.DeviceAttribute
-			switch typ % 6 {
-			case 0:
-				a.StringValue = &text
-			case 1:
-				a.IntValue = &num
-			case 2:
-				a.BoolValue = ptr.To(num%2 == 0)
-			case 3:
-				a.QuantityValue = resource.NewScaledQuantity(num, resource.Scale(scale))
-			case 4:
-				a.BandwidthValue = &text
-			case 5:
-				a.VersionValue = &text
-			}
+			a := hostile.Attribute(typ, text, num, scale)
 			devices := []v1alpha1.Device{
 				{ID: "GPU-hostile", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{key: a, "memory": a}},
 				{ID: "GPU-ok", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{"memory": {QuantityValue: ptr.To(resource.MustParse("80Gi"))}}},

@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/internal/hostile"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
@@ -96,21 +97,7 @@ func FuzzCacheIngest(f *testing.F) {
 		watchdog.Run(t, func() {
 			d := gpu("dev-hostile", 0, "80Gi")
 			d.Kind = kind
-			var a v1alpha1.DeviceAttribute
-			switch typ % 6 {
-			case 0:
-				a.StringValue = &text
-			case 1:
-				a.IntValue = &num
-			case 2:
-				a.BoolValue = ptr.To(num%2 == 0)
-			case 3:
-				a.QuantityValue = resource.NewScaledQuantity(num, resource.Scale(scale))
-			case 4:
-				a.BandwidthValue = &text
-			case 5:
-				a.VersionValue = &text
-			}
+			a := hostile.Attribute(typ, text, num, scale)
 			d.Attributes[attr] = a
 			if kind == v1alpha1.DeviceKindHugePages {
 				d.Attributes[v1alpha1.AttributeSize] = v1alpha1.DeviceAttribute{QuantityValue: resource.NewScaledQuantity(num, resource.Scale(scale))}
