@@ -1646,3 +1646,56 @@ func TestDecidedAssignmentStands(t *testing.T) {
 		})
 	}
 }
+
+// TestClassArrivingAfterPodsIsRechecked: after a restart the pods' informer may
+// deliver bound pods before the ResourceClasses. A pod's annotation is then
+// checked against a node whose devices no class selects yet, so it is not
+// believed (and blocks nothing: no pod can ask for a class the scheduler does
+// not know, and the scheduler places nothing before its informers synced).
+// When the class arrives, recheck believes it, and the pod holds the devices
+// its annotation names, no more.
+func TestClassArrivingAfterPodsIsRechecked(t *testing.T) {
+	c := newCache()
+	var reported []string
+	c.untrusted = func(_ *holding, why *inconsistency) { reported = append(reported, why.reason) }
+	c.setNodeDevices(suspectNode())
+	pod := boundPod(t, "early", "n1", "n1", "gpu", "g1")
+	c.hold(holdingFromPod(pod))
+
+	held := func() (trusted bool, blocked map[string]int, holders []int) {
+		c.mu.RLock()
+		defer c.mu.RUnlock()
+		n := c.nodes["n1"]
+		for _, d := range n.devices {
+			holders = append(holders, d.holders)
+		}
+		return c.pods[pod.UID].trusted, maps.Clone(n.blocked), holders
+	}
+	if trusted, blocked, holders := held(); trusted || len(blocked) != 0 || slices.Max(holders) != 0 {
+		t.Fatalf("before the class: trusted %v, blocked %v, holders %v; want untrusted, nothing held", trusted, blocked, holders)
+	}
+	if !slices.Equal(reported, []string{"class"}) {
+		t.Errorf("reported %v before the class, want [class]", reported)
+	}
+
+	c.setClass(gpuClass)
+	c.recheck()
+	trusted, blocked, holders := held()
+	if !trusted || len(blocked) != 0 {
+		t.Errorf("after the class: trusted %v, blocked %v; want trusted, none blocked", trusted, blocked)
+	}
+	// suspectNode publishes g0, g1, g2, g3, nic0: only g1 is held.
+	if want := []int{0, 1, 0, 0, 0}; !slices.Equal(holders, want) {
+		t.Errorf("holders per device %v, want %v", holders, want)
+	}
+	if len(reported) != 1 {
+		t.Errorf("reported %v, want the one report from before the class", reported)
+	}
+
+	// A later class change leaves a trusted holding alone.
+	c.setClass(bigGPUClass)
+	c.recheck()
+	if _, _, again := held(); !slices.Equal(again, holders) {
+		t.Errorf("holders %v after another class, want %v", again, holders)
+	}
+}
