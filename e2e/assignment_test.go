@@ -458,3 +458,73 @@ func TestDoubleBookingWithoutThePolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestAssignmentsAfterSchedulerRestart: the restart rule on the embedded
+// cluster without the policy. Three bound pods of one GPU each on an 8-GPU
+// node have their assignments garbled, inflated to every GPU and removed by a
+// tenant; the scheduler is restarted and reads them anew. It believes none of
+// them (each a Warning Event with the restart's reason), blocks one GPU for
+// each (what each requests), and schedules exactly the five left.
+func TestAssignmentsAfterSchedulerRestart(t *testing.T) {
+	diagnoseOnFailure(t, cluster)
+	ctx := context.Background()
+	const class = "e2e-restart-gpu"
+	node, gpus, ns, tc := tenantOnGPUNode(t, ctx, "restart-dgx", class)
+	if len(gpus) != 8 {
+		t.Fatalf("the node publishes %d GPUs, want 8", len(gpus))
+	}
+	for _, name := range []string{"garbled", "inflated", "removed"} {
+		if _, err := tc.CoreV1().Pods(ns).Create(ctx, gpuPodOn(ns, name, resclassScheduler, node, class, 1), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		boundAssignment(t, ctx, ns, name)
+	}
+
+	probe := gpuPodOn(ns, "probe", "e2e-bound-by-test", node, class, 1)
+	probe.Annotations = map[string]string{assignment.AnnotationKey: `{"node":`}
+	withoutAssignmentPolicy(t, ctx, func(ctx context.Context) error {
+		_, err := tc.CoreV1().Pods(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	})
+	for pod, value := range map[string]any{"garbled": `{"node":`, "inflated": forged(node, class, gpus...), "removed": nil} {
+		if err := annotate(ctx, tc, ns, pod, map[string]any{assignment.AnnotationKey: value}); err != nil {
+			t.Fatalf("without the policy, the tenant's change of %s: %v", pod, err)
+		}
+	}
+	// The running scheduler keeps what it decided, with these reasons.
+	waitPodEvent(t, ctx, ns, "inflated", "DeviceAssignmentNotBelieved", "(changed)")
+	waitPodEvent(t, ctx, ns, "removed", "DeviceAssignmentNotBelieved", "(removed)")
+
+	if err := cluster.RestartScheduler(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The new one reads the annotations as they are now: each is seen first and
+	// does not fit its pod.
+	t.Logf("inflated: %s", waitPodEvent(t, ctx, ns, "inflated", "DeviceAssignmentNotBelieved", "(requests)"))
+	t.Logf("removed: %s", waitPodEvent(t, ctx, ns, "removed", "DeviceAssignmentNotBelieved", "(missing)"))
+
+	// 8 GPUs, 3 blocked: 5 more pods of one GPU schedule, the 6th does not.
+	for i := range 5 {
+		if _, err := tc.CoreV1().Pods(ns).Create(ctx, gpuPodOn(ns, fmt.Sprintf("next-%d", i), resclassScheduler, node, class, 1), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := map[string]string{}
+	for i := range 5 {
+		name := fmt.Sprintf("next-%d", i)
+		_, a := boundAssignment(t, ctx, ns, name)
+		for _, id := range a.DeviceIDs() {
+			if other, dup := held[id]; dup {
+				t.Errorf("%s given to %s and %s", id, other, name)
+			}
+			held[id] = name
+		}
+	}
+	if _, err := tc.CoreV1().Pods(ns).Create(ctx, gpuPodOn(ns, "one-too-many", resclassScheduler, node, class, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("one-too-many: %s", waitPodEvent(t, ctx, ns, "one-too-many", "FailedScheduling", "Insufficient free devices of class "+class))
+	if p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "one-too-many", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+		t.Errorf("the 9th GPU pod on an 8-GPU node after the restart: bound to %q (%v)", p.Spec.NodeName, err)
+	}
+}
