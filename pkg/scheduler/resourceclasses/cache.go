@@ -428,19 +428,7 @@ func (c *cache) charge(n *nodeState, h *holding, sign int) {
 		c.unblock(h)
 		return
 	}
-	for _, ids := range h.devices {
-		for _, id := range ids {
-			if i, ok := n.index[id]; ok && n.devices[i].pool == nil {
-				n.devices[i].holders += sign
-			}
-		}
-	}
-	for id, users := range h.users {
-		if i, ok := n.index[id]; ok && n.devices[i].pool != nil {
-			p := n.devices[i].pool
-			p.charged += int64(sign) * pageBytes(users, p.resourceName)
-		}
-	}
+	chargeDevices(n, h, sign, func(i int) *deviceState { return n.devices[i] })
 }
 
 // block charges h's draws of exclusive devices to n as devices held, which

@@ -264,9 +264,23 @@ type state struct {
 	// annotations are placed's, encoded once in Reserve for Bind or PreBind.
 	annotations map[string]string
 	patched     bool // PreBind wrote the annotations
+	// views are this cycle's what-ifs of nodes (preemption.go), per node name.
+	views map[string]*nodeView
 }
 
-func (s *state) Clone() fwk.StateData { return s }
+// Clone gives preemption's and nominated pods' what-ifs their own views; the
+// rest is shared (only Reserve and later write it, on the original).
+func (s *state) Clone() fwk.StateData {
+	out := *s
+	out.views = nil
+	for node, v := range s.views {
+		if out.views == nil {
+			out.views = make(map[string]*nodeView, len(s.views))
+		}
+		out.views[node] = v.clone()
+	}
+	return &out
+}
 
 func getState(cs fwk.CycleState) (*state, bool) {
 	data, err := cs.Read(stateKey)
@@ -313,9 +327,9 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	return &fwk.PreFilterResult{NodeNames: eligible}, nil
 }
 
-// PreFilterExtensions: the plugin does not need to know about preemption's
-// what-ifs, because preempting pods never frees devices for it in this version.
-func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+// PreFilterExtensions: AddPod and RemovePod (preemption.go) let preemption
+// and nominated pods change what Filter sees on a node.
+func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
 
 // Filter: the node's free, healthy devices serve every class request at once.
 func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, ni fwk.NodeInfo) *fwk.Status {
@@ -325,7 +339,8 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	}
 	p.cache.mu.RLock()
 	defer p.cache.mu.RUnlock()
-	n := p.cache.nodes[ni.Node().Name]
+	name := ni.Node().Name
+	n := p.cache.viewOf(name, p.cache.nodes[name], s.views[name])
 	if fits, _, _, handled := p.cache.quick(n, s.demand); handled {
 		if !fits {
 			return fwk.NewStatus(fwk.Unschedulable, "Insufficient free devices of class "+s.demand.classes[0])
