@@ -279,6 +279,9 @@ var controllers = []string{
 	// Quota status (used, and hard as enforced): the apiserver's ResourceQuota
 	// admission refuses pods in a namespace whose quota has none yet.
 	"resourcequota-controller",
+	// PodDisruptionBudget status, which preemption reads to spare protected
+	// pods.
+	"disruption-controller",
 }
 
 func (c *Cluster) startControllerManager(ctx context.Context) error {

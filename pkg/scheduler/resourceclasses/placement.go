@@ -138,7 +138,7 @@ func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, fre
 	if !ok {
 		rows := len(prob.Demand) - len(demand)
 		if _, alone := matching.Solve(matching.Problem{Devices: prob.Devices, Demand: prob.Demand[:rows], Candidates: prob.Candidates[:rows]}); len(demand) > 0 && alone {
-			return nil, &unfit{reason: "Insufficient free devices of class " + strings.Join(exclusive, ", ") + ": pods whose assignment the scheduler does not believe hold some, which ones unknown"}
+			return nil, &unfit{reason: "Insufficient free devices of class " + strings.Join(exclusive, ", ") + ": some are held by pods whose assignment the scheduler does not believe, or kept for higher-priority pods nominated to the node, which ones unknown"}
 		}
 		return nil, explainShortage(exclusive, prob)
 	}

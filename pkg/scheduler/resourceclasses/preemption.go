@@ -24,7 +24,7 @@ type nodeView struct {
 	// removed are pods the cache holds on the node that count as gone.
 	removed map[types.UID]bool
 	// added are pods not bound to the node (nominated to it) whose demand
-	// counts as placed there, first, in the order added.
+	// counts as held there.
 	added []addedPod
 }
 
@@ -53,8 +53,8 @@ func (s *state) view(node string) *nodeView {
 }
 
 // AddPod counts pod as placed on nodeInfo's node in this cycle: a victim added
-// back, or a nominated pod whose devices are not chosen yet (its demand is
-// placed before the pod being scheduled).
+// back, or a nominated pod whose devices are not chosen yet (its demand
+// counts as held, which devices unknown).
 func (p *Plugin) AddPod(_ context.Context, cs fwk.CycleState, _ *corev1.Pod, podInfoToAdd fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
 	s, ok := getState(cs)
 	if !ok {
@@ -136,11 +136,22 @@ func (c *cache) viewOf(name string, n *nodeState, v *nodeView) *nodeState {
 			chargeDevices(&out, h, -1, own)
 		}
 	}
-	// Nominated pods take their devices first, as Reserve would choose them;
-	// one that does not fit takes nothing (it will not be bound here either).
+	// Nominated pods hold what they ask, which devices unknown, as pods whose
+	// assignment is not believed do (blockedRows): whatever the pod being
+	// placed takes must leave room for them. Their victims may still be
+	// leaving, one by one; until then the rows ask only for the free devices,
+	// so a lower pod gets none of those either. Hugepage pools are shared and
+	// not reserved (their pages are charged once the pod is bound).
 	for _, a := range v.added {
-		if pl, u := c.place(&out, a.demand, FirstFit); u == nil {
-			chargeDevices(&out, newHolding(a.uid, a.demand.assignment(name, pl), a.demand), 1, own)
+		for class, k := range a.demand.draws {
+			idx := n.matches[class]
+			if k == 0 || len(idx) == 0 || slices.ContainsFunc(idx, func(i int) bool { return n.devices[i].pool != nil }) {
+				continue
+			}
+			if out.blocked == nil {
+				out.blocked = map[string]int{}
+			}
+			out.blocked[class] += k
 		}
 	}
 	return &out

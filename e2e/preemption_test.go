@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// priorityLevel creates a PriorityClass of value whose pods preempt as policy
+// says (removed when the test ends).
+func priorityLevel(t *testing.T, ctx context.Context, name string, value int32, policy corev1.PreemptionPolicy) {
+	t.Helper()
+	_, err := cluster.Client.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value, PreemptionPolicy: &policy,
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.Client.SchedulingV1().PriorityClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
+// prioritized is a pod of one container "c" asking n devices of class on the
+// node, with a priority class and labels.
+func prioritized(ns, name, node, class, priority string, n int64, labels map[string]string) *corev1.Pod {
+	p := gpuPodOn(ns, name, resclassScheduler, node, class, n)
+	p.Spec.PriorityClassName, p.Labels = priority, labels
+	return p
+}
+
+// TestClassPreemption: a node full of low-priority class pods, some protected
+// by a PodDisruptionBudget and some holding their GPUs through another class
+// that selects the same devices. An equal-priority pod and a high-priority
+// pod that may not preempt wait; a high-priority pod preempts the fewest
+// unprotected pods and is bound to exactly the devices they held; a
+// lower-priority pod created meanwhile does not take them.
+func TestClassPreemption(t *testing.T) {
+	diagnoseOnFailure(t, cluster)
+	ctx := context.Background()
+	const gpuClass, bigClass = "e2e-pre-gpu", "e2e-pre-big"
+	node, gpus, ns, _ := tenantOnGPUNode(t, ctx, "pre-dgx", gpuClass)
+	schedClass(t, ctx, bigClass, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"), req("memory", v1alpha1.ResourceSelectorOpGtEq, "1Gi"))
+	if len(gpus) != 8 {
+		t.Fatalf("the node publishes %d GPUs, want 8", len(gpus))
+	}
+	priorityLevel(t, ctx, "e2e-pre-low", 100, corev1.PreemptLowerPriority)
+	priorityLevel(t, ctx, "e2e-pre-high", 1000, corev1.PreemptLowerPriority)
+	priorityLevel(t, ctx, "e2e-pre-high-never", 1000, corev1.PreemptNever)
+	pods := cluster.Client.CoreV1().Pods(ns)
+
+	// The node full: four pods hold their GPUs through the overlapping class
+	// (unprotected), four through the class the preemptor asks, under a PDB
+	// that allows no disruption.
+	if _, err := cluster.Client.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "protected"},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MinAvailable: ptrTo(intstr.FromInt32(4)),
+			Selector:     &metav1.LabelSelector{MatchLabels: map[string]string{"protected": "true"}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	held := map[string][]string{} // pod -> devices
+	for i := range 8 {
+		name, class, labels := fmt.Sprintf("big-%d", i), bigClass, map[string]string(nil)
+		if i >= 4 {
+			name, class, labels = fmt.Sprintf("protected-%d", i), gpuClass, map[string]string{"protected": "true"}
+		}
+		if _, err := pods.Create(ctx, prioritized(ns, name, node, class, "e2e-pre-low", 1, labels), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		_, a := boundAssignment(t, ctx, ns, name)
+		held[name] = a.Devices("c", class)
+	}
+	poll(t, ctx, time.Minute, "the PDB to allow no disruption", func(ctx context.Context) (bool, error) {
+		pdb, err := cluster.Client.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, "protected", metav1.GetOptions{})
+		return err == nil && pdb.Status.ObservedGeneration == pdb.Generation && pdb.Status.CurrentHealthy == 4 && pdb.Status.DisruptionsAllowed == 0, err
+	})
+
+	// Neither an equal priority nor preemptionPolicy: Never preempts.
+	never := prioritized(ns, "never", node, gpuClass, "e2e-pre-high-never", 1, nil)
+	for _, p := range []*corev1.Pod{prioritized(ns, "peer", node, gpuClass, "e2e-pre-low", 1, nil), never} {
+		if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %s", p.Name, waitPodEvent(t, ctx, ns, p.Name, "FailedScheduling", "Insufficient free devices of class "+gpuClass))
+	}
+	alive := func() []string {
+		t.Helper()
+		list, err := pods.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, p := range list.Items {
+			if p.Spec.NodeName != "" && p.DeletionTimestamp == nil {
+				out = append(out, p.Name)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got := alive(); len(got) != 8 {
+		t.Fatalf("after the equal-priority and the never-preempting pod: bound %v, want the 8 low pods", got)
+	}
+
+	// The high-priority pod asks 2 GPUs of gpuClass: two of the unprotected
+	// big-* pods go, although they hold their GPUs through bigClass.
+	if _, err := pods.Create(ctx, prioritized(ns, "high", node, gpuClass, "e2e-pre-high", 2, nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, ctx, time.Minute, "high nominated to the node", func(ctx context.Context) (bool, error) {
+		p, err := pods.Get(ctx, "high", metav1.GetOptions{})
+		return err == nil && (p.Status.NominatedNodeName == node || p.Spec.NodeName == node), err
+	})
+	// A lower pod created while the victims leave must not take their GPUs.
+	if _, err := pods.Create(ctx, prioritized(ns, "thief", node, gpuClass, "e2e-pre-low", 1, nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, a := boundAssignment(t, ctx, ns, "high")
+	got := a.Devices("c", gpuClass)
+	var victims, freed []string
+	for name, ids := range held {
+		if _, err := pods.Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			victims = append(victims, name)
+			freed = append(freed, ids...)
+		}
+	}
+	slices.Sort(victims)
+	slices.Sort(freed)
+	slices.Sort(got)
+	t.Logf("high got %v; victims %v, which held %v", got, victims, freed)
+	if len(victims) != 2 || !slices.Equal(got, freed) {
+		t.Errorf("high got %v after preempting %v (which held %v): want the fewest victims (2) and exactly their devices", got, victims, freed)
+	}
+	for _, v := range victims {
+		if v[:4] != "big-" {
+			t.Errorf("victim %s is protected by the PDB while unprotected pods could go", v)
+		}
+	}
+	waitPodEvent(t, ctx, ns, "thief", "FailedScheduling", "Insufficient free devices of class "+gpuClass)
+	for _, name := range []string{"peer", "never", "thief"} {
+		if p, err := pods.Get(ctx, name, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+			t.Errorf("%s bound to %q (%v), want Pending: the node is full", name, p.Spec.NodeName, err)
+		}
+	}
+}
