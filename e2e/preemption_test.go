@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -38,6 +40,35 @@ func prioritized(ns, name, node, class, priority string, n int64, labels map[str
 	p := gpuPodOn(ns, name, resclassScheduler, node, class, n)
 	p.Spec.PriorityClassName, p.Labels = priority, labels
 	return p
+}
+
+// slowExit is a finalizer the test holds on its victims: a simulated node
+// ends a deleted pod at once, where a kubelet takes the pod's grace period,
+// and a victim that vanishes within milliseconds races the scheduler's own
+// bookkeeping of the preemption (upstream's, for any resource).
+const slowExit = "e2e.resclass.io/slow-exit"
+
+// releaseTerminating removes slowExit from every pod of ns being deleted, and
+// returns their names.
+func releaseTerminating(t *testing.T, ctx context.Context, ns string) []string {
+	t.Helper()
+	list, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil || !slices.Contains(p.Finalizers, slowExit) {
+			continue
+		}
+		out = append(out, p.Name)
+		patch := `{"metadata":{"finalizers":null}}`
+		if _, err := cluster.Client.CoreV1().Pods(ns).Patch(ctx, p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // TestClassPreemption: a node full of low-priority class pods, some protected
@@ -73,12 +104,20 @@ func TestClassPreemption(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := map[string][]string{} // pod -> devices
+	t.Cleanup(func() {
+		for _, name := range slices.Sorted(maps.Keys(held)) {
+			_ = pods.Delete(context.Background(), name, metav1.DeleteOptions{})
+		}
+		releaseTerminating(t, context.Background(), ns)
+	})
 	for i := range 8 {
 		name, class, labels := fmt.Sprintf("big-%d", i), bigClass, map[string]string(nil)
 		if i >= 4 {
 			name, class, labels = fmt.Sprintf("protected-%d", i), gpuClass, map[string]string{"protected": "true"}
 		}
-		if _, err := pods.Create(ctx, prioritized(ns, name, node, class, "e2e-pre-low", 1, labels), metav1.CreateOptions{}); err != nil {
+		low := prioritized(ns, name, node, class, "e2e-pre-low", 1, labels)
+		low.Finalizers = []string{slowExit}
+		if _, err := pods.Create(ctx, low, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		_, a := boundAssignment(t, ctx, ns, name)
@@ -115,6 +154,13 @@ func TestClassPreemption(t *testing.T) {
 	if got := alive(); len(got) != 8 {
 		t.Fatalf("after the equal-priority and the never-preempting pod: bound %v, want the 8 low pods", got)
 	}
+	// Both go before the preemption: at equal priority they would compete
+	// with the preemptor for the freed devices, as upstream has it.
+	for _, name := range []string{"peer", "never"} {
+		if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// The high-priority pod asks 2 GPUs of gpuClass: two of the unprotected
 	// big-* pods go, although they hold their GPUs through bigClass.
@@ -125,20 +171,30 @@ func TestClassPreemption(t *testing.T) {
 		p, err := pods.Get(ctx, "high", metav1.GetOptions{})
 		return err == nil && (p.Status.NominatedNodeName == node || p.Spec.NodeName == node), err
 	})
-	// A lower pod created while the victims leave must not take their GPUs.
+	poll(t, ctx, time.Minute, "the victims terminating", func(ctx context.Context) (bool, error) {
+		list, err := pods.List(ctx, metav1.ListOptions{})
+		return err == nil && slices.ContainsFunc(list.Items, func(p corev1.Pod) bool { return p.DeletionTimestamp != nil }), err
+	})
+	// A lower pod created while the victims leave must not take their GPUs,
+	// neither while they terminate nor once they are gone.
 	if _, err := pods.Create(ctx, prioritized(ns, "thief", node, gpuClass, "e2e-pre-low", 1, nil), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	waitPodEvent(t, ctx, ns, "thief", "FailedScheduling", "Insufficient free devices of class "+gpuClass)
+	// The victims leave (the last one may still be being deleted).
+	var victims []string
+	poll(t, ctx, time.Minute, "high bound once its victims are gone", func(ctx context.Context) (bool, error) {
+		victims = append(victims, releaseTerminating(t, ctx, ns)...)
+		p, err := pods.Get(ctx, "high", metav1.GetOptions{})
+		return err == nil && p.Spec.NodeName != "", err
+	})
+	slices.Sort(victims)
 	_, a := boundAssignment(t, ctx, ns, "high")
 	got := a.Devices("c", gpuClass)
-	var victims, freed []string
-	for name, ids := range held {
-		if _, err := pods.Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-			victims = append(victims, name)
-			freed = append(freed, ids...)
-		}
+	var freed []string
+	for _, name := range victims {
+		freed = append(freed, held[name]...)
 	}
-	slices.Sort(victims)
 	slices.Sort(freed)
 	slices.Sort(got)
 	t.Logf("high got %v; victims %v, which held %v", got, victims, freed)
@@ -150,10 +206,7 @@ func TestClassPreemption(t *testing.T) {
 			t.Errorf("victim %s is protected by the PDB while unprotected pods could go", v)
 		}
 	}
-	waitPodEvent(t, ctx, ns, "thief", "FailedScheduling", "Insufficient free devices of class "+gpuClass)
-	for _, name := range []string{"peer", "never", "thief"} {
-		if p, err := pods.Get(ctx, name, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
-			t.Errorf("%s bound to %q (%v), want Pending: the node is full", name, p.Spec.NodeName, err)
-		}
+	if p, err := pods.Get(ctx, "thief", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+		t.Errorf("thief bound to %q (%v), want Pending: the node is full", p.Spec.NodeName, err)
 	}
 }
