@@ -187,9 +187,11 @@ func TestSchedulerAssignsDevices(t *testing.T) {
 		t.Fatalf("pod c bound to %s although no node has 5 free A100s", p.Spec.NodeName)
 	}
 
-	// Status: 16 A100s, 17 healthy GPUs (the T4 node has one unhealthy), requested as held.
-	waitClassStatus(t, ctx, "sa-a100", nodes, 16, 9)
-	waitClassStatus(t, ctx, "sa-gpu", nodes, 17, 3) // one of the T4s is unhealthy
+	// Status: 16 A100s, 17 healthy GPUs (the T4 node has one unhealthy).
+	// Requested is what a new pod of the class cannot get: the 12 A100s a and
+	// b hold count in both classes, whichever class they were taken through.
+	waitClassStatus(t, ctx, "sa-a100", nodes, 16, 12)
+	waitClassStatus(t, ctx, "sa-gpu", nodes, 17, 12)
 
 	// Deleting A frees its node: C schedules there, without any of B's devices.
 	if err := pods.Delete(ctx, "a", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
@@ -202,7 +204,7 @@ func TestSchedulerAssignsDevices(t *testing.T) {
 	if got := slices.Concat(asgC.Devices("main", "sa-a100"), asgC.Devices("main", "sa-gpu")); len(uniq(got)) != 5 {
 		t.Errorf("pod c: want 5 distinct GPUs, got %v", got)
 	}
-	waitClassStatus(t, ctx, "sa-a100", nodes, 16, 8)
+	waitClassStatus(t, ctx, "sa-a100", nodes, 16, 13)
 
 	// The PreBind mode (assignmentWrite: PreBind) writes the same assignment
 	// with a patch before the default binder binds.
@@ -222,6 +224,21 @@ func TestSchedulerAssignsDevices(t *testing.T) {
 	if got := asgD.Devices("main", "sa-gpu"); len(got) != 1 || held[asgD.Node+"/"+got[0]] {
 		t.Errorf("pod d got %v on %s; want one GPU that b and c do not hold", got, asgD.Node)
 	}
+
+	// allocatable − requested is what new pods of the class get: 17 − 14.
+	waitClassStatus(t, ctx, "sa-gpu", nodes, 17, 14)
+	for i := 0; ; i++ {
+		name := fmt.Sprintf("fill-%d", i)
+		if _, err := pods.Create(ctx, schedPod(ns, name, pool, map[string]int64{"sa-gpu": 1}, nil), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if i == 3 {
+			waitEventOn(t, ctx, ns, "Pod", name, "FailedScheduling", "Insufficient free devices of class sa-gpu")
+			break
+		}
+		boundAssignment(t, ctx, ns, name)
+	}
+	waitClassStatus(t, ctx, "sa-gpu", nodes, 17, 17)
 }
 
 // waitClassStatus waits until class's status shows allocatable and requested
@@ -248,7 +265,8 @@ func waitClassStatus(t *testing.T, ctx context.Context, class string, nodes []st
 			}
 		}
 		return alloc == allocatable && req == requested &&
-			got.Status.Allocatable.Value() >= alloc && got.Status.Requested.Value() >= req, nil
+			got.Status.Allocatable.Value() >= alloc && got.Status.Requested.Value() >= req &&
+			got.Status.Available.Value() == got.Status.Allocatable.Value()-got.Status.Requested.Value(), nil
 	})
 	if err != nil {
 		t.Fatalf("ResourceClass %s status on %v: want allocatable %d requested %d, got %d/%d (totals %s/%s): %v", class, nodes,

@@ -210,7 +210,7 @@ func classStatus(ctx context.Context, p *printer, c *framework.Cluster, class st
 		return fmt.Errorf("ResourceClass %s status never showed %d requested: %w", class, requested, err)
 	}
 	p.line("  The scheduler keeps the class's status (kubectl get resourceclass %s):", class)
-	p.line("    allocatable %s, requested %s; on %s: %d of %d", got.Status.Allocatable.String(), got.Status.Requested.String(),
+	p.line("    allocatable %s, requested %s, available %s; on %s: %d of %d requested", got.Status.Allocatable.String(), got.Status.Requested.String(), got.Status.Available.String(),
 		agentNode, nodeStatus(got, agentNode).Requested, nodeStatus(got, agentNode).Allocatable)
 	return nil
 }

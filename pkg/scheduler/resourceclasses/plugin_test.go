@@ -1403,13 +1403,12 @@ func TestClassStatus(t *testing.T) {
 	c.setNodeDevices(nodeDevices("n1",
 		gpu("big", 0, "80Gi"), gpu("small", 0, "40Gi"), gpu("small2", 0, "40Gi"),
 		unhealthy(gpu("sick", 0, "80Gi")), migEnabled(gpu("mig", 0, "80Gi")),
-		hugePool("hp", 0, "1Gi", 8, 8),
+		hugePool("hp", 0, "1Gi", 8, 8), hugePool("hp-full", 0, "1Gi", 8, 0),
 	))
 	c.setNodeDevices(nodeDevices("n2", gpu("big2", 0, "80Gi"), nic("nic0", 0)))
-	holdDirectly(c, "a", "n1", "gpu-big", "big") // big is also a gpu: requested through gpu-big only
-	holdDirectly(c, "b", "n1", "gpu", "small", "small2")
-	holdDirectly(c, "c", "n1", "hp-1g", "hp") // a pool counts once per pod using it
-	holdDirectly(c, "d", "n1", "hp-1g", "hp")
+	holdDirectly(c, "a", "n1", "gpu-big", "big") // big is also a gpu: requested in both classes
+	holdDirectly(c, "b", "n1", "gpu", "small")
+	holdDirectly(c, "c", "n1", "hp-1g", "hp") // a pool with free pages stays available
 
 	type nodeCounts = []v1alpha1.ResourceClassNodeStatus
 	want := map[string]struct {
@@ -1421,7 +1420,7 @@ func TestClassStatus(t *testing.T) {
 		"gpu":     {4, 2, nodeCounts{{Name: "n1", Allocatable: 3, Requested: 2}, {Name: "n2", Allocatable: 1}}},
 		"gpu-big": {2, 1, nodeCounts{{Name: "n1", Allocatable: 1, Requested: 1}, {Name: "n2", Allocatable: 1}}},
 		"nic":     {1, 0, nodeCounts{{Name: "n2", Allocatable: 1}}},
-		"hp-1g":   {1, 2, nodeCounts{{Name: "n1", Allocatable: 1, Requested: 2}}},
+		"hp-1g":   {2, 1, nodeCounts{{Name: "n1", Allocatable: 2, Requested: 1}}},
 		"fpga":    {0, 0, nil},
 	}
 	got := c.classStatus()
@@ -1434,19 +1433,68 @@ func TestClassStatus(t *testing.T) {
 			t.Errorf("no status for %s", class)
 			continue
 		}
-		if s.Allocatable.Value() != w.alloc || s.Requested.Value() != w.req {
-			t.Errorf("%s: allocatable %s requested %s, want %d and %d", class, s.Allocatable.String(), s.Requested.String(), w.alloc, w.req)
+		if s.Allocatable.Value() != w.alloc || s.Requested.Value() != w.req || s.Available.Value() != w.alloc-w.req {
+			t.Errorf("%s: allocatable %s requested %s available %s, want %d, %d and %d", class,
+				s.Allocatable.String(), s.Requested.String(), s.Available.String(), w.alloc, w.req, w.alloc-w.req)
 		}
 		if !slices.Equal(s.Nodes, w.nodes) {
 			t.Errorf("%s: nodes %+v, want %+v", class, s.Nodes, w.nodes)
 		}
 	}
 
-	// Releasing a pod lowers requested; an overlapping class still counts the
-	// shared device as allocatable.
+	// Releasing a pod lowers requested in every class that selects its
+	// device.
 	c.release("a")
-	if s := c.classStatus()["gpu-big"]; s.Requested.Value() != 0 || s.Allocatable.Value() != 2 {
+	got = c.classStatus()
+	if s := got["gpu-big"]; s.Requested.Value() != 0 || s.Allocatable.Value() != 2 {
 		t.Errorf("gpu-big after release: allocatable %s requested %s, want 2 and 0", s.Allocatable.String(), s.Requested.String())
+	}
+	if s := got["gpu"]; s.Requested.Value() != 1 {
+		t.Errorf("gpu after release: requested %s, want 1", s.Requested.String())
+	}
+}
+
+// TestClassStatusIsWhatANewPodGets: for every class on every node,
+// allocatable − requested devices fit a new pod of the class and one more
+// does not, with overlapping classes and pods whose assignment is not
+// believed (blocked) on the node.
+func TestClassStatusIsWhatANewPodGets(t *testing.T) {
+	c := newCache()
+	for _, rc := range allClasses {
+		c.setClass(rc)
+	}
+	c.setNodeDevices(suspectNode()) // g0..g2 80Gi, g3 40Gi, nic0
+	c.setNodeDevices(nodeDevices("n2", gpu("h0", 0, "80Gi"), gpu("h1", 1, "40Gi"), gpu("h2", 1, "40Gi")))
+	holdDirectly(c, "a", "n1", "gpu", "g0")
+	holdDirectly(c, "b", "n2", "gpu", "h1")
+	// Not believed (another node named): holds one gpu-big on n1 and one gpu
+	// on n2, which ones unknown.
+	c.hold(holdingFromPod(boundPod(t, "forged-1", "n1", "elsewhere", "gpu-big", "g1")))
+	c.hold(holdingFromPod(boundPod(t, "forged-2", "n2", "elsewhere", "gpu", "h0")))
+
+	status := c.classStatus()
+	for _, class := range []string{"gpu", "gpu-big"} {
+		for _, ns := range status[class].Nodes {
+			room := int(ns.Allocatable - ns.Requested)
+			c.mu.RLock()
+			n := c.nodes[ns.Name]
+			fit := func(k int) bool {
+				d, err := podDemand(gpuPod("new", class, k))
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, u := c.place(n, d, FirstFit)
+				return u == nil
+			}
+			if room > 0 && !fit(room) {
+				t.Errorf("%s on %s: status says %d free, but a pod asking %d does not fit", class, ns.Name, room, room)
+			}
+			if fit(room + 1) {
+				t.Errorf("%s on %s: status says %d free, but a pod asking %d fits", class, ns.Name, room, room+1)
+			}
+			c.mu.RUnlock()
+			t.Logf("%s on %s: allocatable %d, requested %d", class, ns.Name, ns.Allocatable, ns.Requested)
+		}
 	}
 }
 

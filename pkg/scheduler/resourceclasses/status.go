@@ -22,6 +22,7 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	listers "github.com/resclass/resclass/pkg/client/listers/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/scheduler/matching"
 )
 
 // statusWriter keeps every ResourceClass's status (seed 003's
@@ -144,51 +145,32 @@ func (w *statusWriter) sync(ctx context.Context, logger klog.Logger) error {
 	return failed
 }
 
-// classStatus computes every known class's status from the cache. A device
-// counts as allocatable when it is healthy and may be given out (not a GPU in
-// MIG mode); a hugepage pool counts as one. Requested counts each pod's distinct
-// devices per class; a shared pool counts once per pod using it.
+// classStatus computes every known class's status from the cache, per node
+// and cluster-wide:
+//   - allocatable: the devices the class selects that are healthy and may be
+//     given out (not a GPU in MIG mode); a hugepage pool counts as one;
+//   - requested: of those, the ones a new pod of the class cannot get: held by
+//     any pod, whichever class it took them through, or needed by pods whose
+//     assignment is not believed (cache.go, holding); a pool when it has no
+//     free pages left.
+//
+// So allocatable − requested is how many devices a new pod of the class can
+// get, and a device counts in every class that selects it.
 func (c *cache) classStatus() map[string]v1alpha1.ResourceClassStatus {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	type counts struct{ allocatable, requested int64 }
 	perNode := map[string]map[string]*counts{} // class -> node -> counts
-	get := func(class, node string) *counts {
-		if perNode[class] == nil {
-			perNode[class] = map[string]*counts{}
-		}
-		if perNode[class][node] == nil {
-			perNode[class][node] = &counts{}
-		}
-		return perNode[class][node]
-	}
 	for name, n := range c.nodes {
 		for class, idx := range n.matches {
-			cn := get(class, name)
-			for _, i := range idx {
-				if d := n.devices[i]; d.healthy && !d.excluded {
-					cn.allocatable++
-				}
+			if perNode[class] == nil {
+				perNode[class] = map[string]*counts{}
 			}
+			alloc, room := n.capacity(class, idx)
+			perNode[class][name] = &counts{allocatable: alloc, requested: alloc - room}
 		}
 	}
 	twice := 0
-	for _, h := range c.pods {
-		if h.blocked != nil {
-			// Held, which devices unknown (cache.go, holding).
-			for class, k := range h.blocked {
-				if c.classes[class] != nil {
-					get(class, h.node).requested += int64(k)
-				}
-			}
-			continue
-		}
-		for class, ids := range h.devices {
-			if c.classes[class] != nil {
-				get(class, h.node).requested += int64(len(ids))
-			}
-		}
-	}
 	for _, n := range c.nodes {
 		for _, d := range n.devices {
 			if d.holders > 1 {
@@ -209,7 +191,47 @@ func (c *cache) classStatus() map[string]v1alpha1.ResourceClassStatus {
 		}
 		s.Allocatable = *resource.NewQuantity(alloc, resource.DecimalSI)
 		s.Requested = *resource.NewQuantity(req, resource.DecimalSI)
+		s.Available = *resource.NewQuantity(alloc-req, resource.DecimalSI)
 		out[class] = s
 	}
 	return out
+}
+
+// capacity is how many of the devices idx (those class selects on n) may be
+// given out (alloc) and how many of those a new pod of class can get (room).
+func (n *nodeState) capacity(class string, idx []int) (alloc, room int64) {
+	var free []int
+	for _, i := range idx {
+		d := n.devices[i]
+		if !d.healthy || d.excluded {
+			continue
+		}
+		alloc++
+		switch {
+		case d.pool != nil:
+			if d.pool.freeBytes() > 0 {
+				room++
+			}
+		case d.holders == 0:
+			free = append(free, i)
+		}
+	}
+	if len(free) == 0 || len(n.blocked) == 0 {
+		return alloc, room + int64(len(free))
+	}
+	// Devices that pods whose assignment is not believed hold, which ones
+	// unknown, are rows of the matching: the most a new pod gets is the
+	// largest draw that leaves room for them.
+	isFree := make([]bool, len(n.devices))
+	for i, d := range n.devices {
+		isFree[i] = d.healthy && !d.excluded && d.pool == nil && d.holders == 0
+	}
+	demand, cands := blockedRows(n, isFree)
+	for k := len(free); k > 0; k-- {
+		prob := matching.Problem{Devices: len(n.devices), Demand: append([]int{k}, demand...), Candidates: append([][]int{free}, cands...)}
+		if _, ok := matching.Solve(prob); ok {
+			return alloc, room + int64(k)
+		}
+	}
+	return alloc, room
 }

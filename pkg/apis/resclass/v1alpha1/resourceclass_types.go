@@ -23,7 +23,8 @@ const ResourceNamePrefix = "class.resclass.io/"
 // +kubebuilder:resource:scope=Cluster,shortName=rc;rclass,categories=resclass
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Allocatable",type=string,JSONPath=`.status.allocatable`,description="Healthy devices in the cluster that the class selects"
-// +kubebuilder:printcolumn:name="Requested",type=string,JSONPath=`.status.requested`,description="Devices assigned to pods through this class"
+// +kubebuilder:printcolumn:name="Requested",type=string,JSONPath=`.status.requested`,description="Of those, devices held by pods, whichever class they were taken through"
+// +kubebuilder:printcolumn:name="Available",type=string,JSONPath=`.status.available`,description="Devices a new pod of the class can still get: allocatable - requested"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="name must be at most 63 characters: it becomes the extended resource class.resclass.io/<name>"
 type ResourceClass struct {
@@ -120,9 +121,18 @@ type ResourceClassStatus struct {
 	// +optional
 	Allocatable resource.Quantity `json:"allocatable,omitempty"`
 
-	// Requested is the number of devices assigned to pods through this class.
+	// Requested is the number of those devices that a new pod of the class
+	// cannot get: held by pods, whichever class they were taken through (a
+	// device counts in every class that selects it), or kept for pods whose
+	// assignment the scheduler does not believe. A hugepage pool counts as
+	// requested when it has no free pages.
 	// +optional
 	Requested resource.Quantity `json:"requested,omitempty"`
+
+	// Available is Allocatable minus Requested: how many devices a new pod of
+	// the class can still get in the cluster.
+	// +optional
+	Available resource.Quantity `json:"available,omitempty"`
 
 	// Nodes breaks Allocatable and Requested down by node; only nodes with at least
 	// one selected device are listed.
@@ -145,7 +155,8 @@ type ResourceClassNodeStatus struct {
 	Name string `json:"name"`
 	// Allocatable is the number of healthy devices on the node that the class selects.
 	Allocatable int64 `json:"allocatable"`
-	// Requested is the number of those devices assigned to pods through this class.
+	// Requested is the number of those devices that a new pod of the class
+	// cannot get (see ResourceClassStatus.Requested).
 	Requested int64 `json:"requested"`
 }
 

@@ -280,6 +280,7 @@ func (in *ResourceClassStatus) DeepCopyInto(out *ResourceClassStatus) {
 	*out = *in
 	out.Allocatable = in.Allocatable.DeepCopy()
 	out.Requested = in.Requested.DeepCopy()
+	out.Available = in.Available.DeepCopy()
 	if in.Nodes != nil {
 		in, out := &in.Nodes, &out.Nodes
 		*out = make([]ResourceClassNodeStatus, len(*in))

@@ -11,7 +11,8 @@ type ResourceClassNodeStatusApplyConfiguration struct {
 	Name *string `json:"name,omitempty"`
 	// Allocatable is the number of healthy devices on the node that the class selects.
 	Allocatable *int64 `json:"allocatable,omitempty"`
-	// Requested is the number of those devices assigned to pods through this class.
+	// Requested is the number of those devices that a new pod of the class
+	// cannot get (see ResourceClassStatus.Requested).
 	Requested *int64 `json:"requested,omitempty"`
 }
 

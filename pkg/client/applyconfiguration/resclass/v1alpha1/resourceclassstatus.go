@@ -14,8 +14,15 @@ import (
 type ResourceClassStatusApplyConfiguration struct {
 	// Allocatable is the number of healthy devices in the cluster that the class selects.
 	Allocatable *resource.Quantity `json:"allocatable,omitempty"`
-	// Requested is the number of devices assigned to pods through this class.
+	// Requested is the number of those devices that a new pod of the class
+	// cannot get: held by pods, whichever class they were taken through (a
+	// device counts in every class that selects it), or kept for pods whose
+	// assignment the scheduler does not believe. A hugepage pool counts as
+	// requested when it has no free pages.
 	Requested *resource.Quantity `json:"requested,omitempty"`
+	// Available is Allocatable minus Requested: how many devices a new pod of
+	// the class can still get in the cluster.
+	Available *resource.Quantity `json:"available,omitempty"`
 	// Nodes breaks Allocatable and Requested down by node; only nodes with at least
 	// one selected device are listed.
 	Nodes []ResourceClassNodeStatusApplyConfiguration `json:"nodes,omitempty"`
@@ -42,6 +49,14 @@ func (b *ResourceClassStatusApplyConfiguration) WithAllocatable(value resource.Q
 // If called multiple times, the Requested field is set to the value of the last call.
 func (b *ResourceClassStatusApplyConfiguration) WithRequested(value resource.Quantity) *ResourceClassStatusApplyConfiguration {
 	b.Requested = &value
+	return b
+}
+
+// WithAvailable sets the Available field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Available field is set to the value of the last call.
+func (b *ResourceClassStatusApplyConfiguration) WithAvailable(value resource.Quantity) *ResourceClassStatusApplyConfiguration {
+	b.Available = &value
 	return b
 }
 
