@@ -340,59 +340,11 @@ func TestDoubleBookingWithoutThePolicy(t *testing.T) {
 	defer cancel()
 	diagnoseOnFailure(t, cluster)
 	const class, nodeName = "e2e-double-gpu", "double-node"
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
-	schedClass(t, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"))
-	kn, err := cluster.AddKubeletNode(ctx, framework.NodeOptions{Name: nodeName})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { deleteNodes([]string{nodeName}) })
-	dgx := nvmlmock.New()
-	root := t.TempDir()
-	if err := dgx.WriteSysfs(root); err != nil {
-		t.Fatal(err)
-	}
-	arc, akc := agentClients(t, nodeName)
-	actx, stopAgent := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		agent := nodeagent.New(nodeagent.Config{
-			NodeName: nodeName, HostRoot: root, NVML: dgx, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
-			IntrospectionSocket: filepath.Join(t.TempDir(), "agent.sock"),
-			Health:              nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond},
-		}, arc, akc)
-		if err := agent.Run(actx); err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	}()
-	t.Cleanup(func() { stopAgent(); <-done })
-	poll(t, ctx, time.Minute, "the agent's endpoint in the node's allocatable", func(ctx context.Context) (bool, error) {
-		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		q := n.Status.Allocatable[corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)]
-		return q.Value() == 8, nil
-	})
+	agentGPUNode(t, ctx, nodeName, class)
 
 	ns := newNamespace(t, ctx, nil)
 	tc := tenant(t, ctx, ns)
-	running := func(name string) {
-		t.Helper()
-		poll(t, ctx, time.Minute, name+" Running", func(ctx context.Context) (bool, error) {
-			p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			if p.Status.Phase == corev1.PodFailed {
-				return false, fmt.Errorf("%s failed: %s: %s", name, p.Status.Reason, p.Status.Message)
-			}
-			return p.Status.Phase == corev1.PodRunning, nil
-		})
-	}
+	running := func(name string) { podRunning(t, ctx, ns, name) }
 	for i := 1; i <= 8; i++ {
 		if _, err := tc.CoreV1().Pods(ns).Create(ctx, gpuPodOn(ns, fmt.Sprintf("r%d", i), resclassScheduler, nodeName, class, 1), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -527,4 +479,65 @@ func TestAssignmentsAfterSchedulerRestart(t *testing.T) {
 	if p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "one-too-many", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
 		t.Errorf("the 9th GPU pod on an 8-GPU node after the restart: bound to %q (%v)", p.Spec.NodeName, err)
 	}
+}
+
+// agentGPUNode starts a real kubelet node with the node agent on go-nvml's
+// mock of a DGX A100 (8 GPUs) and a class selecting its GPUs, and waits for
+// the agent's endpoint of class in the node's allocatable.
+func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string) *framework.KubeletNode {
+	t.Helper()
+	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	schedClass(t, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"))
+	kn, err := cluster.AddKubeletNode(ctx, framework.NodeOptions{Name: nodeName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteNodes([]string{nodeName}) })
+	dgx := nvmlmock.New()
+	root := t.TempDir()
+	if err := dgx.WriteSysfs(root); err != nil {
+		t.Fatal(err)
+	}
+	arc, akc := agentClients(t, nodeName)
+	actx, stopAgent := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		agent := nodeagent.New(nodeagent.Config{
+			NodeName: nodeName, HostRoot: root, NVML: dgx, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
+			IntrospectionSocket: filepath.Join(t.TempDir(), "agent.sock"),
+			Health:              nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond},
+		}, arc, akc)
+		if err := agent.Run(actx); err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	}()
+	t.Cleanup(func() { stopAgent(); <-done })
+	poll(t, ctx, time.Minute, "the agent's endpoint in the node's allocatable", func(ctx context.Context) (bool, error) {
+		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		q := n.Status.Allocatable[corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)]
+		return q.Value() == 8, nil
+	})
+	return kn
+}
+
+// podRunning waits until pod ns/name runs; a failed pod fails the test with
+// its reason (UnexpectedAdmissionError when the agent refuses it).
+func podRunning(t *testing.T, ctx context.Context, ns, name string) {
+	t.Helper()
+	poll(t, ctx, time.Minute, name+" Running", func(ctx context.Context) (bool, error) {
+		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if p.Status.Phase == corev1.PodFailed {
+			return false, fmt.Errorf("%s failed: %s: %s", name, p.Status.Reason, p.Status.Message)
+		}
+		return p.Status.Phase == corev1.PodRunning, nil
+	})
 }

@@ -210,3 +210,64 @@ func TestClassPreemption(t *testing.T) {
 		t.Errorf("thief bound to %q (%v), want Pending: the node is full", p.Spec.NodeName, err)
 	}
 }
+
+// TestPreemptionHandOff: on a real kubelet with the node agent, a
+// high-priority pod preempts one of eight low-priority pods holding the
+// node's GPUs and runs on the GPU it freed: the agent hands it over, and no
+// pod is refused at admission.
+func TestPreemptionHandOff(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	diagnoseOnFailure(t, cluster)
+	const class, nodeName = "e2e-preempt-gpu", "preempt-node"
+	kn := agentGPUNode(t, ctx, nodeName, class)
+	priorityLevel(t, ctx, "e2e-handoff-low", 100, corev1.PreemptLowerPriority)
+	priorityLevel(t, ctx, "e2e-handoff-high", 1000, corev1.PreemptLowerPriority)
+	ns := newNamespace(t, ctx, nil)
+	pods := cluster.Client.CoreV1().Pods(ns)
+
+	held := map[string]string{} // device -> pod
+	for i := range 8 {
+		name := fmt.Sprintf("low-%d", i)
+		if _, err := pods.Create(ctx, prioritized(ns, name, nodeName, class, "e2e-handoff-low", 1, nil), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		_, a := boundAssignment(t, ctx, ns, name)
+		held[a.Devices("c", class)[0]] = name
+	}
+	for i := range 8 {
+		podRunning(t, ctx, ns, fmt.Sprintf("low-%d", i))
+	}
+	if _, err := pods.Create(ctx, prioritized(ns, "high", nodeName, class, "e2e-handoff-high", 1, nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	podRunning(t, ctx, ns, "high")
+	_, a := boundAssignment(t, ctx, ns, "high")
+	device := a.Devices("c", class)[0]
+	victim := held[device]
+	if _, err := pods.Get(ctx, victim, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("high runs on %s, held by %s, which still exists (%v)", device, victim, err)
+	}
+	// What reached the container: the freed GPU, through the agent.
+	rec := waitRecord(t, ctx, kn, ns, "high", "c")
+	if got := rec.Env["NVIDIA_VISIBLE_DEVICES"]; got != device {
+		t.Errorf("high's container got NVIDIA_VISIBLE_DEVICES=%q, want %s", got, device)
+	}
+	list, err := pods.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive := 0
+	for _, p := range list.Items {
+		if p.Status.Reason == "UnexpectedAdmissionError" {
+			t.Errorf("%s: %s: %s", p.Name, p.Status.Reason, p.Status.Message)
+		}
+		if p.DeletionTimestamp == nil {
+			alive++
+		}
+	}
+	if alive != 8 {
+		t.Errorf("%d pods left, want 7 low ones and high: one victim only", alive)
+	}
+	t.Logf("high runs on %s, which %s held", device, victim)
+}
