@@ -270,4 +270,5 @@ func TestPreemptionHandOff(t *testing.T) {
 		t.Errorf("%d pods left, want 7 low ones and high: one victim only", alive)
 	}
 	t.Logf("high runs on %s, which %s held", device, victim)
+	t.Logf("%s: %s", victim, waitPodEvent(t, ctx, ns, victim, "DevicesPreempted", class+"="+device, nodeName))
 }

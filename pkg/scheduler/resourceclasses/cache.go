@@ -131,6 +131,8 @@ type holding struct {
 	// reported is the annotation value last reported as not believed, so that a
 	// pod's status updates do not report it again.
 	reported string
+	// preemptionReported: the pod's preemption was reported (reportPreempted).
+	preemptionReported bool
 }
 
 // annotationState is how holding.raw and holding.reported spell a pod's

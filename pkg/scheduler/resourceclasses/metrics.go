@@ -38,8 +38,13 @@ var (
 		Help:           "Published devices given to no pod because an attribute cannot be read (out of its bounds or of the wrong type); the NodeDevices object has a Warning Event naming them.",
 		StabilityLevel: metrics.ALPHA,
 	})
+	preemptedPods = metrics.NewCounter(&metrics.CounterOpts{
+		Namespace: "resclass", Subsystem: "scheduler", Name: "preempted_device_pods_total",
+		Help:           "Pods holding devices that the scheduler's preemption evicted for a higher-priority pod (each has a DevicesPreempted Event naming its devices).",
+		StabilityLevel: metrics.ALPHA,
+	})
 )
 
 func init() {
-	legacyregistry.MustRegister(reservations, assignments, statusWrites, untrustedAssignments, conflicts, invalidDevices)
+	legacyregistry.MustRegister(reservations, assignments, statusWrites, untrustedAssignments, conflicts, invalidDevices, preemptedPods)
 }

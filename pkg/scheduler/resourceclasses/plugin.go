@@ -189,6 +189,9 @@ func (p *Plugin) podChanged(pod *corev1.Pod) {
 		p.cache.release(pod.UID)
 		return
 	}
+	if preemptedByScheduler(pod) {
+		p.reportPreempted(pod)
+	}
 	raw := annotationState(pod)
 	if p.cache.holds(pod.UID, pod.Spec.NodeName, raw) {
 		return // a status update of a pod whose devices did not change

@@ -175,3 +175,35 @@ func chargeDevices(n *nodeState, h *holding, sign int, own func(i int) *deviceSt
 		}
 	}
 }
+
+// preemptedByScheduler: the scheduler's preemption marks a victim with the
+// DisruptionTarget condition before deleting it.
+func preemptedByScheduler(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue && c.Reason == corev1.PodReasonPreemptionByScheduler {
+			return true
+		}
+	}
+	return false
+}
+
+// reportPreempted says, once, in the victim's terms what its preemption
+// frees: upstream's Event names the preemptor, this one the devices and
+// classes (kubectl describe pod shows both).
+func (p *Plugin) reportPreempted(pod *corev1.Pod) {
+	c := p.cache
+	c.mu.Lock()
+	h := c.pods[pod.UID]
+	if h == nil || h.preemptionReported || len(h.devices) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	h.preemptionReported = true
+	devices, node := describeDevices(h.devices), h.node
+	c.mu.Unlock()
+	preemptedPods.Inc()
+	if r := p.handle.EventRecorder(); r != nil {
+		r.Eventf(pod, nil, corev1.EventTypeNormal, "DevicesPreempted", "Scheduling",
+			"preempted for a higher-priority pod: the devices %s on node %s are freed for it once this pod is gone", devices, node)
+	}
+}
