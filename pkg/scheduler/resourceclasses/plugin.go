@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -435,6 +436,18 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 		c.mu.Unlock()
 		assignments.WithLabelValues("invalid").Inc()
 		return fwk.AsStatus(err)
+	}
+	// The seed's key per device carries the quantity the pod takes of it:
+	// its fresh draws that the device serves (1 for an exclusive device; a
+	// hugepage pool may serve several containers' draws).
+	for class, ids := range pl.drawn {
+		counts := map[string]int{}
+		for _, id := range ids {
+			counts[id]++
+		}
+		for id, n := range counts {
+			anns[assignment.CompatKey(class, id)] = strconv.Itoa(n)
+		}
 	}
 	h := newHolding(pod.UID, a, s.demand)
 	h.assumed, h.raw = true, presentAnnotation(anns[assignment.AnnotationKey])

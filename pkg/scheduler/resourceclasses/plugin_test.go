@@ -1747,3 +1747,26 @@ func TestClassArrivingAfterPodsIsRechecked(t *testing.T) {
 		t.Errorf("holders %v after another class, want %v", again, holders)
 	}
 }
+
+// TestCompatAnnotationQuantity: the seed's key of each device carries the
+// quantity the pod takes of it: 1 per exclusive device, the draws a hugepage
+// pool serves (two containers on one pool: 2).
+func TestCompatAnnotationQuantity(t *testing.T) {
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1",
+		hugePool("hp0", 0, "1Gi", 8, 8), gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"))}, allClasses)
+	pod := testPod("two-apps",
+		ctr{name: "a", limits: map[corev1.ResourceName]string{cls("hp-1g"): "1", "hugepages-1Gi": "2Gi", cls("gpu"): "2"}},
+		ctr{name: "b", limits: map[corev1.ResourceName]string{cls("hp-1g"): "1", "hugepages-1Gi": "2Gi"}},
+	)
+	cs, _ := h.reserve(pod, "n1")
+	s, _ := getState(cs)
+	for key, want := range map[string]string{
+		assignment.CompatKey("hp-1g", "hp0"): "2",
+		assignment.CompatKey("gpu", "g0"):    "1",
+		assignment.CompatKey("gpu", "g1"):    "1",
+	} {
+		if got := s.annotations[key]; got != want {
+			t.Errorf("%s = %q, want %q", key, got, want)
+		}
+	}
+}
