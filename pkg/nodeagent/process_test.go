@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -97,17 +99,8 @@ func TestWrongLibraryIsACondition(t *testing.T) {
 // apiserver with backoff, and SIGTERM ends it with status 0.
 func TestUnreachableAPIServerThenSIGTERM(t *testing.T) {
 	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
 	// Port 1 on localhost: connection refused.
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := writeKubeconfig(t, dir, "https://127.0.0.1:1")
 	cmd, stderr := agentProcess(t, "--node-name=n1", "--kubeconfig="+kubeconfig, "--metrics-bind-address=127.0.0.1:0",
 		"--device-plugin-dir=", "--introspection-socket=", "--nvml-library=/nonexistent/libnvidia-ml.so.1", "--host-root="+dir)
 	if err := cmd.Start(); err != nil {
@@ -128,6 +121,44 @@ current-context: c
 		t.Fatalf("the agent stopped waiting for the apiserver (%v):\n%s", err, strings.Join(log, "\n"))
 	}
 	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	terminate(t, cmd)
+}
+
+// The Node is not registered yet (the apiserver answers 404, as it does before
+// the kubelet registers): the agent waits, and SIGTERM used to kill it there.
+func TestSIGTERMExitsZero(t *testing.T) {
+	apiserver := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`)
+	}))
+	defer apiserver.Close()
+	dir := t.TempDir()
+	kubeconfig := writeKubeconfig(t, dir, apiserver.URL)
+	cmd, stderr := agentProcess(t, "--node-name=n1", "--kubeconfig="+kubeconfig, "--metrics-bind-address=127.0.0.1:0",
+		"--device-plugin-dir=", "--introspection-socket=", "--nvml-library=/nonexistent/libnvidia-ml.so.1", "--host-root="+dir)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stderr)
+	var log []string
+	for lines.Scan() {
+		log = append(log, lines.Text())
+		if strings.Contains(lines.Text(), "waiting for the Node to be registered") {
+			break
+		}
+	}
+	if len(log) == 0 || !strings.Contains(log[len(log)-1], "waiting for the Node") {
+		err := cmd.Wait()
+		t.Fatalf("the agent did not wait for its Node (%v):\n%s", err, strings.Join(log, "\n"))
+	}
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	terminate(t, cmd)
+}
+
+// terminate sends SIGTERM and wants exit status 0.
+func terminate(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -145,4 +176,19 @@ current-context: c
 		_ = cmd.Process.Kill()
 		t.Fatal("the agent did not exit within 30s of SIGTERM")
 	}
+}
+
+func writeKubeconfig(t *testing.T, dir, server string) string {
+	t.Helper()
+	path := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(path, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "`+server+`", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
