@@ -185,7 +185,7 @@ func TestNodeAgentRobustness(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg.Host = "https://" + addr
-		cfg.TLSClientConfig.ServerName = apiserver.Hostname()
+		cfg.ServerName = apiserver.Hostname()
 		drc, dkc := clientsFor(t, cfg)
 		agent := nodeagent.New(nodeagent.Config{
 			NodeName: node, HostRoot: t.TempDir(), NVML: nvmlmock.New(),

@@ -127,7 +127,7 @@ func CheckLibrary(path string) error {
 	// namespace, where go-nvml's lazily bound calls would find them.
 	h := dl.New(path, dl.RTLD_LAZY|dl.RTLD_LOCAL)
 	if err := h.Open(); err != nil {
-		return fmt.Errorf("%w: loading %s: %v", ErrUnavailable, path, err)
+		return fmt.Errorf("%w: loading %s: %w", ErrUnavailable, path, err)
 	}
 	defer func() { _ = h.Close() }()
 	var missing []string

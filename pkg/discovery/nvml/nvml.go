@@ -67,17 +67,7 @@ type slot struct {
 	uuid string
 }
 
-// handles returns the GPUs that have a handle and a UUID, for the watchers.
-func (d *Discoverer) handles() (devs []lib.Device, uuids []string) {
-	for _, s := range d.slots {
-		if s.dev != nil && s.uuid != "" {
-			devs, uuids = append(devs, s.dev), append(uuids, s.uuid)
-		}
-	}
-	return devs, uuids
-}
-
-// Open initialises NVML through l (lib.New() on a node; a mock in tests) and keeps
+// Open initialises NVML through l (Library.Load on a node; a mock in tests) and keeps
 // a handle per GPU. hostRoot prefixes the sysfs paths read for NUMA affinity ("/"
 // on a node). Close releases NVML.
 func Open(l lib.Interface, hostRoot string) (*Discoverer, error) {
