@@ -138,7 +138,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return nil // ctx ended
 	}
 
-	events := newEvents(a.kube, a.config.NodeName)
+	events := newEvents(ctx, a.kube, a.config.NodeName)
 	var recorder record.EventRecorder = events
 	src := &sources{opts: sourceOptions{hostRoot: a.config.HostRoot, includeVirtual: a.config.IncludeVirtualNICs, library: a.config.NVMLLibrary, nvml: a.config.NVML}}
 	// bg are the goroutines that serve a socket or record Events.

@@ -30,10 +30,10 @@ type events struct {
 	flushed     chan struct{}
 }
 
-func newEvents(kube kubernetes.Interface, node string) *events {
+func newEvents(ctx context.Context, kube kubernetes.Interface, node string) *events {
 	e := &events{
-		// No context: it would cut the writes short when the agent's ends.
-		broadcaster: record.NewBroadcaster(),
+		// ctx's logger, not its end: that would cut the writes short.
+		broadcaster: record.NewBroadcaster(record.WithContext(context.WithoutCancel(ctx))),
 		marker:      uuid.NewUUID(),
 		flushed:     make(chan struct{}),
 	}
