@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,8 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	kubeinformers "k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -39,7 +38,7 @@ type Config struct {
 	HostRoot string
 	// IncludeVirtualNICs also publishes interfaces without hardware behind them.
 	IncludeVirtualNICs bool
-	// NVML is the NVML library: lib.New() on a node, a mock in tests.
+	// NVML is the NVML binding when NVMLLibrary is nil: a mock in tests.
 	NVML lib.Interface
 	// PollInterval is how often NICs and hugepage pools are re-read (sysfs
 	// only: link state, free pages).
@@ -49,6 +48,15 @@ type Config struct {
 	ResyncInterval time.Duration
 	// Health tunes the GPU health watcher.
 	Health nvmldiscovery.HealthOptions
+	// NVMLLibrary finds and checks the NVML library at each attempt to open
+	// NVML, on a node; nil uses NVML as it is (a mock in tests).
+	NVMLLibrary *nvmldiscovery.Library
+	// NVMLRetryMax is the longest wait between attempts to open NVML (the
+	// waits double from a second). Default 30 seconds.
+	NVMLRetryMax time.Duration
+	// ShutdownTimeout bounds how long the agent, when stopping, waits for its
+	// Events to be written. Default 10 seconds.
+	ShutdownTimeout time.Duration
 
 	// PluginDir is the kubelet's device-plugin directory, where the agent serves
 	// one endpoint per ResourceClass that selects a local device; "" serves
@@ -88,6 +96,12 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 	if config.ResyncInterval <= 0 {
 		config.ResyncInterval = 5 * time.Minute
 	}
+	if config.NVMLRetryMax <= 0 {
+		config.NVMLRetryMax = 30 * time.Second
+	}
+	if config.ShutdownTimeout <= 0 {
+		config.ShutdownTimeout = 10 * time.Second
+	}
 	if m == nil {
 		m = newMetrics()
 	}
@@ -95,35 +109,52 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 }
 
 // Run publishes the inventory until ctx ends. It waits for its Node to exist
-// (the agent may start before the kubelet registers it).
+// (the agent may start before the kubelet registers it) and for the apiserver
+// to answer: an unreachable or failing apiserver at start is retried with
+// backoff, never an exit, so a control-plane upgrade does not crash-loop every
+// agent. Until the first publish, Published is false (/readyz).
 //
 // What triggers a publish: a GPU health event (at once), the poll (NICs'
 // link state, free hugepages), the resync, and any change of the NodeDevices
 // object or the Node made by someone else — a deleted NodeDevices is
 // re-created within moments. Publishing writes only what differs from the
 // apiserver's copy, so the triggers cost reads, not writes.
+//
+// NVML that does not open (no driver yet, a wrong library) is tried again with
+// backoff, up to NVMLRetryMax apart, and NVML found gone at a resync is closed
+// and tried again likewise: the GPUs are published once it opens, with no
+// restart.
+//
+// When ctx ends, Run shuts down in order: the device-plugin endpoints and the
+// introspection API stop and their sockets are removed, the health watcher
+// stops, every Event recorded is written (ShutdownTimeout at most), NVML is
+// shut down; then it returns nil.
 func (a *Agent) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("node", a.config.NodeName)
 	ctx = klog.NewContext(ctx, logger)
 
-	var node *corev1.Node
-	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
-		var err error
-		node, err = a.kube.CoreV1().Nodes().Get(ctx, a.config.NodeName, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			logger.Info("waiting for the Node to be registered")
-			return false, nil
-		}
-		return err == nil, err
-	})
-	if err != nil {
-		return fmt.Errorf("getting Node %s: %w", a.config.NodeName, err)
+	node := a.waitForNode(ctx)
+	if node == nil {
+		return nil // ctx ended
 	}
 
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.kube.CoreV1().Events("")})
-	defer broadcaster.Shutdown()
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "resclass-node-agent", Host: a.config.NodeName})
+	events := newEvents(ctx, a.kube, a.config.NodeName)
+	var recorder record.EventRecorder = events
+	src := &sources{opts: sourceOptions{hostRoot: a.config.HostRoot, includeVirtual: a.config.IncludeVirtualNICs, library: a.config.NVMLLibrary, nvml: a.config.NVML}}
+	// bg are the goroutines that serve a socket or record Events.
+	var bg sync.WaitGroup
+	// The health watcher runs while NVML is open; stopWatch stops it and
+	// waits for it.
+	stopWatch := func() {}
+	// The shutdown, in order: ctx has ended, so the endpoints and the
+	// introspection API are stopping; once they are gone (sockets removed),
+	// the watcher stops, the Events are written, and NVML is shut down.
+	defer func() {
+		bg.Wait()
+		stopWatch()
+		events.flush(ctx, a.config.ShutdownTimeout)
+		src.close()
+	}()
 
 	// Informers on this node's two objects only.
 	byName := func(o *metav1.ListOptions) {
@@ -160,30 +191,44 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	var plugins *pluginSet
 	if a.config.PluginDir != "" {
-		plugins, err = a.startPlugins(ctx, recorder, handler)
-		if err != nil {
+		var err error
+		if plugins, err = a.startPlugins(ctx, &bg, recorder, handler); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
 	}
 
 	introspect := newIntrospectionSource()
 	if a.config.IntrospectionSocket != "" {
+		bg.Add(1)
 		go func() {
+			defer bg.Done()
 			if err := introspection.Serve(ctx, a.config.IntrospectionSocket, introspect); err != nil {
 				logger.Error(err, "introspection API not served", "socket", a.config.IntrospectionSocket)
 			}
 		}()
 	}
 
-	src := openSources(sourceOptions{hostRoot: a.config.HostRoot, includeVirtual: a.config.IncludeVirtualNICs, nvml: a.config.NVML})
-	defer src.close()
 	health := make(chan nvmldiscovery.HealthEvent, 16)
-	if src.gpus != nil {
+	startWatch := func() {
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		gpus := src.gpus
 		go func() {
-			if err := src.gpus.WatchHealth(ctx, a.config.Health, func(e nvmldiscovery.HealthEvent) { health <- e }); err != nil {
+			defer close(done)
+			err := gpus.WatchHealth(wctx, a.config.Health, func(e nvmldiscovery.HealthEvent) {
+				select {
+				case health <- e:
+				case <-wctx.Done():
+				}
+			})
+			if err != nil {
 				logger.Error(err, "GPU health is not watched")
 			}
 		}()
+		stopWatch = func() { cancel(); <-done; stopWatch = func() {} }
 	}
 
 	pub := &inventory.Publisher{Resclass: a.resclass, Kube: a.kube, Node: node}
@@ -193,10 +238,39 @@ func (a *Agent) Run(ctx context.Context) error {
 		gpuCond metav1.Condition
 		prev    map[string]v1alpha1.Device
 	)
+	// NVML is opened here, and again after it failed or went away, at the
+	// pace of nvmlBackoff.
+	nvmlRetry := time.NewTimer(time.Hour)
+	nvmlRetry.Stop()
+	defer nvmlRetry.Stop()
+	nvmlBackoff := wait.Backoff{Duration: time.Second, Factor: 2, Cap: a.config.NVMLRetryMax, Steps: 1 << 30}
 	rediscoverGPUs := func() {
 		start := time.Now()
+		wasOpen := src.gpus != nil
+		if !wasOpen && src.openNVML() {
+			logger.Info("NVML opened")
+			nvmlBackoff.Duration = time.Second
+			startWatch()
+		}
 		gpus, gpuCond = src.discoverGPUs()
 		a.metrics.discovery.WithLabelValues("nvml").Observe(time.Since(start).Seconds())
+		if src.gpus != nil {
+			return
+		}
+		if wasOpen {
+			// Gone while open: its watcher stops, what it said is stale.
+			logger.Info("NVML went away; opening it again", "reason", gpuCond.Message)
+			stopWatch()
+			clear(unhealthyGPUs)
+		}
+		first := nvmlBackoff.Duration == time.Second
+		delay := nvmlBackoff.Step()
+		if first {
+			logger.Info("NVML not opened; trying again with backoff", "reason", gpuCond.Message, "retryIn", delay, "maxInterval", a.config.NVMLRetryMax)
+		} else {
+			logger.V(2).Info("NVML not opened", "reason", gpuCond.Message, "retryIn", delay)
+		}
+		nvmlRetry.Reset(delay)
 	}
 	rediscoverGPUs()
 
@@ -211,6 +285,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			logger.Info("shutting down")
 			return nil
 		case e := <-health:
 			if e.Healthy {
@@ -219,6 +294,8 @@ func (a *Agent) Run(ctx context.Context) error {
 				unhealthyGPUs[e.ID] = e.Reason
 			}
 		case <-resync.C:
+			rediscoverGPUs()
+		case <-nvmlRetry.C:
 			rediscoverGPUs()
 		case <-poll.C:
 		case <-trigger:
@@ -253,6 +330,32 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		backoff.Duration, retryAt = time.Second, time.Time{}
 		a.published.Store(true)
+	}
+}
+
+// waitForNode gets the agent's Node, waiting for it to be registered and for
+// the apiserver to answer, with backoff up to 30 seconds apart; nil when ctx
+// ended first.
+func (a *Agent) waitForNode(ctx context.Context) *corev1.Node {
+	logger := klog.FromContext(ctx)
+	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.1, Cap: 30 * time.Second, Steps: 1 << 30}
+	for {
+		node, err := a.kube.CoreV1().Nodes().Get(ctx, a.config.NodeName, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			return node
+		case ctx.Err() != nil:
+			return nil
+		case apierrors.IsNotFound(err):
+			logger.Info("waiting for the Node to be registered")
+		default:
+			logger.Error(err, "waiting for the apiserver", "retryIn", backoff.Duration)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff.Step()):
+		}
 	}
 }
 

@@ -12,13 +12,21 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 )
+
+// addLibraryFlags are how the agent finds the NVML library, for the agent and
+// discover alike.
+func addLibraryFlags(cmd *cobra.Command, l *nvmldiscovery.Library) {
+	f := cmd.Flags()
+	f.StringVar(&l.Path, "nvml-library", "", "path of libnvidia-ml.so.1, used as given (default: found below --nvml-driver-root); the file is checked for NVML's functions before any is called, so a wrong file is the condition NVMLAvailable=False/WrongLibrary, not a crash")
+	f.StringVar(&l.DriverRoot, "nvml-driver-root", "", fmt.Sprintf("where the NVIDIA driver's root filesystem is mounted in the agent's container, to find %s below it (in %s) at each attempt: the host's / for a driver installed on the host (e.g. /host with --host-root=/host), the GPU operator's /run/nvidia/driver for its driver container (mounted e.g. at /driver-root). Default \"\": the dynamic linker's search path (the NVIDIA container runtime put the library there)", nvmldiscovery.LibraryName, strings.Join(nvmldiscovery.LibraryDirs, ", ")))
+}
 
 // NewCommand returns the node-agent command.
 func NewCommand() *cobra.Command {
@@ -52,7 +60,7 @@ issue. "node-agent discover" prints the inventory without a cluster.`,
 type discoverOptions struct {
 	hostRoot       string
 	output         string
-	nvmlLibrary    string
+	nvml           nvmldiscovery.Library
 	includeVirtual bool
 }
 
@@ -77,7 +85,7 @@ needs no cluster: run it first on a new node.
 	}
 	cmd.Flags().StringVar(&o.hostRoot, "host-root", "/", "where the host's root filesystem is mounted; sysfs is read below it")
 	cmd.Flags().StringVarP(&o.output, "output", "o", "table", "output format: table, yaml or json")
-	cmd.Flags().StringVar(&o.nvmlLibrary, "nvml-library", "", "path of libnvidia-ml.so.1 (default: the dynamic linker's search path)")
+	addLibraryFlags(cmd, &o.nvml)
 	cmd.Flags().BoolVar(&o.includeVirtual, "include-virtual-nics", false, "also list interfaces without hardware behind them (loopback, veth, bridges)")
 	return cmd
 }
@@ -85,11 +93,7 @@ needs no cluster: run it first on a new node.
 // discover runs every source once. A source that cannot run on this node is a
 // condition, not an error: the other sources still report.
 func discover(o discoverOptions) v1alpha1.NodeDevicesStatus {
-	var opts []lib.LibraryOption
-	if o.nvmlLibrary != "" {
-		opts = append(opts, lib.WithLibraryPath(o.nvmlLibrary))
-	}
-	s := openSources(sourceOptions{hostRoot: o.hostRoot, includeVirtual: o.includeVirtual, nvml: lib.New(opts...)})
+	s := openSources(sourceOptions{hostRoot: o.hostRoot, includeVirtual: o.includeVirtual, library: &o.nvml})
 	defer s.close()
 	gpus, gpuCond := s.discoverGPUs()
 	host, hostConds := s.discoverHost()

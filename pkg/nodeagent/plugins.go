@@ -128,7 +128,10 @@ type pluginSet struct {
 // startPlugins starts the class and pod informers, waits for both, then starts
 // serving endpoints: a kubelet call that arrives must find the pods it is about.
 // Class changes call kick.
-func (a *Agent) startPlugins(ctx context.Context, recorder record.EventRecorder, kick cache.ResourceEventHandler) (*pluginSet, error) {
+//
+// Its goroutines are in bg: at shutdown the agent waits for the endpoints to
+// be stopped and their sockets removed.
+func (a *Agent) startPlugins(ctx context.Context, bg *sync.WaitGroup, recorder record.EventRecorder, kick cache.ResourceEventHandler) (*pluginSet, error) {
 	logger := klog.FromContext(ctx)
 	factory := externalversions.NewSharedInformerFactory(a.resclass, 0)
 	classes := factory.Resclass().V1alpha1().ResourceClasses()
@@ -142,7 +145,9 @@ func (a *Agent) startPlugins(ctx context.Context, recorder record.EventRecorder,
 		Node: a.config.NodeName, HostRoot: a.config.HostRoot, PoolSlots: a.config.HugepagePoolSlots,
 		WaitForPod: a.config.WaitForPod, Recorder: recorder, Metrics: a.metrics.handoff,
 	}, a.kube)
+	bg.Add(1)
 	go func() {
+		defer bg.Done()
 		if err := allocator.Run(ctx, filepath.Join(a.config.PluginDir, handoff.CheckpointFile)); err != nil && ctx.Err() == nil {
 			logger.Error(err, "pod informer stopped")
 		}
@@ -160,7 +165,9 @@ func (a *Agent) startPlugins(ctx context.Context, recorder record.EventRecorder,
 		},
 		Restarted: func(resource string) { a.metrics.restarts.WithLabelValues(resource).Inc() },
 	})
+	bg.Add(1)
 	go func() {
+		defer bg.Done()
 		if err := manager.Run(ctx); err != nil {
 			logger.Error(err, "device plugins stopped")
 		}

@@ -7,12 +7,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
-	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
@@ -29,7 +30,6 @@ type serveOptions struct {
 	nodeName       string
 	kubeconfig     string
 	hostRoot       string
-	nvmlLibrary    string
 	includeVirtual bool
 	poll           time.Duration
 	resync         time.Duration
@@ -40,6 +40,12 @@ type serveOptions struct {
 	poolSlots      int
 	waitForPod     time.Duration
 	introspection  string
+
+	// Robustness (docs/node-agent.md, "Late drivers, partial failures and
+	// shutdown").
+	nvml            nvmldiscovery.Library
+	nvmlRetryMax    time.Duration
+	shutdownTimeout time.Duration
 }
 
 func (o *serveOptions) addFlags(cmd *cobra.Command) {
@@ -47,7 +53,6 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "the node this agent runs on; the DaemonSet sets NODE_NAME from spec.nodeName (default $NODE_NAME)")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the pod's service account (in-cluster)")
 	f.StringVar(&o.hostRoot, "host-root", "/", "where the host's root filesystem is mounted; sysfs is read below it")
-	f.StringVar(&o.nvmlLibrary, "nvml-library", "", "path of libnvidia-ml.so.1 (default: the dynamic linker's search path)")
 	f.BoolVar(&o.includeVirtual, "include-virtual-nics", false, "also publish interfaces without hardware behind them (loopback, veth, bridges)")
 	f.DurationVar(&o.poll, "poll-interval", 10*time.Second, "how often NIC link state and free hugepages are re-read from sysfs (cheap: no NVML, and nothing is written unless something changed)")
 	f.DurationVar(&o.resync, "resync-interval", 5*time.Minute, "how often GPUs are re-described through NVML (MIG layout, NVLinks) and the published objects re-checked")
@@ -58,9 +63,18 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.DurationVar(&o.waitForPod, "pod-wait", 3*time.Second, "how long a kubelet Allocate or GetPreferredAllocation call waits for the agent's pod cache to show the pod it is about before answering without it")
 	f.StringVar(&o.introspection, "introspection-socket", introspection.DefaultIntrospectionSocket, "unix socket (mode 0600) of the agent's own gRPC API, which `node-agent status` reads: devices with their classes, allocations and refusals, health changes; \"\" serves none")
 	f.StringVar(&o.metricsAddress, "metrics-bind-address", ":9420", "address of the /metrics, /healthz and /readyz endpoint; \"0\" turns it off")
+
+	// Robustness: a late or wrong NVML library, and shutdown.
+	addLibraryFlags(cmd, &o.nvml)
+	f.DurationVar(&o.nvmlRetryMax, "nvml-retry-max-interval", 30*time.Second, "NVML that does not open (no driver yet, a wrong library) or goes away is tried again with backoff from 1s, doubling up to this interval; the GPUs are published once it opens, without a restart")
+	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM the agent stops its device-plugin endpoints and removes their sockets, then waits at most this long for its Events to be written, and exits 0; keep it below the pod's terminationGracePeriodSeconds")
 }
 
 func (o *serveOptions) run(ctx context.Context) error {
+	// SIGTERM (the kubelet stopping the pod) and Ctrl-C end ctx: Run then
+	// shuts down in order and returns, and the process exits 0.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
+	defer stop()
 	logger := klog.FromContext(ctx)
 	if o.nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required: the node this agent runs on")
@@ -81,16 +95,14 @@ func (o *serveOptions) run(ctx context.Context) error {
 		return err
 	}
 
-	var libOpts []lib.LibraryOption
-	if o.nvmlLibrary != "" {
-		libOpts = append(libOpts, lib.WithLibraryPath(o.nvmlLibrary))
-	}
 	xids := []uint64(o.ignoredXIDs)
 	cfg := Config{
 		NodeName:            o.nodeName,
 		HostRoot:            o.hostRoot,
 		IncludeVirtualNICs:  o.includeVirtual,
-		NVML:                lib.New(libOpts...),
+		NVMLLibrary:         &o.nvml,
+		NVMLRetryMax:        o.nvmlRetryMax,
+		ShutdownTimeout:     o.shutdownTimeout,
 		PollInterval:        o.poll,
 		ResyncInterval:      o.resync,
 		PluginDir:           o.pluginDir,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -29,50 +30,90 @@ const (
 type sourceOptions struct {
 	hostRoot       string
 	includeVirtual bool
-	// nvml is the NVML library (lib.New() on a node, a mock in tests).
+	// library finds and checks the NVML library at each attempt to open
+	// NVML (on a node); nil uses nvml.
+	library *nvmldiscovery.Library
+	// nvml is the NVML binding when library is nil: a mock in tests.
 	nvml lib.Interface
 }
 
-// sources are the node's discovery sources. NVML is opened once, for the life of
-// the sources; a node without it is a condition, not an error.
+// sources are the node's discovery sources. NVML is opened by openNVML and
+// kept until discoverGPUs finds it gone; a node without it is a condition, not
+// an error, and the agent calls openNVML again (with backoff) until it opens.
 type sources struct {
 	opts    sourceOptions
-	gpus    *nvmldiscovery.Discoverer // nil when NVML is not usable
-	nvmlErr error
+	gpus    *nvmldiscovery.Discoverer // nil while NVML is not usable
+	nvmlErr error                     // why gpus is nil
 }
 
+// openSources returns the sources with NVML opened once (or the reason it
+// did not open).
 func openSources(opts sourceOptions) *sources {
 	s := &sources{opts: opts}
-	s.gpus, s.nvmlErr = nvmldiscovery.Open(opts.nvml, opts.hostRoot)
+	s.openNVML()
 	return s
 }
 
-func (s *sources) close() {
+// openNVML opens NVML if it is not open, and reports whether it is.
+func (s *sources) openNVML() bool {
+	if s.gpus != nil {
+		return true
+	}
+	l := s.opts.nvml
+	if s.opts.library != nil {
+		if l, s.nvmlErr = s.opts.library.Load(); s.nvmlErr != nil {
+			return false
+		}
+	}
+	s.gpus, s.nvmlErr = nvmldiscovery.Open(l, s.opts.hostRoot)
+	return s.gpus != nil
+}
+
+// closeNVML shuts NVML down; err says why, for the condition until it opens
+// again.
+func (s *sources) closeNVML(err error) {
 	if s.gpus != nil {
 		_ = s.gpus.Close()
 	}
+	s.gpus, s.nvmlErr = nil, err
+}
+
+func (s *sources) close() {
+	s.closeNVML(nvmldiscovery.ErrUnavailable)
 }
 
 // discoverGPUs describes the GPUs (and MIG devices) with the NVML condition.
+// NVML found gone (the driver unloaded, the GPUs changed) is closed: the
+// caller opens it again.
 func (s *sources) discoverGPUs() ([]v1alpha1.Device, metav1.Condition) {
 	cond := metav1.Condition{Type: ConditionNVML, Status: metav1.ConditionTrue, Reason: "Discovered"}
-	if s.gpus == nil {
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Failed", s.nvmlErr.Error()
-		if errors.Is(s.nvmlErr, nvmldiscovery.ErrUnavailable) {
-			cond.Reason = "Unavailable"
+	if s.gpus != nil {
+		gpus, err := s.gpus.Discover()
+		if err == nil {
+			cond.Message = fmt.Sprintf("%d GPUs", countKind(gpus, v1alpha1.DeviceKindNvidiaGPU))
+			if n := countKind(gpus, v1alpha1.DeviceKindNvidiaMIG); n > 0 {
+				cond.Message += fmt.Sprintf(", %d MIG devices", n)
+			}
+			if unnamed := s.gpus.Unnamed(); len(unnamed) > 0 {
+				// Published are the GPUs that can be named; the others
+				// are here until NVML names them (tried at each resync).
+				cond.Reason = "Incomplete"
+				cond.Message += fmt.Sprintf("; %d not published, NVML cannot name them: %s", len(unnamed), strings.Join(unnamed, "; "))
+			}
+			return gpus, cond
 		}
-		return nil, cond
+		s.closeNVML(err)
 	}
-	gpus, err := s.gpus.Discover()
-	if err != nil {
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Failed", err.Error()
-		return nil, cond
+	cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Failed", s.nvmlErr.Error()
+	switch {
+	case errors.Is(s.nvmlErr, nvmldiscovery.ErrWrongLibrary):
+		cond.Reason = "WrongLibrary"
+	case errors.Is(s.nvmlErr, nvmldiscovery.ErrUnavailable):
+		cond.Reason = "Unavailable"
+	case errors.Is(s.nvmlErr, nvmldiscovery.ErrChanged):
+		cond.Reason = "Changed"
 	}
-	cond.Message = fmt.Sprintf("%d GPUs", countKind(gpus, v1alpha1.DeviceKindNvidiaGPU))
-	if n := countKind(gpus, v1alpha1.DeviceKindNvidiaMIG); n > 0 {
-		cond.Message += fmt.Sprintf(", %d MIG devices", n)
-	}
-	return gpus, cond
+	return nil, cond
 }
 
 // discoverHost describes the NICs and hugepage pools, which are cheap to read

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -82,6 +83,20 @@ type sick struct {
 // An event NVML does not attribute to a GPU marks every GPU, as it may concern
 // any. A GPU that cannot register for events is watched by nobody; the error
 // says which, and the others are watched.
+//
+// A failing wait is news too: NVML's wait answers ERROR_GPU_IS_LOST (and the
+// like) when a GPU fell off the bus, without saying which. Every watched GPU
+// is then asked for its memory, as the recovery probe does, and each that does
+// not answer is unhealthy with NVML's answer (in the recovery probe's words);
+// the recovery above applies to it
+// (the wait keeps failing while the GPU is lost, so its quiet period only
+// starts once it is back). A failure that no watched GPU owns up to (a GPU
+// NVML could not name is lost, say) is logged, and leaves the others healthy:
+// NVIDIA's plugin marks every GPU then, which takes a node's healthy GPUs away
+// for as long as one is lost.
+//
+// The GPUs watched are those named when it starts; the caller restarts it
+// with NVML.
 func (d *Discoverer) WatchHealth(ctx context.Context, opts HealthOptions, report func(HealthEvent)) error {
 	logger := klog.FromContext(ctx)
 	if opts.RecoveryAfter <= 0 {
@@ -109,12 +124,12 @@ func (d *Discoverer) WatchHealth(ctx context.Context, opts HealthOptions, report
 
 	uuids := map[lib.Device]string{}
 	var unwatched []string
-	for i, dev := range d.devices {
-		uuid, ret := dev.GetUUID()
-		if ret != lib.SUCCESS {
-			unwatched = append(unwatched, fmt.Sprintf("GPU %d: UUID: %s", i, ret.Error()))
+	for i, s := range d.slots {
+		if s.dev == nil || s.uuid == "" {
+			unwatched = append(unwatched, fmt.Sprintf("GPU %d: not named", i))
 			continue
 		}
+		dev, uuid := s.dev, s.uuid
 		uuids[dev] = uuid
 		supported, ret := dev.GetSupportedEventTypes()
 		if ret != lib.SUCCESS {
@@ -145,8 +160,12 @@ func (d *Discoverer) WatchHealth(ctx context.Context, opts HealthOptions, report
 			report(HealthEvent{ID: uuid, Reason: reason})
 		}
 	}
+	lastWaitErr := lib.SUCCESS
 	for ctx.Err() == nil {
 		e, ret := set.Wait(uint32(opts.WaitTimeout.Milliseconds()))
+		if ret == lib.SUCCESS || ret == lib.ERROR_TIMEOUT {
+			lastWaitErr = lib.SUCCESS
+		}
 		switch ret {
 		case lib.SUCCESS:
 			reason, critical := describeEvent(e, ignored)
@@ -163,9 +182,25 @@ func (d *Discoverer) WatchHealth(ctx context.Context, opts HealthOptions, report
 			}
 		case lib.ERROR_TIMEOUT:
 		default:
-			// NVML reports ERROR_GPU_IS_LOST and the like here; waiting on
-			// is all there is to do, at the pace of the timeout.
-			logger.V(2).Info("waiting for NVML events", "error", ret.Error())
+			// NVML reports ERROR_GPU_IS_LOST and the like here, naming no
+			// GPU: the GPUs that no longer answer are the ones.
+			culprits := 0
+			for dev, uuid := range uuids {
+				// The recovery probe's words: it finds the same while the
+				// GPU stays lost, and reports no change.
+				if reason := probe(dev); strings.HasPrefix(reason, "NVML: ") {
+					markUnhealthy(dev, uuid, reason)
+					culprits++
+				}
+			}
+			if culprits == 0 && ret != lastWaitErr {
+				// Not a GPU this watcher knows (one NVML could not name,
+				// say): the others stay healthy. Logged when it starts, not
+				// at every wait.
+				logger.Info("waiting for NVML events failed, and every watched GPU answers", "error", ret.Error())
+			}
+			lastWaitErr = ret
+			// Then wait on, at the pace of the timeout.
 			select {
 			case <-ctx.Done():
 			case <-opts.Clock.After(opts.WaitTimeout):

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/resclass/resclass/pkg/discovery/nvml"
@@ -93,20 +94,47 @@ func TestApplicationAndIgnoredXIDsLeaveGPUHealthy(t *testing.T) {
 	}
 }
 
-func TestLostGPURecoversOnlyWhenNVMLAnswers(t *testing.T) {
+// A GPU that falls off the bus shows as the event wait failing with
+// ERROR_GPU_IS_LOST, naming no GPU; that used to be logged at V(2), and the GPU
+// stayed healthy until the next resync. Now the GPU that no longer answers is
+// unhealthy at once, and only it; it recovers once reset and quiet.
+func TestLostGPUWaitErrorMarksTheLostGPU(t *testing.T) {
 	server, clock, events := watch(t, nvml.HealthOptions{})
 	gpu := server.UUIDs()[7]
 	server.SetLost(gpu, true)
+	e := next(t, events)
+	if e.ID != gpu || e.Healthy || e.Reason != "NVML: "+lib.ERROR_GPU_IS_LOST.Error() {
+		t.Fatalf("got %+v, want GPU %s unhealthy because it is lost", e, gpu)
+	}
+	none(t, events)
+	// While it is lost, the quiet period does not start.
+	clock.Step(2 * time.Minute)
+	none(t, events)
+	server.SetLost(gpu, false) // the GPU was reset
+	clock.Step(30 * time.Second)
+	none(t, events)
+	clock.Step(31 * time.Second)
+	if e := next(t, events); e.ID != gpu || !e.Healthy {
+		t.Fatalf("got %+v, want healthy after the reset", e)
+	}
+}
+
+func TestLostGPURecoversOnlyWhenNVMLAnswers(t *testing.T) {
+	server, clock, events := watch(t, nvml.HealthOptions{})
+	gpu := server.UUIDs()[7]
 	server.InjectDoubleBitECC(gpu)
 	if e := next(t, events); e.ID != gpu || e.Healthy || e.Reason != "double-bit ECC error" {
 		t.Fatalf("got %+v", e)
 	}
-	clock.Step(2 * time.Minute)
+	// Lost after the ECC error, answering NVML no more.
+	server.SetLost(gpu, true)
 	if e := next(t, events); e.ID != gpu || e.Healthy || !strings.Contains(e.Reason, "NVML:") {
 		t.Fatalf("got %+v, want still unhealthy because NVML does not answer", e)
 	}
+	clock.Step(2 * time.Minute)
 	none(t, events)
 	server.SetLost(gpu, false) // the GPU was reset
+	clock.Step(61 * time.Second)
 	if e := next(t, events); e.ID != gpu || !e.Healthy {
 		t.Fatalf("got %+v, want healthy after the reset", e)
 	}

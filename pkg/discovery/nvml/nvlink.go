@@ -11,7 +11,7 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
 
-// addNVLinks gives each of gpus, which describe d.devices in order, its active
+// addNVLinks gives each of gpus, which describe devs in order, its active
 // NVLink count (nvlinks) and the GPUs it reaches over them (nvlinkPeers), each
 // only when there are any.
 //
@@ -23,18 +23,21 @@ import (
 // node is taken to have one NVSwitch fabric, as HGX and DGX boards do. Peers are
 // this node's GPUs only; those a multi-node NVLink domain reaches on other nodes
 // are not devices here.
-func (d *Discoverer) addNVLinks(gpus []v1alpha1.Device) {
+func (d *Discoverer) addNVLinks(devs []lib.Device, gpus []v1alpha1.Device) {
 	byAddress := map[string]string{}
-	index := map[string]int{} // d.devices were opened by NVML index
+	index := map[string]int{} // by NVML index, which a GPU left out makes differ from i
 	for i, g := range gpus {
 		index[g.ID] = i
+		if n := g.Attributes[v1alpha1.AttributeIndex].IntValue; n != nil {
+			index[g.ID] = int(*n)
+		}
 		if a, ok := g.Attributes[v1alpha1.AttributePCIAddress]; ok {
 			byAddress[*a.StringValue] = g.ID
 		}
 	}
 	links := make([]nvlinks, len(gpus))
 	var switched []string
-	for i, dev := range d.devices {
+	for i, dev := range devs {
 		var p problems
 		links[i] = readNVLinks(dev, byAddress, &p)
 		p.report(&gpus[i])

@@ -3,20 +3,29 @@
 // classes select on; the MIG devices of a GPU in MIG mode as devices of kind
 // nvidia-mig (mig.go); and each GPU's NVLinks as attributes (nvlink.go).
 //
-// NVML is initialised once (Open) and its device handles are kept for the life of
+// NVML is initialised by Open and its device handles are kept for the life of
 // the Discoverer; Discover only reads through them, so nothing on a hot path loads
 // the library or enumerates the bus. MIG devices and NVLink state are the
 // exception: an operator can repartition a GPU, and a link can go down, while the
 // node runs, so Discover reads them afresh each time. That is cheap enough because
 // Discover runs on resync, not per pod. A node without the NVML library (no
-// driver, or no GPU) is not an error storm: Open returns ErrUnavailable once, and
-// the caller reports it as a condition.
+// driver, or no GPU) is not an error storm: Open returns ErrUnavailable, and
+// the caller reports it as a condition and opens again later (the driver may
+// load after the agent, as the GPU operator's does); Discover returns
+// ErrUnavailable once the driver went away, and the caller closes and opens
+// again. Library (library.go) finds the library below a driver root and checks
+// that it is NVML before anything calls into it.
+//
+// Discovery is per GPU: a GPU that NVML cannot describe is published unhealthy
+// with the reason, by the UUID it had; one that never could be named (no
+// handle, no UUID) is left out and listed by Unnamed.
 package nvml
 
 import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -34,6 +43,10 @@ var ErrUnavailable = errors.New("NVML is not available")
 // AttributeDevicePath is the GPU's device node, e.g. /dev/nvidia3.
 const AttributeDevicePath = "devicePath"
 
+// ErrChanged means the driver answers for another number of GPUs than when
+// NVML was opened: the handles are stale, and NVML must be opened again.
+var ErrChanged = errors.New("the number of GPUs changed")
+
 // Discoverer enumerates the GPUs of one node.
 type Discoverer struct {
 	lib      lib.Interface
@@ -41,15 +54,25 @@ type Discoverer struct {
 
 	driverVersion     string
 	cudaDriverVersion string
-	devices           []lib.Device
+	// slots are the GPUs by NVML index.
+	slots []slot
+	// unnamed are the GPUs the last Discover left out, by index and why.
+	unnamed []string
 }
 
-// Open initialises NVML through l (lib.New() on a node; a mock in tests) and keeps
+// slot is one GPU: its handle, nil while NVML refuses one, and its UUID once
+// read, which names it even when NVML can no longer read it.
+type slot struct {
+	dev  lib.Device
+	uuid string
+}
+
+// Open initialises NVML through l (Library.Load on a node; a mock in tests) and keeps
 // a handle per GPU. hostRoot prefixes the sysfs paths read for NUMA affinity ("/"
 // on a node). Close releases NVML.
 func Open(l lib.Interface, hostRoot string) (*Discoverer, error) {
 	if ret := l.Init(); ret != lib.SUCCESS {
-		if ret == lib.ERROR_LIBRARY_NOT_FOUND || ret == lib.ERROR_DRIVER_NOT_LOADED || ret == lib.ERROR_NO_PERMISSION {
+		if unavailable(ret) {
 			return nil, fmt.Errorf("%w: %s", ErrUnavailable, ret.Error())
 		}
 		return nil, fmt.Errorf("initialising NVML: %s", ret.Error())
@@ -73,14 +96,45 @@ func Open(l lib.Interface, hostRoot string) (*Discoverer, error) {
 	if ret != lib.SUCCESS {
 		return fail("device count", ret)
 	}
-	for i := range n {
-		dev, ret := l.DeviceGetHandleByIndex(i)
-		if ret != lib.SUCCESS {
-			return fail(fmt.Sprintf("device %d", i), ret)
-		}
-		d.devices = append(d.devices, dev)
+	// A GPU whose handle or UUID cannot be read is no reason to give up the
+	// others: Discover tries it again.
+	d.slots = make([]slot, n)
+	for i := range d.slots {
+		d.name(i)
 	}
 	return d, nil
+}
+
+// name reads the handle and UUID of GPU i where they are still missing, and
+// returns why it cannot be named, "" when it can.
+func (d *Discoverer) name(i int) string {
+	s := &d.slots[i]
+	if s.dev == nil {
+		dev, ret := d.lib.DeviceGetHandleByIndex(i)
+		if ret != lib.SUCCESS {
+			return "handle: " + ret.Error()
+		}
+		s.dev = dev
+	}
+	if s.uuid == "" {
+		uuid, ret := s.dev.GetUUID()
+		if ret != lib.SUCCESS {
+			return "UUID: " + ret.Error()
+		}
+		s.uuid = uuid
+	}
+	return ""
+}
+
+// unavailable reports the answers that mean NVML as a whole is gone: the
+// driver was unloaded (an upgrade, the GPU operator's driver container
+// restarting), or the library was.
+func unavailable(ret lib.Return) bool {
+	switch ret {
+	case lib.ERROR_LIBRARY_NOT_FOUND, lib.ERROR_DRIVER_NOT_LOADED, lib.ERROR_UNINITIALIZED, lib.ERROR_NO_PERMISSION:
+		return true
+	}
+	return false
 }
 
 // Close shuts NVML down.
@@ -93,34 +147,52 @@ func (d *Discoverer) Close() error {
 
 // Discover describes every GPU, each followed by its MIG devices when it is in
 // MIG mode. A GPU that NVML cannot describe (it fell off the bus, say) is still
-// listed, by the UUID it had, as unhealthy with the reason; one whose UUID cannot
-// be read is an error, because it cannot be named.
+// listed, by the UUID it had, as unhealthy with the reason; one that could never
+// be named (NVML gave no handle or no UUID for it yet) is left out, and Unnamed
+// says which and why. The error is ErrUnavailable when the driver went away,
+// ErrChanged when the GPUs changed: either way this Discoverer is done, and the
+// caller closes it and opens NVML again.
 func (d *Discoverer) Discover() ([]v1alpha1.Device, error) {
-	gpus := make([]v1alpha1.Device, 0, len(d.devices))
-	for i, dev := range d.devices {
-		gpu, err := d.describe(dev)
-		if err != nil {
-			return nil, fmt.Errorf("GPU %d: %w", i, err)
+	n, ret := d.lib.DeviceGetCount()
+	switch {
+	case unavailable(ret):
+		return nil, fmt.Errorf("%w: %s", ErrUnavailable, ret.Error())
+	case ret != lib.SUCCESS:
+		return nil, fmt.Errorf("NVML device count: %s", ret.Error())
+	case n != len(d.slots):
+		return nil, fmt.Errorf("%w: NVML was opened with %d, the driver now reports %d", ErrChanged, len(d.slots), n)
+	}
+	d.unnamed = d.unnamed[:0]
+	gpus := make([]v1alpha1.Device, 0, len(d.slots))
+	devs := make([]lib.Device, 0, len(d.slots))
+	for i := range d.slots {
+		if why := d.name(i); why != "" && d.slots[i].uuid == "" {
+			d.unnamed = append(d.unnamed, fmt.Sprintf("GPU %d: %s", i, why))
+			continue
 		}
-		gpus = append(gpus, gpu)
+		gpus = append(gpus, d.describe(d.slots[i]))
+		devs = append(devs, d.slots[i].dev)
 	}
 	// NVLink peers are named by UUID, so every GPU is described first.
-	d.addNVLinks(gpus)
+	d.addNVLinks(devs, gpus)
 	out := make([]v1alpha1.Device, 0, len(gpus))
 	for i := range gpus {
-		migs := d.migDevices(d.devices[i], &gpus[i])
+		migs := d.migDevices(devs[i], &gpus[i])
 		out = append(out, gpus[i])
 		out = append(out, migs...)
 	}
 	return out, nil
 }
 
-func (d *Discoverer) describe(dev lib.Device) (v1alpha1.Device, error) {
-	uuid, ret := dev.GetUUID()
-	if ret != lib.SUCCESS {
-		return v1alpha1.Device{}, fmt.Errorf("UUID: %s", ret.Error())
-	}
-	gpu := v1alpha1.Device{ID: uuid, Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
+// Unnamed lists the GPUs the last Discover left out because they cannot be
+// named ("GPU 3: handle: Unknown Error"), for the caller's condition.
+func (d *Discoverer) Unnamed() []string {
+	return slices.Clone(d.unnamed)
+}
+
+func (d *Discoverer) describe(s slot) v1alpha1.Device {
+	dev := s.dev
+	gpu := v1alpha1.Device{ID: s.uuid, Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
 	attrs := gpu.Attributes
 	// Each attribute is read on its own: one that this GPU or driver does not
 	// support is left out rather than failing the GPU.
@@ -165,8 +237,13 @@ func (d *Discoverer) describe(dev lib.Device) (v1alpha1.Device, error) {
 			}
 		}
 	}
+	// The UUID it had names it; that NVML no longer answers for it says it
+	// is not fit to hand out.
+	if _, ret := dev.GetUUID(); ret != lib.SUCCESS {
+		p.add("UUID", ret.Error())
+	}
 	p.report(&gpu)
-	return gpu, nil
+	return gpu
 }
 
 // problems collects what NVML failed to read about one device.

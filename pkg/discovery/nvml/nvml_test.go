@@ -280,3 +280,105 @@ func FuzzParseXIDs(f *testing.F) {
 		})
 	})
 }
+
+// One GPU whose handle NVML refuses used to make Open fail, and the node publish
+// no GPU at all. Now the other seven are described, the eighth is listed as
+// unnamed, and it is published once NVML gives its handle.
+func TestGPUWithoutHandleIsLeftOutAlone(t *testing.T) {
+	server := nvmlmock.New()
+	root := t.TempDir()
+	if err := server.WriteSysfs(root); err != nil {
+		t.Fatal(err)
+	}
+	server.FailHandle(3, lib.ERROR_UNKNOWN)
+	d, err := Open(server, root)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	gpus, err := d.Discover()
+	if err != nil {
+		t.Fatalf("Discover: %v", err)
+	}
+	uuids := server.UUIDs()
+	if len(gpus) != 7 || slices.ContainsFunc(gpus, func(g v1alpha1.Device) bool { return g.ID == uuids[3] }) {
+		t.Fatalf("%d GPUs, want the 7 NVML can name", len(gpus))
+	}
+	for _, g := range gpus {
+		if !g.Healthy {
+			t.Errorf("GPU %s unhealthy: %s", g.ID, g.Reason)
+		}
+	}
+	// NVLink peers are still named by NVML index, not by position in the list.
+	if got := *gpus[3].Attributes[v1alpha1.AttributeIndex].IntValue; got != 4 {
+		t.Errorf("the fourth GPU published has index %d, want 4", got)
+	}
+	if got := d.Unnamed(); len(got) != 1 || got[0] != "GPU 3: handle: "+lib.ERROR_UNKNOWN.Error() {
+		t.Errorf("Unnamed() = %q", got)
+	}
+	server.FailHandle(3, lib.SUCCESS)
+	if gpus, err = d.Discover(); err != nil || len(gpus) != 8 || len(d.Unnamed()) != 0 {
+		t.Errorf("after NVML gives the handle: %d GPUs, unnamed %q, err %v; want 8", len(gpus), d.Unnamed(), err)
+	}
+}
+
+// A GPU whose UUID NVML no longer reads used to make Discover fail for the whole
+// node. It is published by the UUID it had, unhealthy with NVML's answer; a GPU
+// whose UUID was never read is left out.
+func TestGPUWithoutUUIDIsUnhealthyByTheUUIDItHad(t *testing.T) {
+	server := nvmlmock.New()
+	root := t.TempDir()
+	if err := server.WriteSysfs(root); err != nil {
+		t.Fatal(err)
+	}
+	uuids := server.UUIDs()
+	server.FailUUID(uuids[6], lib.ERROR_UNKNOWN)
+	d, err := Open(server, root)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	server.FailUUID(uuids[2], lib.ERROR_GPU_IS_LOST)
+	gpus, err := d.Discover()
+	if err != nil {
+		t.Fatalf("Discover: %v", err)
+	}
+	if len(gpus) != 7 {
+		t.Fatalf("%d GPUs, want 7 (GPU 6 never named)", len(gpus))
+	}
+	g := gpus[2]
+	if g.ID != uuids[2] || g.Healthy || !strings.Contains(g.Reason, "UUID: "+lib.ERROR_GPU_IS_LOST.Error()) {
+		t.Errorf("GPU 2: id %s healthy=%v reason %q; want %s unhealthy because its UUID is lost", g.ID, g.Healthy, g.Reason, uuids[2])
+	}
+	if got := d.Unnamed(); len(got) != 1 || !strings.HasPrefix(got[0], "GPU 6: UUID: ") {
+		t.Errorf("Unnamed() = %q", got)
+	}
+}
+
+// The driver unloaded under an open NVML (an upgrade, the GPU operator's driver
+// container restarting): Discover says NVML is unavailable, so the caller closes
+// it and opens it again, rather than publishing the GPUs on as they were.
+func TestDiscoverAfterTheDriverWentAway(t *testing.T) {
+	server := nvmlmock.New()
+	d, err := Open(server, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server.SetAbsent(true)
+	if _, err := d.Discover(); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Discover: %v, want ErrUnavailable", err)
+	}
+	_ = d.Close()
+	if _, err := Open(server, t.TempDir()); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Open while absent: %v, want ErrUnavailable", err)
+	}
+	server.SetAbsent(false)
+	d, err = Open(server, t.TempDir())
+	if err != nil {
+		t.Fatalf("Open after the driver loaded: %v", err)
+	}
+	defer func() { _ = d.Close() }()
+	if gpus, err := d.Discover(); err != nil || len(gpus) != 8 {
+		t.Fatalf("%d GPUs, %v", len(gpus), err)
+	}
+}

@@ -2,6 +2,11 @@
 // agent uses beyond discovery: PCI bus ids, an NVML event set that tests feed with
 // XIDs and ECC errors, and the recovery probes. It stands in for the GPUs this
 // machine lacks, in unit tests, e2e tests and benchmarks alike.
+//
+// It also plays the failures a fleet shows: a driver that is not loaded yet (or
+// unloaded while the agent runs, SetAbsent), a GPU whose handle or UUID NVML
+// cannot read (FailHandle, FailUUID), and a GPU that fell off the bus, which
+// NVML reports on every call for it and as the event set's wait error (SetLost).
 package nvmlmock
 
 import (
@@ -24,13 +29,60 @@ type Server struct {
 
 	events chan lib.EventData
 
-	mu   sync.Mutex
-	lost map[string]bool // UUID → NVML answers ERROR_GPU_IS_LOST
+	mu          sync.Mutex
+	lost        map[string]bool // UUID → NVML answers ERROR_GPU_IS_LOST
+	absent      bool            // the driver is not loaded
+	failHandle  map[int]lib.Return
+	failUUID    map[string]lib.Return
+	initialised bool
 }
 
 // New returns a DGX A100 whose GPUs answer every call the node agent makes.
 func New() *Server {
-	s := &Server{Server: dgxa100.New(), events: make(chan lib.EventData, 64), lost: map[string]bool{}}
+	s := &Server{Server: dgxa100.New(), events: make(chan lib.EventData, 64), lost: map[string]bool{},
+		failHandle: map[int]lib.Return{}, failUUID: map[string]lib.Return{}}
+	// The system calls answer as NVML does without a driver: Init fails, and
+	// every call after the driver went away says it is not loaded.
+	s.InitFunc = func() lib.Return {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.absent {
+			return lib.ERROR_DRIVER_NOT_LOADED
+		}
+		s.initialised = true
+		return lib.SUCCESS
+	}
+	s.ShutdownFunc = func() lib.Return {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.initialised = false
+		return lib.SUCCESS
+	}
+	driverVersion, count, handle := s.SystemGetDriverVersionFunc, s.DeviceGetCountFunc, s.DeviceGetHandleByIndexFunc
+	s.SystemGetDriverVersionFunc = func() (string, lib.Return) {
+		if ret := s.system(); ret != lib.SUCCESS {
+			return "", ret
+		}
+		return driverVersion()
+	}
+	s.DeviceGetCountFunc = func() (int, lib.Return) {
+		if ret := s.system(); ret != lib.SUCCESS {
+			return 0, ret
+		}
+		return count()
+	}
+	s.DeviceGetHandleByIndexFunc = func(i int) (lib.Device, lib.Return) {
+		if ret := s.system(); ret != lib.SUCCESS {
+			return nil, ret
+		}
+		s.mu.Lock()
+		ret, fail := s.failHandle[i]
+		s.mu.Unlock()
+		if fail {
+			return nil, ret
+		}
+		return handle(i)
+	}
 	s.EventSetCreateFunc = func() (lib.EventSet, lib.Return) {
 		return &mock.EventSet{WaitFunc: s.wait, FreeFunc: func() lib.Return { return lib.SUCCESS }}, lib.SUCCESS
 	}
@@ -61,6 +113,17 @@ func New() *Server {
 			var p lib.PciInfo
 			copy(p.BusId[:], fmt.Sprintf("00000000:%02X:00.0", 0xC0+link/2))
 			return p, lib.SUCCESS
+		}
+		dev.GetUUIDFunc = func() (string, lib.Return) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if ret, fail := s.failUUID[uuid]; fail {
+				return "", ret
+			}
+			if s.lost[uuid] {
+				return "", lib.ERROR_GPU_IS_LOST
+			}
+			return uuid, lib.SUCCESS
 		}
 		memory := dev.MemoryInfo
 		dev.GetMemoryInfoFunc = func() (lib.Memory, lib.Return) {
@@ -115,11 +178,74 @@ func (s *Server) InjectDoubleBitECC(uuid string) {
 }
 
 // SetLost makes NVML answer ERROR_GPU_IS_LOST for the GPU (it fell off the bus)
-// until called again with false (it was reset).
+// until called again with false (it was reset): its UUID and memory cannot be
+// read, and the event set's wait fails with ERROR_GPU_IS_LOST, as NVML's does
+// while a GPU is lost.
 func (s *Server) SetLost(uuid string, lost bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lost[uuid] = lost
+}
+
+// SetAbsent unloads (true) or loads (false) the driver: while it is absent,
+// Init answers ERROR_DRIVER_NOT_LOADED and an NVML opened before answers
+// ERROR_DRIVER_NOT_LOADED to the system calls. New(); SetAbsent(true) is a node
+// whose driver loads after the agent started.
+func (s *Server) SetAbsent(absent bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.absent = absent
+}
+
+// FailHandle makes NVML answer ret for the handle of the GPU with this index,
+// and a GPU without a handle cannot be named; SUCCESS ends it.
+func (s *Server) FailHandle(index int, ret lib.Return) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ret == lib.SUCCESS {
+		delete(s.failHandle, index)
+		return
+	}
+	s.failHandle[index] = ret
+}
+
+// FailUUID makes NVML answer ret when the GPU's UUID is read; SUCCESS ends it.
+func (s *Server) FailUUID(uuid string, ret lib.Return) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ret == lib.SUCCESS {
+		delete(s.failUUID, uuid)
+		return
+	}
+	s.failUUID[uuid] = ret
+}
+
+// Initialised says whether NVML is initialised (Init without a Shutdown since).
+func (s *Server) Initialised() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.initialised
+}
+
+// system is what a system call answers before its own answer.
+func (s *Server) system() lib.Return {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.absent {
+		return lib.ERROR_DRIVER_NOT_LOADED
+	}
+	return lib.SUCCESS
+}
+
+func (s *Server) anyLost() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, lost := range s.lost {
+		if lost {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) isLost(uuid string) bool {
@@ -138,8 +264,12 @@ func (s *Server) device(uuid string) lib.Device {
 }
 
 // wait is the event set's Wait: the next injected event, or ERROR_TIMEOUT after
-// timeoutMs as NVML does.
+// timeoutMs as NVML does; ERROR_GPU_IS_LOST at once while a GPU is lost (NVML's
+// wait names no GPU then).
 func (s *Server) wait(timeoutMs uint32) (lib.EventData, lib.Return) {
+	if s.anyLost() {
+		return lib.EventData{}, lib.ERROR_GPU_IS_LOST
+	}
 	select {
 	case e := <-s.events:
 		return e, lib.SUCCESS
