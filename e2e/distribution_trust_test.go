@@ -236,7 +236,9 @@ func TestResourceDistributionTrust(t *testing.T) {
 		overwritten := foreign.DeepCopy()
 		overwritten.StringData = map[string]string{"owner": "the controller"}
 		attempts := map[string]func() error{
-			"update": func() error { return ignoreResult(ctl.CoreV1().Secrets(ns).Update(ctx, overwritten, metav1.UpdateOptions{})) },
+			"update": func() error {
+				return ignoreResult(ctl.CoreV1().Secrets(ns).Update(ctx, overwritten, metav1.UpdateOptions{}))
+			},
 			"update dressed as a copy": func() error {
 				return ignoreResult(ctl.CoreV1().Secrets(ns).Update(ctx, disguised, metav1.UpdateOptions{}))
 			},

@@ -245,7 +245,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 
 	var (
+		// distributed holds every copy there is, by namespace: the up to
+		// date ones (succeeded) and those the author may no longer update or
+		// delete, which stay. Admission reads it to know where deleting the
+		// distribution deletes copies.
 		distributed = map[string]string{}
+		succeeded   int
 		conflicts   []string
 		forbidden   = map[string][]string{} // verb -> namespaces
 		writeErrs   []error
@@ -266,8 +271,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 					conflicts = append(conflicts, ns)
 				case out.forbidden != "":
 					forbidden[out.forbidden] = append(forbidden[out.forbidden], ns)
+					if out.rv != "" {
+						distributed[ns] = out.rv // a copy, not up to date
+					}
 				default:
 					distributed[ns] = out.rv
+					succeeded++
 				}
 				mu.Unlock()
 			}
@@ -298,6 +307,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		if !ok {
 			forbidden[VerbDelete] = append(forbidden[VerbDelete], ns)
+			distributed[ns] = obj.GetResourceVersion()
 			continue
 		}
 		uid := obj.GetUID()
@@ -311,7 +321,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	slices.Sort(conflicts)
 	newConflicts := !slices.Equal(conflicts, namespaceNames(status.ConflictingNamespaces))
 	status.Desired = int32(len(desired))
-	status.Succeeded = int32(len(distributed))
+	status.Succeeded = int32(succeeded)
 	status.DistributedResources = distributed
 	status.ConflictingNamespaces = make([]v1alpha1.ResourceDistributionNamespace, len(conflicts))
 	for i, ns := range conflicts {
@@ -353,7 +363,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case len(writeErrs) > 0:
 		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonWriteFailed, errors.Join(writeErrs...).Error())
 	default:
-		msg := fmt.Sprintf("%s %q is in sync in %d namespace(s)", res.Kind, res.Name, len(distributed))
+		msg := fmt.Sprintf("%s %q is in sync in %d namespace(s)", res.Kind, res.Name, succeeded)
 		status.Description = "Resource distribution succeeded: " + msg
 		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionTrue, ReasonSynced, msg)
 	}
@@ -412,7 +422,8 @@ func (r *Reconciler) ownedCopies(ctx context.Context, rd *v1alpha1.ResourceDistr
 
 // copyResult is what became of one target namespace.
 type copyResult struct {
-	// rv is the up-to-date copy's resourceVersion.
+	// rv is the copy's resourceVersion: up to date, or (forbidden set) the
+	// one left as it was.
 	rv string
 	// conflict: a same-named object that is not ours is there (never
 	// modified).
@@ -462,7 +473,7 @@ func (r *Reconciler) syncCopy(ctx context.Context, rd *v1alpha1.ResourceDistribu
 		// place.
 		for _, verb := range []string{VerbDelete, VerbCreate} {
 			if verb, err := allowed(verb); err != nil || verb != "" {
-				return copyResult{forbidden: verb, err: err}
+				return copyResult{forbidden: verb, rv: existing.GetResourceVersion(), err: err}
 			}
 		}
 		uid := existing.GetUID()
@@ -476,7 +487,7 @@ func (r *Reconciler) syncCopy(ctx context.Context, rd *v1alpha1.ResourceDistribu
 		return copyResult{rv: created.GetResourceVersion()}
 	}
 	if verb, err := allowed(VerbUpdate); err != nil || verb != "" {
-		return copyResult{forbidden: verb, err: err}
+		return copyResult{forbidden: verb, rv: existing.GetResourceVersion(), err: err}
 	}
 	updated := existing.DeepCopyObject().(client.Object)
 	if err := res.ApplyTo(updated, rd, now); err != nil {

@@ -26,7 +26,7 @@ var systemNamespaces = []string{metav1.NamespaceSystem, metav1.NamespacePublic}
 // An option is set when its list is non-empty or, for the selector, when it is
 // non-nil. Every option set yields a set of namespaces and a namespace is a target
 // when it is in all of them; with no option set, the excludedNamespaces rule with
-// an empty list applies (every namespace but kube-system and kube-public).
+// an empty list applies (every namespace but the protected ones below).
 // kube-system, kube-public and resclass's own namespace are left out by that
 // rule and by the selector rule (a label selector, even {}, never reaches them
 // by accident), so only includedNamespaces alone targets them: the user named
