@@ -160,8 +160,13 @@ func TestHelmChart(t *testing.T) {
 		set := check(t, helmObjs)
 		// An overlay as the docs show it.
 		overlay := t.TempDir()
+		// kustomize takes no absolute paths.
+		base, err := filepath.Rel(overlay, filepath.Join(root, install.Base))
+		if err != nil {
+			t.Fatal(err)
+		}
 		kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n",
-			filepath.Join(root, install.Base), filepath.Join(root, install.Base, "distribution"))
+			base, filepath.Join(base, "distribution"))
 		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 			t.Fatal(err)
 		}
