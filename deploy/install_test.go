@@ -41,7 +41,7 @@ const ns = install.Namespace
 // in neither fails the test, so that a new kind is placed deliberately.
 var (
 	clusterScoped = sets.New("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
-		"ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+		"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 	namespaced = sets.New("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Secret", "Service",
 		"Deployment", "DaemonSet", "PodDisruptionBudget", "ResourceQuota", "Issuer", "Certificate")
 	// Objects that must live outside resclass-system, and why.
@@ -147,23 +147,82 @@ func TestHelmChart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := map[string]any{}
-		for _, o := range kustomized {
-			// helm install --create-namespace creates it: a release cannot
-			// contain the namespace it is stored in.
-			if o.GetKind() == "Namespace" {
-				continue
-			}
-			n := normalize(t, o)
-			want[key(n)] = n.Object
-		}
-		got := map[string]any{}
+		sameObjects(t, kustomized, helmObjs)
 		for _, o := range helmObjs {
-			n := normalize(t, o)
-			got[key(n)] = n.Object
+			if strings.HasPrefix(o.GetName(), "resclass-distribution") {
+				t.Errorf("the ResourceDistribution controller is opt-in, but the defaults render %s", key(o))
+			}
 		}
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Errorf("helm template (defaults) differs from the kustomize base (-kustomize +helm):\n%s", diff)
+	})
+
+	t.Run("distribution.enabled is the kustomize base with the component deploy/distribution", func(t *testing.T) {
+		helmObjs := helmTemplate(t, map[string]any{"distribution": map[string]any{"enabled": true}})
+		set := check(t, helmObjs)
+		// An overlay as the docs show it.
+		overlay := t.TempDir()
+		// kustomize takes no absolute paths.
+		base, err := filepath.Rel(overlay, filepath.Join(root, install.Base))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n",
+			base, filepath.Join(base, "distribution"))
+		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		kustomized, err := install.KustomizeDir(overlay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameObjects(t, kustomized, helmObjs)
+
+		// Its own identity, in its own Deployment, fenced by the policy.
+		spec := podSpec(t, set, "Deployment", "resclass-distribution")
+		if spec.ServiceAccountName != "resclass-distribution" || !slices.Contains(spec.Containers[0].Args, "--mode=distribution-controller") {
+			t.Errorf("resclass-distribution runs as %q with %v", spec.ServiceAccountName, spec.Containers[0].Args)
+		}
+		vap := typed[admissionregistrationv1.ValidatingAdmissionPolicy](t, set.get(t, "ValidatingAdmissionPolicy", "", "resclass-distribution-writes"))
+		if user := "system:serviceaccount:" + ns + ":resclass-distribution"; len(vap.Spec.MatchConditions) == 0 || !strings.Contains(vap.Spec.MatchConditions[0].Expression, `"`+user+`"`) {
+			t.Errorf("the policy does not match %s: %+v", user, vap.Spec.MatchConditions)
+		}
+		set.get(t, "ValidatingAdmissionPolicyBinding", "", "resclass-distribution-writes")
+
+		args := containerArgs(t, check(t, helmTemplate(t, map[string]any{"distribution": map[string]any{"enabled": true, "authorizationTTL": "1m"}})), "Deployment", "resclass-distribution")
+		if !slices.Contains(args, "--distribution-authorization-ttl=1m") {
+			t.Errorf("authorizationTTL 1m: args %v", args)
+		}
+		if _, err := install.HelmTemplate(ctx, map[string]any{"distribution": map[string]any{"enabled": true, "authorizationTTL": "soon"}}); err == nil {
+			t.Errorf("authorizationTTL soon rendered")
+		}
+	})
+
+	// The webhook's identity may touch no Secret or ConfigMap outside its
+	// namespace, and in it write only its TLS Secret: the controller's
+	// rights are not the webhook's.
+	t.Run("the webhook's RBAC holds no Secret rights beyond its own", func(t *testing.T) {
+		objs, err := install.Kustomize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		set := check(t, objs)
+		cr := typed[rbacv1.ClusterRole](t, set.get(t, "ClusterRole", "", "resclass-webhook"))
+		for _, r := range cr.Rules {
+			if slices.Contains(r.Resources, "secrets") || slices.Contains(r.Resources, "configmaps") || slices.Contains(r.Resources, "*") {
+				t.Errorf("ClusterRole resclass-webhook grants %v on %v", r.Verbs, r.Resources)
+			}
+		}
+		role := typed[rbacv1.Role](t, set.get(t, "Role", ns, "resclass-webhook"))
+		for _, r := range role.Rules {
+			named := len(r.ResourceNames) > 0
+			for _, v := range r.Verbs {
+				write := v != "get" && v != "list" && v != "watch"
+				switch {
+				case slices.Contains(r.Resources, "secrets") && write && !slices.Equal(r.ResourceNames, []string{"resclass-webhook-tls"}):
+					t.Errorf("Role resclass-webhook: %s secrets %v", v, r.ResourceNames)
+				case slices.Contains(r.Resources, "leases") && v != "create" && !named:
+					t.Errorf("Role resclass-webhook: %s on every Lease", v)
+				}
+			}
 		}
 	})
 
@@ -198,9 +257,10 @@ func TestHelmChart(t *testing.T) {
 		if !slices.Contains(dns, "resclass-webhook."+ns+".svc") {
 			t.Errorf("Certificate dnsNames %v lack the Service's name", dns)
 		}
-		vwc := set.get(t, "ValidatingWebhookConfiguration", "", "resclass-webhook")
-		if a := vwc.GetAnnotations()["cert-manager.io/inject-ca-from"]; a != ns+"/resclass-webhook" {
-			t.Errorf("inject-ca-from = %q", a)
+		for _, kind := range []string{"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"} {
+			if a := set.get(t, kind, "", "resclass-webhook").GetAnnotations()["cert-manager.io/inject-ca-from"]; a != ns+"/resclass-webhook" {
+				t.Errorf("%s: inject-ca-from = %q", kind, a)
+			}
 		}
 		if args := containerArgs(t, set, "Deployment", "resclass-webhook"); !slices.Contains(args, "--cert-management=external") {
 			t.Errorf("webhook args %v lack --cert-management=external", args)
@@ -299,7 +359,7 @@ func TestHelmChart(t *testing.T) {
 	})
 
 	t.Run("another namespace", func(t *testing.T) {
-		out, err := install.Helm(ctx, "template", install.ReleaseName, install.Chart, "--namespace", "gpu-system")
+		out, err := install.Helm(ctx, "template", install.ReleaseName, install.Chart, "--namespace", "gpu-system", "--set", "distribution.enabled=true")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -307,6 +367,29 @@ func TestHelmChart(t *testing.T) {
 			t.Errorf("rendered into gpu-system, the chart still names %s", ns)
 		}
 	})
+}
+
+// sameObjects compares a kustomize render with a Helm render, less the
+// Namespace (helm install --create-namespace creates it: a release cannot
+// contain the namespace it is stored in) and Helm's own labels.
+func sameObjects(t *testing.T, kustomized, helmObjs []*unstructured.Unstructured) {
+	t.Helper()
+	want := map[string]any{}
+	for _, o := range kustomized {
+		if o.GetKind() == "Namespace" {
+			continue
+		}
+		n := normalize(t, o)
+		want[key(n)] = n.Object
+	}
+	got := map[string]any{}
+	for _, o := range helmObjs {
+		n := normalize(t, o)
+		got[key(n)] = n.Object
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("helm template differs from the kustomize render (-kustomize +helm):\n%s", diff)
+	}
 }
 
 func helmTemplate(t *testing.T, values map[string]any) []*unstructured.Unstructured {
@@ -841,6 +924,14 @@ func checkWebhook(t *testing.T, set *objects) {
 			return r.Key == "kubernetes.io/metadata.name" && r.Operator == "NotIn" && slices.Contains(r.Values, ns)
 		}) {
 			t.Errorf("webhook %s: its own namespace %s is not excluded", wh.Name, ns)
+		}
+	}
+	// The mutating webhook (a ResourceDistribution's author) is served by
+	// the same Service.
+	mwc := typed[admissionregistrationv1.MutatingWebhookConfiguration](t, set.get(t, "MutatingWebhookConfiguration", "", "resclass-webhook"))
+	for _, wh := range mwc.Webhooks {
+		if ref := wh.ClientConfig.Service; ref == nil || ref.Name != "resclass-webhook" || ref.Namespace != ns || ref.Path == nil || !strings.HasPrefix(*ref.Path, "/mutate-") {
+			t.Errorf("mutating webhook %s: clientConfig %+v, want the Service resclass-webhook, a /mutate- path", wh.Name, wh.ClientConfig)
 		}
 	}
 	if set.find("Secret", ns, "resclass-webhook-tls") == nil && set.find("Certificate", ns, "resclass-webhook") == nil {

@@ -39,13 +39,19 @@ func tenant(t *testing.T, ctx context.Context, ns string) kubernetes.Interface {
 	user := "e2e-tenant-" + ns
 	grant(t, ctx, user, ns, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"},
 		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}})
-	cfg := rest.CopyConfig(cluster.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
-	c, err := kubernetes.NewForConfig(cfg)
+	c, err := kubernetes.NewForConfig(impersonating(user, "system:authenticated"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// impersonating is the harness's admin config acting as user in groups: what
+// the real apiserver's RBAC and admission see is that user.
+func impersonating(user string, groups ...string) *rest.Config {
+	cfg := rest.CopyConfig(cluster.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
+	return cfg
 }
 
 // gpuPodOn is a pod of one container "c" requesting n devices of class from

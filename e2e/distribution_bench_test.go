@@ -37,13 +37,18 @@ import (
 //   - distribution: the ResourceDistribution is created, timed from its
 //     create to the status reporting succeeded == 1000 with Synced True,
 //     read by polling the one object every 50ms (cheap; the figure is late by
-//     at most that). The webhook process runs the controller (and the
-//     admission webhook the create goes through); its CPU seconds during the
-//     convergence and its resident memory after it are reported too.
+//     at most that). The controller runs in its own process
+//     (--mode=distribution-controller), asking a SubjectAccessReview before
+//     its writes as in production (the author, the test's admin, may write
+//     everywhere: one cluster-wide review per verb answers for all 1000
+//     namespaces for --distribution-authorization-ttl); its CPU seconds
+//     during the convergence and its resident memory after it are reported
+//     too. The create goes through the admission webhooks, in another
+//     process.
 //
 // Both sides write to the same apiserver, 16 writes at a time (the
 // controller's default --distribution-workers=16), through unthrottled
-// clients: the webhook runs with --kube-api-qps=5000 --kube-api-burst=10000
+// clients: the controller runs with --kube-api-qps=5000 --kube-api-burst=10000
 // (its default, 100/200, would make the comparison one of rate limits). The
 // namespaces exist before either side is timed. ns/op means nothing here and
 // is suppressed; the ratio of "s" is distribution / baseline (the goal is at
@@ -55,9 +60,9 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 		secretName = "bench-distributed"
 	)
 	ctx := context.Background()
-	wh := startWebhook(b, framework.WebhookOptions{
-		Selector: webhookLabel,
-		Args:     []string{"--kube-api-qps=5000", "--kube-api-burst=10000"},
+	startWebhook(b, framework.WebhookOptions{Selector: webhookLabel})
+	ctl := startDistribution(b, framework.DistributionOptions{
+		Args: []string{"--kube-api-qps=5000", "--kube-api-burst=10000"},
 	})
 	rc, err := cluster.Resclass()
 	if err != nil {
@@ -131,7 +136,7 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 		var cpu, rssMiB float64
 		for b.Loop() {
 			rd := distribution("bench", raw, v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: label}})
-			cpuBefore := cpuSeconds(b, wh.PID())
+			cpuBefore := cpuSeconds(b, ctl.PID())
 			start := time.Now()
 			created, err := rc.ResclassV1alpha1().ResourceDistributions().Create(ctx, rd, metav1.CreateOptions{})
 			if err != nil {
@@ -150,8 +155,8 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 				b.Fatalf("%s did not report %d copies: %v", created.Name, namespaces, err)
 			}
 			total += time.Since(start)
-			cpu += cpuSeconds(b, wh.PID()) - cpuBefore
-			rssMiB = residentMiB(b, wh.PID())
+			cpu += cpuSeconds(b, ctl.PID()) - cpuBefore
+			rssMiB = residentMiB(b, ctl.PID())
 
 			// The garbage collector removes the copies (not timed).
 			if err := rc.ResclassV1alpha1().ResourceDistributions().Delete(ctx, created.Name, metav1.DeleteOptions{}); err != nil {
@@ -181,7 +186,7 @@ func reportConvergence(b *testing.B, total time.Duration, objects int) {
 	b.ReportMetric(float64(objects)/seconds, "objects/s")
 }
 
-// unthrottledClient is a client whose rate limit is the webhook's in this
+// unthrottledClient is a client whose rate limit is the controller's in this
 // benchmark, far above what the apiserver here can take.
 func unthrottledClient(b *testing.B) kubernetes.Interface {
 	cfg := rest.CopyConfig(cluster.Config)

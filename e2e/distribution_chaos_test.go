@@ -70,7 +70,8 @@ func TestResourceDistributionChaos(t *testing.T) {
 	}
 	t.Logf("seed %d (replay with %s=%d)", seed, chaosSeedEnv, seed)
 
-	wh := startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
+	startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
+	ctl := startDistribution(t, framework.DistributionOptions{})
 	rc, err := cluster.Resclass()
 	if err != nil {
 		t.Fatal(err)
@@ -86,8 +87,8 @@ func TestResourceDistributionChaos(t *testing.T) {
 	t.Cleanup(w.deleteAll)
 
 	// The clean set, and beside it the namespaces that will bring conflicts:
-	// the webhook refuses to create a distribution while a target holds a
-	// foreign object, so these join the targets only once it exists.
+	// these join the targets only once the distribution exists, so that the
+	// conflicts arrive while its first copies are being written.
 	names := make([]string, initial)
 	forEachParallel(initial, 16, func(i int) {
 		ns, err := w.createNamespace(ctx, i >= seeded)
@@ -194,7 +195,7 @@ func TestResourceDistributionChaos(t *testing.T) {
 	// Write failures and status conflicts are retried by the controller;
 	// how many there were says how hard the chaos pushed it.
 	t.Logf("%d foreign Secrets created, %d modified, %d gone with their namespace; %d reconcile errors retried; %.1fs in all",
-		len(w.foreign), modified, gone, strings.Count(wh.Log(), `"Reconciler error"`), time.Since(began).Seconds())
+		len(w.foreign), modified, gone, strings.Count(ctl.Log(), `"Reconciler error"`), time.Since(began).Seconds())
 }
 
 // chaosWorld is what the chaos did, for the checks after it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/resclass/resclass/e2e/framework"
@@ -27,11 +27,13 @@ import (
 const secretValue = "s3cr3t-e2e-d1str1but10n-value"
 
 // TestResourceDistribution: the ResourceDistribution controller and webhook
-// (seed 002) on the real apiserver, with the real garbage collector.
+// (seed 002) on the real apiserver, with the real garbage collector, each
+// under its own identity.
 func TestResourceDistribution(t *testing.T) {
 	diagnoseOnFailure(t, cluster)
 	ctx := context.Background()
 	wh := startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
+	ctl := startDistribution(t, framework.DistributionOptions{})
 	rc, err := cluster.Resclass()
 	if err != nil {
 		t.Fatal(err)
@@ -71,31 +73,50 @@ func TestResourceDistribution(t *testing.T) {
 		}
 	})
 
-	t.Run("default targets: every namespace but kube-system, kube-public and the excluded", func(t *testing.T) {
+	t.Run("default targets: every namespace but kube-system, kube-public, resclass's own and the excluded", func(t *testing.T) {
 		d := d.with(t)
 		kept, excluded := d.ns(nil), d.ns(nil)
 		name := "e2e-default-" + strings.ToLower(kept[len(kept)-5:])
 		d.create(name, configMap(name, map[string]string{"k": "v"}), v1alpha1.ResourceDistributionTargets{
 			ExcludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: excluded}},
 		})
-		d.waitCopies(name, []string{kept, "default"}, []string{excluded, "kube-system", "kube-public"}, "configmap")
+		d.waitCopies(name, []string{kept, "default"}, []string{excluded, "kube-system", "kube-public", "resclass-system"}, "configmap")
 	})
 
-	t.Run("create refused while targets hold a foreign same-named object, listing all", func(t *testing.T) {
+	t.Run("a foreign same-named object is left alone and reported; the copy follows within seconds of it going", func(t *testing.T) {
 		d := d.with(t)
 		team := d.uniqueLabel()
 		a, b, c := d.ns(team), d.ns(team), d.ns(team)
 		for _, ns := range []string{a, c} {
 			d.foreignSecret(ns, "shared")
 		}
-		_, err := d.try("shared", secret("shared", map[string]string{"k": "v"}), v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: team}})
-		wantDenied(t, err, `admission webhook "resourcedistributions.resclass.io" denied the request`, "already exists in 2 target namespace(s)", a, c)
-		if err != nil && strings.Contains(err.Error(), b) {
-			t.Errorf("the denial names %s, which holds no such object: %v", b, err)
-		}
-		_, err = d.try("a-pod", []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x"}}`), v1alpha1.ResourceDistributionTargets{})
+		// The webhook reads no Secret, so it cannot refuse this: the
+		// controller reports both conflicts and copies to b.
+		rd := d.create("shared", secret("shared", map[string]string{"k": "v"}), v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: team}})
+		poll(t, ctx, 30*time.Second, "both conflicts listed, Synced False/Conflict", func(ctx context.Context) (bool, error) {
+			got, err := d.rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, rd.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			cond := meta.FindStatusCondition(got.Status.Conditions, "Synced")
+			return slices.Equal(sortedNamespaceNames(got.Status.ConflictingNamespaces), sortedStrings(a, c)) &&
+				cond != nil && cond.Status == metav1.ConditionFalse && cond.Reason == "Conflict" && got.Status.Succeeded == 1, nil
+		})
+		d.wantCopies("shared", []string{b}, nil)
+		_, err := d.try("a-pod", []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x"}}`), v1alpha1.ResourceDistributionTargets{})
 		// The CRD's own schema refuses it before the webhook is asked.
 		wantDenied(t, err, "spec.resource", "must be a v1 Secret or ConfigMap")
+
+		// The foreign objects go: the copies follow within seconds, with no
+		// other event to prompt the controller.
+		for _, ns := range []string{a, c} {
+			if err := cluster.Client.CoreV1().Secrets(ns).Delete(ctx, "shared", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		began := time.Now()
+		d.waitSynced(rd, 3)
+		t.Logf("the copies appeared %.1fs after the conflicts cleared", time.Since(began).Seconds())
 	})
 
 	t.Run("a conflict that arrives later is reported, the foreign object untouched, the rest in sync", func(t *testing.T) {
@@ -183,9 +204,7 @@ func TestResourceDistribution(t *testing.T) {
 		user := "e2e-alice-" + mine[len(mine)-5:]
 		grant(t, ctx, user, "", rbacv1.PolicyRule{APIGroups: []string{"resclass.io"}, Resources: []string{"resourcedistributions"}, Verbs: []string{"create", "get"}})
 		grant(t, ctx, user, mine, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create"}})
-		cfg := rest.CopyConfig(cluster.Config)
-		cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
-		alice, err := versioned.NewForConfig(cfg)
+		alice, err := versioned.NewForConfig(impersonating(user))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,6 +227,9 @@ func TestResourceDistribution(t *testing.T) {
 	t.Run("secret data never in logs, events or status", func(t *testing.T) {
 		if strings.Contains(wh.Log(), secretValue) {
 			t.Errorf("the webhook's log contains secret data")
+		}
+		if strings.Contains(ctl.Log(), secretValue) {
+			t.Errorf("the controller's log contains secret data")
 		}
 		events, err := cluster.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
 		if err != nil {
@@ -373,6 +395,10 @@ func (d *distEnv) copiesAre(ctx context.Context, name string, want, without []st
 	return ""
 }
 
+func sortedStrings(s ...string) []string {
+	return slices.Sorted(slices.Values(s))
+}
+
 func secret(name string, data map[string]string) []byte {
 	raw, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": name}, "stringData": data})
 	return raw
@@ -383,11 +409,24 @@ func configMap(name string, data map[string]string) []byte {
 	return raw
 }
 
+// grantName names the (Cluster)Role and binding grant creates.
+func grantName(user string, rule rbacv1.PolicyRule) string {
+	return fmt.Sprintf("%s-%d", user, len(rule.Resources[0]))
+}
+
+// revoke takes back what grant(user, ns, rule) gave in the namespace ns.
+func revoke(t *testing.T, ctx context.Context, user, ns string, rule rbacv1.PolicyRule) {
+	t.Helper()
+	if err := cluster.Client.RbacV1().RoleBindings(ns).Delete(ctx, grantName(user, rule), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // grant gives user rule, cluster-wide when ns is "".
 func grant(t *testing.T, ctx context.Context, user, ns string, rule rbacv1.PolicyRule) {
 	t.Helper()
 	c := cluster.Client
-	name := fmt.Sprintf("%s-%d", user, len(rule.Resources[0]))
+	name := grantName(user, rule)
 	subject := []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: user, APIGroup: rbacv1.GroupName}}
 	if ns == "" {
 		if _, err := c.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{rule}}, metav1.CreateOptions{}); err != nil {

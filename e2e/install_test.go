@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
+	deploydistribution "github.com/resclass/resclass/deploy/distribution"
 	"github.com/resclass/resclass/deploy/install"
 )
 
@@ -42,6 +43,7 @@ func TestInstallManifestsAreAccepted(t *testing.T) {
 			"webhook":   map[string]any{"allowEmptyNamespaceSelector": true},
 			"nodeAgent": map[string]any{"enabled": false},
 		},
+		"helm with the ResourceDistribution controller": {"distribution": map[string]any{"enabled": true}},
 	} {
 		objs, err := install.HelmTemplate(ctx, values)
 		if err != nil {
@@ -94,12 +96,13 @@ func dryRunApplier(t *testing.T) func(context.Context, *unstructured.Unstructure
 // under it), is refused what its job does not need.
 func TestComponentsCannotDoMore(t *testing.T) {
 	ctx := context.Background()
-	// The RBAC of all three, as installed.
+	// The RBAC of all four, as installed (the ResourceDistribution
+	// controller's is the opt-in component deploy/distribution).
 	kustomized, err := install.Kustomize()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rbac []byte
+	rbac := append(slices.Clone(deploydistribution.RBAC), "\n---\n"...)
 	for _, obj := range kustomized {
 		switch obj.GetKind() {
 		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
@@ -146,10 +149,22 @@ func TestComponentsCannotDoMore(t *testing.T) {
 	}, {
 		user: sa("resclass-webhook"),
 		checks: []check{
-			// What the ResourceDistribution controller needs, in any namespace.
-			{verb: "create", group: "", resource: "secrets", namespace: "team-a", allowed: true},
 			{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "resclass-webhook", allowed: true},
-			// ... and no more.
+			{verb: "update", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "resclass-webhook", allowed: true},
+			{verb: "update", group: "", resource: "secrets", namespace: "resclass-system", name: "resclass-webhook-tls", allowed: true},
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "resclass-system", name: "resclass-webhook", allowed: true},
+			{verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews", allowed: true},
+			// ... and no more: no Secret or ConfigMap of anyone else's (the
+			// ResourceDistribution controller is another identity), no other
+			// Lease.
+			{verb: "create", group: "", resource: "secrets", namespace: "team-a"},
+			{verb: "get", group: "", resource: "secrets", namespace: "team-a"},
+			{verb: "list", group: "", resource: "secrets"},
+			{verb: "create", group: "", resource: "secrets", namespace: "resclass-system"},
+			{verb: "update", group: "", resource: "secrets", namespace: "resclass-system", name: "another"},
+			{verb: "get", group: "", resource: "configmaps", namespace: "team-a"},
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "resclass-system", name: "resclass-scheduler"},
+			{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: "resclass-system", name: "resclass-webhook"},
 			{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "someone-elses"},
 			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "resclass-webhook"},
 			{verb: "create", group: "", resource: "pods", namespace: "team-a"},
@@ -157,9 +172,29 @@ func TestComponentsCannotDoMore(t *testing.T) {
 			{verb: "create", group: "rbac.authorization.k8s.io", resource: "rolebindings", namespace: "team-a"},
 			{verb: "patch", group: "", resource: "namespaces"},
 			{verb: "delete", group: "", resource: "namespaces"},
-			{verb: "update", group: "resclass.io", resource: "resourcedistributions"},
+			{verb: "get", group: "resclass.io", resource: "resourcedistributions"},
+			{verb: "update", group: "resclass.io", resource: "resourcedistributions", subresource: "status"},
 			{verb: "update", group: "", resource: "resourcequotas", namespace: "team-a"},
 			{verb: "patch", group: "", resource: "nodes"},
+		},
+	}, {
+		user: sa("resclass-distribution"),
+		checks: []check{
+			// What the ResourceDistribution controller needs, in any
+			// namespace (the admission policy narrows the writes to copies).
+			{verb: "create", group: "", resource: "secrets", namespace: "team-a", allowed: true},
+			{verb: "delete", group: "", resource: "configmaps", namespace: "team-a", allowed: true},
+			{verb: "patch", group: "resclass.io", resource: "resourcedistributions", subresource: "status", allowed: true},
+			{verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews", allowed: true},
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "resclass-system", name: "resclass-distribution", allowed: true},
+			// ... and no more.
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "resclass-system", name: "resclass-webhook"},
+			{verb: "update", group: "resclass.io", resource: "resourcedistributions"},
+			{verb: "create", group: "", resource: "pods", namespace: "team-a"},
+			{verb: "create", group: "", resource: "serviceaccounts", subresource: "token", namespace: "team-a"},
+			{verb: "create", group: "rbac.authorization.k8s.io", resource: "rolebindings", namespace: "team-a"},
+			{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "resclass-webhook"},
+			{verb: "patch", group: "", resource: "namespaces"},
 		},
 	}} {
 		for _, ch := range c.checks {

@@ -349,6 +349,22 @@ func startWebhook(tb testing.TB, opts framework.WebhookOptions) *framework.Webho
 	return wh
 }
 
+// startDistribution starts the ResourceDistribution controller for one test
+// or benchmark and stops it when that ends.
+func startDistribution(tb testing.TB, opts framework.DistributionOptions) *framework.Distribution {
+	tb.Helper()
+	d, err := cluster.StartDistribution(context.Background(), opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			tb.Errorf("stopping the ResourceDistribution controller: %v", err)
+		}
+	})
+	return d
+}
+
 // podClient creates small pods that no scheduler takes (they stay Pending), so
 // that only admission is exercised.
 type podClient struct {

@@ -10,6 +10,12 @@ import _ "embed"
 //go:embed webhooks.yaml
 var Webhooks []byte
 
+// MutatingWebhooks is mutating-webhooks.yaml: the MutatingWebhookConfiguration
+// that records a ResourceDistribution's author.
+//
+//go:embed mutating-webhooks.yaml
+var MutatingWebhooks []byte
+
 // RBAC is rbac.yaml: the webhook's ServiceAccount and its roles.
 //
 //go:embed rbac.yaml

@@ -160,6 +160,11 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 	}
 
 	p.section("10. Seed 002: one ConfigMap or Secret, kept in many namespaces (ResourceDistribution)")
+	ctl, err := startDistribution(ctx, p, cluster)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ctl.Stop() }()
 	if err := distribute(ctx, p, cluster); err != nil {
 		return err
 	}

@@ -41,7 +41,8 @@ func TestDemo(t *testing.T) {
 		"exceeded quota: cluster-services",
 		// seed 002
 		"ml-settings  ConfigMap  ml-settings  2        2",
-		`Secret "registry" already exists in 1 target namespace(s), not created by this distribution: ml-serve`,
+		`Synced=False (Conflict): Secret "registry" exists in 1 target namespace(s) and is not this distribution's; it is left untouched: ml-serve`,
+		`user "dana" may not create secrets in 2 target namespace(s): ml-serve, web`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("demo output lacks %q", want)

@@ -10,17 +10,21 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 )
 
 // startWebhook runs the webhook binary with deploy/webhook's configuration and
@@ -183,9 +187,22 @@ func printDenial(p *printer, err error) {
 	p.line("    refused: %s", err)
 }
 
+// startDistribution runs the ResourceDistribution controller apart, as its
+// own ServiceAccount (deploy/distribution, which an install opts into).
+func startDistribution(ctx context.Context, p *printer, c *framework.Cluster) (*framework.Distribution, error) {
+	ctl, err := c.StartDistribution(ctx, framework.DistributionOptions{})
+	if err != nil {
+		return nil, err
+	}
+	p.line("  The controller (deploy/distribution, opt-in) runs as its own ServiceAccount resclass-distribution;")
+	p.line("  the admission policy resclass-distribution-writes lets it write distribution copies and nothing else.")
+	return ctl, nil
+}
+
 // distribute walks through seed 002: a ConfigMap copied into the namespaces a
-// label selects, one that joins later, and a Secret refused at create because
-// a target already holds a same-named Secret.
+// label selects, one that joins later, a Secret that meets a foreign
+// same-named Secret (left alone, reported), and an author who may not write
+// every target (refused).
 func distribute(ctx context.Context, p *printer, c *framework.Cluster) error {
 	rc, err := c.Resclass()
 	if err != nil {
@@ -209,16 +226,18 @@ func distribute(ctx context.Context, p *printer, c *framework.Cluster) error {
 		},
 	}
 	p.line("  ResourceDistribution ml-settings: ConfigMap ml-settings into namespaces labelled team=ml")
-	if _, err := rc.ResclassV1alpha1().ResourceDistributions().Create(ctx, rd, metav1.CreateOptions{}); err != nil {
+	created, err := rc.ResclassV1alpha1().ResourceDistributions().Create(ctx, rd, metav1.CreateOptions{})
+	if err != nil {
 		return err
 	}
+	p.line("    its author, recorded by the webhook (%s): %s", v1alpha1.AnnotationAuthor, created.Annotations[v1alpha1.AnnotationAuthor])
 	if err := waitDistributed(ctx, c, rd.Name, 2); err != nil {
 		return err
 	}
 	if err := printTable(ctx, p, c, "/apis/resclass.io/v1alpha1/resourcedistributions"); err != nil {
 		return err
 	}
-	p.line("  kubectl label namespace web team=ml: the new target gets its copy")
+	p.line("  kubectl label namespace web team=ml: the new target gets its copy (the author may write there)")
 	if _, err := nss.Patch(ctx, "web", types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"ml"}}}`), metav1.PatchOptions{}); err != nil {
 		return err
 	}
@@ -241,12 +260,67 @@ func distribute(ctx context.Context, p *printer, c *framework.Cluster) error {
 	secret := rd.DeepCopy()
 	secret.Name = "registry"
 	secret.Spec.Resource = runtime.RawExtension{Raw: []byte(`{"apiVersion":"v1","kind":"Secret","metadata":{"name":"registry"},"stringData":{"token":"not-printed"}}`)}
-	_, err = rc.ResclassV1alpha1().ResourceDistributions().Create(ctx, secret, metav1.CreateOptions{})
+	if _, err := rc.ResclassV1alpha1().ResourceDistributions().Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	var synced *metav1.Condition
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, secret.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		synced = meta.FindStatusCondition(got.Status.Conditions, "Synced")
+		return got.Status.Succeeded == 2 && synced != nil && synced.Reason == "Conflict", nil
+	})
+	if err != nil {
+		return fmt.Errorf("ResourceDistribution registry did not report the conflict: %w", err)
+	}
+	p.line("    Synced=%s (%s): %s", synced.Status, synced.Reason, synced.Message)
+	p.line("    ml-train and web got the copy; ml-serve's Secret is never touched (delete it, and the copy follows)")
+
+	// dana may write Secrets in ml-train only: she cannot use a distribution
+	// to reach the other namespaces.
+	if err := grantDemo(ctx, c, "dana", "", rbacv1.PolicyRule{APIGroups: []string{"resclass.io"}, Resources: []string{"resourcedistributions"}, Verbs: []string{"create"}}); err != nil {
+		return err
+	}
+	if err := grantDemo(ctx, c, "dana", "ml-train", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create"}}); err != nil {
+		return err
+	}
+	cfg := rest.CopyConfig(c.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "dana", Groups: []string{"system:authenticated"}}
+	dana, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	p.line("  dana, who may create Secrets in ml-train only, distributes a Secret to team=ml")
+	danas := secret.DeepCopy()
+	danas.Name = "danas-token"
+	_, err = dana.ResclassV1alpha1().ResourceDistributions().Create(ctx, danas, metav1.CreateOptions{})
 	if err == nil {
-		return errors.New("a distribution over a foreign Secret was admitted")
+		return errors.New("a distribution into namespaces its author may not write was admitted")
 	}
 	printDenial(p, err)
 	return nil
+}
+
+// grantDemo gives user rule, cluster-wide when ns is "".
+func grantDemo(ctx context.Context, c *framework.Cluster, user, ns string, rule rbacv1.PolicyRule) error {
+	name := "demo-" + user + "-" + rule.Resources[0]
+	subjects := []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: user, APIGroup: rbacv1.GroupName}}
+	if ns == "" {
+		if _, err := c.Client.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{rule}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		_, err := c.Client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name}, Subjects: subjects}, metav1.CreateOptions{})
+		return err
+	}
+	if _, err := c.Client.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{rule}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	_, err := c.Client.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}, Subjects: subjects}, metav1.CreateOptions{})
+	return err
 }
 
 func waitDistributed(ctx context.Context, c *framework.Cluster, name string, n int32) error {

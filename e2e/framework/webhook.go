@@ -41,6 +41,9 @@ type WebhookOptions struct {
 type Webhook struct {
 	// Config is the ValidatingWebhookConfiguration as the cluster runs it.
 	Config *admissionregistrationv1.ValidatingWebhookConfiguration
+	// Mutating is the MutatingWebhookConfiguration (the ResourceDistribution
+	// author) as the cluster runs it.
+	Mutating *admissionregistrationv1.MutatingWebhookConfiguration
 	// QuotaConfigPath is the --quota-config file; rewrite it to change the rule.
 	QuotaConfigPath string
 	// CertDir is where the webhook serves its certificate from.
@@ -55,9 +58,10 @@ type Webhook struct {
 }
 
 // StartWebhook applies deploy/webhook (RBAC, the TLS Secret, the webhook
-// configuration with a url in place of the Service, which the embedded cluster
-// cannot route) and starts the webhook binary as its ServiceAccount. It returns
-// once the webhook is ready and the configuration carries its CA.
+// configurations with a url in place of the Service, which the embedded
+// cluster cannot route) and starts the webhook binary as its ServiceAccount.
+// It returns once the webhook is ready and the configurations carry its CA.
+// The ResourceDistribution controller is not part of it: StartDistribution.
 func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webhook, error) {
 	if _, err := c.ApplyManifestData(ctx, "deploy/webhook/rbac.yaml", append([]byte(resclassNamespace+"\n---\n"), deploywebhook.RBAC...)); err != nil {
 		return nil, err
@@ -105,6 +109,14 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 	if w.Config, err = vwcs.Create(ctx, w.Config, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("creating the webhook configuration: %w", err)
 	}
+	if w.Mutating, err = mutatingWebhookConfig(port, opts.Selector); err != nil {
+		return nil, err
+	}
+	mwcs := c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	_ = mwcs.Delete(ctx, w.Mutating.Name, metav1.DeleteOptions{})
+	if w.Mutating, err = mwcs.Create(ctx, w.Mutating, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("creating the mutating webhook configuration: %w", err)
+	}
 
 	c.progress("starting the resclass webhook")
 	if w.proc, err = c.start("webhook", c.bins.webhook, nil, args...); err != nil {
@@ -118,8 +130,13 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		got, err := vwcs.Get(ctx, w.Config.Name, metav1.GetOptions{})
-		if err == nil && len(got.Webhooks) > 0 && len(got.Webhooks[0].ClientConfig.CABundle) > 0 {
-			w.Config = got
+		var gotMutating *admissionregistrationv1.MutatingWebhookConfiguration
+		if err == nil {
+			gotMutating, err = mwcs.Get(ctx, w.Mutating.Name, metav1.GetOptions{})
+		}
+		if err == nil && len(got.Webhooks) > 0 && len(got.Webhooks[0].ClientConfig.CABundle) > 0 &&
+			len(gotMutating.Webhooks) > 0 && len(gotMutating.Webhooks[0].ClientConfig.CABundle) > 0 {
+			w.Config, w.Mutating = got, gotMutating
 			return w, nil
 		}
 		if time.Now().After(deadline) {
@@ -159,6 +176,24 @@ func webhookConfig(port int, selector map[string]string) (*admissionregistration
 	return cfg, nil
 }
 
+// mutatingWebhookConfig is deploy/webhook/mutating-webhooks.yaml reached at
+// https://localhost:port, narrowed by selector.
+func mutatingWebhookConfig(port int, selector map[string]string) (*admissionregistrationv1.MutatingWebhookConfiguration, error) {
+	cfg := &admissionregistrationv1.MutatingWebhookConfiguration{}
+	if err := yaml.UnmarshalStrict(deploywebhook.MutatingWebhooks, cfg); err != nil {
+		return nil, fmt.Errorf("deploy/webhook/mutating-webhooks.yaml: %w", err)
+	}
+	for i := range cfg.Webhooks {
+		wh := &cfg.Webhooks[i]
+		url := fmt.Sprintf("https://localhost:%d%s", port, *wh.ClientConfig.Service.Path)
+		wh.ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url}
+		if len(selector) > 0 {
+			wh.ObjectSelector = &metav1.LabelSelector{MatchLabels: selector}
+		}
+	}
+	return cfg, nil
+}
+
 // Kill kills the webhook (SIGKILL) and leaves its configuration in place: the
 // apiserver goes on calling a webhook that is not there, as in an outage.
 func (w *Webhook) Kill() {
@@ -170,7 +205,9 @@ func (w *Webhook) Kill() {
 // Stop stops the webhook and removes its configuration, so that the
 // apiserver stops calling it.
 func (w *Webhook) Stop(ctx context.Context) error {
-	errDelete := w.c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, w.Config.Name, metav1.DeleteOptions{})
+	errDelete := errors.Join(
+		w.c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, w.Config.Name, metav1.DeleteOptions{}),
+		w.c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, w.Mutating.Name, metav1.DeleteOptions{}))
 	var errStop error
 	if !w.killed {
 		errStop = w.proc.stop(10 * time.Second)

@@ -19,10 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -35,11 +37,29 @@ const (
 	// copy.
 	ConditionSynced = "Synced"
 
+	// ConditionAuthorized is True when the distribution's author may make
+	// every write its copies need; False names the namespaces and verbs
+	// where not.
+	ConditionAuthorized = "Authorized"
+
 	ReasonSynced      = "Synced"
 	ReasonConflict    = "Conflict"
 	ReasonInvalid     = "InvalidSpec"
 	ReasonWriteFailed = "WriteFailed"
+	ReasonAuthorized  = "Authorized"
+	// ReasonForbidden: the author may not make some writes (a Warning Event
+	// with this reason names them too).
+	ReasonForbidden = "Forbidden"
+	// ReasonNoAuthor: the distribution carries no valid
+	// v1alpha1.AnnotationAuthor, so nothing is written.
+	ReasonNoAuthor = "NoAuthor"
 )
+
+// DefaultConflictRetry is how soon a distribution with a conflicting
+// namespace is looked at again: the controller does not watch foreign
+// objects (its cache holds only copies), so this is how a cleared conflict
+// is noticed.
+const DefaultConflictRetry = 3 * time.Second
 
 // Reconciler keeps the copies of each ResourceDistribution: one in every
 // namespace its targets select, none elsewhere, never touching an object it
@@ -55,11 +75,32 @@ type Reconciler struct {
 	// Workers is how many copies one reconcile writes at once.
 	Workers int
 	Clock   clock.PassiveClock
+	// Authorizer answers whether a distribution's author may write a copy
+	// (SubjectAccessReview); every create, update and delete asks it first.
+	Authorizer *Authorizer
+	// Namespace is resclass's own namespace, left out of the default targets
+	// (CompileTargets).
+	Namespace string
+	// ConflictRetry is how soon a distribution with conflicts is reconciled
+	// again; default DefaultConflictRetry.
+	ConflictRetry time.Duration
+
+	// targets caches each distribution's compiled targets by UID and
+	// generation, for mapping namespace events to the distributions they
+	// concern.
+	targetsMu sync.Mutex
+	targets   map[types.UID]compiledTargets
+}
+
+type compiledTargets struct {
+	generation int64
+	targets    *Targets
 }
 
 // SetupWithManager registers the controller: a distribution is reconciled
-// when it changes, when one of its copies changes or disappears, and when any
-// namespace appears, changes labels or goes.
+// when it changes, when one of its copies changes or disappears, and when a
+// namespace it may target (or holds a copy in) appears, changes labels or
+// goes.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Workers <= 0 {
 		r.Workers = 16
@@ -67,33 +108,85 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
 	}
+	if r.ConflictRetry <= 0 {
+		r.ConflictRetry = DefaultConflictRetry
+	}
+	if r.Authorizer == nil {
+		return errors.New("the ResourceDistribution controller needs an Authorizer")
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("resourcedistribution").
 		For(&v1alpha1.ResourceDistribution{}).
 		Owns(&corev1.Secret{}).
 		Owns(&corev1.ConfigMap{}).
-		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.allDistributions)).
+		Watches(&corev1.Namespace{}, handler.Funcs{
+			CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.enqueueFor(ctx, q, nil, e.Object)
+			},
+			UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.enqueueFor(ctx, q, e.ObjectOld, e.ObjectNew)
+			},
+			DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.enqueueFor(ctx, q, e.Object, nil)
+			},
+			GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.enqueueFor(ctx, q, nil, e.Object)
+			},
+		}).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(r)
 }
 
-// allDistributions maps a namespace event to every distribution: whether the
-// namespace is targeted depends on each one's targets, which are cheap to
-// evaluate in Reconcile.
-func (r *Reconciler) allDistributions(ctx context.Context, _ client.Object) []reconcile.Request {
+// enqueueFor queues the distributions a namespace event concerns: those whose
+// targets match the namespace before or after, and those whose status names
+// it (a copy or a conflict there). An update that changes neither the labels
+// nor whether the namespace is going concerns none.
+func (r *Reconciler) enqueueFor(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request], oldObj, newObj client.Object) {
+	oldNS, _ := oldObj.(*corev1.Namespace)
+	newNS, _ := newObj.(*corev1.Namespace)
+	if oldNS != nil && newNS != nil && maps.Equal(oldNS.Labels, newNS.Labels) &&
+		oldNS.DeletionTimestamp.Equal(newNS.DeletionTimestamp) && oldNS.Status.Phase == newNS.Status.Phase {
+		return
+	}
+	name := ""
+	if newNS != nil {
+		name = newNS.Name
+	} else if oldNS != nil {
+		name = oldNS.Name
+	} else {
+		return
+	}
 	var list v1alpha1.ResourceDistributionList
 	if err := r.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "listing ResourceDistributions for a namespace event")
-		return nil
+		return
 	}
-	reqs := make([]reconcile.Request, len(list.Items))
+	r.targetsMu.Lock()
+	defer r.targetsMu.Unlock()
+	fresh := make(map[types.UID]compiledTargets, len(list.Items))
 	for i := range list.Items {
-		reqs[i] = reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}}
+		rd := &list.Items[i]
+		ct, ok := r.targets[rd.UID]
+		if !ok || ct.generation != rd.Generation {
+			// An invalid spec compiles to nil, which matches nothing; its
+			// reconcile reports it.
+			t, _ := CompileTargets(&rd.Spec.Targets, r.Namespace, field.NewPath("spec", "targets"))
+			ct = compiledTargets{generation: rd.Generation, targets: t}
+		}
+		fresh[rd.UID] = ct
+		_, copied := rd.Status.DistributedResources[name]
+		concerned := copied || ct.targets.Matches(oldNS) || ct.targets.Matches(newNS) ||
+			slices.ContainsFunc(rd.Status.ConflictingNamespaces, func(n v1alpha1.ResourceDistributionNamespace) bool { return n.Name == name })
+		if concerned {
+			q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Name: rd.Name}})
+		}
 	}
-	return reqs
+	// Only the distributions that exist stay cached.
+	r.targets = fresh
 }
 
-// Reconcile brings one distribution's copies in line with its spec.
+// Reconcile brings one distribution's copies in line with its spec, making
+// only the writes its author may make.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 	rd := &v1alpha1.ResourceDistribution{}
@@ -109,19 +202,33 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 
 	spec := field.NewPath("spec")
 	res, errs := ParseResource(rd.Spec.Resource, spec.Child("resource"))
-	targets, targetErrs := CompileTargets(&rd.Spec.Targets, spec.Child("targets"))
+	targets, targetErrs := CompileTargets(&rd.Spec.Targets, r.Namespace, spec.Child("targets"))
 	if errs = append(errs, targetErrs...); len(errs) > 0 {
 		// The webhook refuses such a spec; this is one written while it was down.
 		msg := errs.ToAggregate().Error()
 		r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonInvalid, "Validate", "%s", msg)
 		status.Description = "Resource distribution failed: invalid spec: " + msg
-		setSynced(status, rd.Generation, metav1.ConditionFalse, ReasonInvalid, msg)
+		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonInvalid, msg)
+		return reconcile.Result{}, r.writeStatus(ctx, rd, status)
+	}
+	author, err := ParseAuthor(rd.Annotations[v1alpha1.AnnotationAuthor])
+	if err != nil {
+		// Written while the webhook was not in the path (or before resclass
+		// recorded authors): nobody vouches for the spec, so nothing is
+		// written for it.
+		msg := fmt.Sprintf("%v (annotation %s); nothing is written until the spec is written again through resclass's admission webhook, which records its author",
+			err, v1alpha1.AnnotationAuthor)
+		if c := meta.FindStatusCondition(status.Conditions, ConditionAuthorized); c == nil || c.Message != msg {
+			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonNoAuthor, "Authorize", "%s", msg)
+		}
+		status.Description = "Resource distribution failed: " + msg
+		setCondition(status, ConditionAuthorized, rd.Generation, metav1.ConditionFalse, ReasonNoAuthor, msg)
+		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonNoAuthor, msg)
 		return reconcile.Result{}, r.writeStatus(ctx, rd, status)
 	}
 
-	// Every namespace event reconciles every distribution: read the cache's
-	// objects as they are (nothing here changes them) rather than copying
-	// every namespace each time.
+	// Read the cache's namespaces as they are (nothing here changes them)
+	// rather than copying every namespace each time.
 	var nsList corev1.NamespaceList
 	if err := r.Client.List(ctx, &nsList, client.UnsafeDisableDeepCopy); err != nil {
 		return reconcile.Result{}, err
@@ -137,27 +244,39 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, err
 	}
 
-	now := r.Clock.Now()
 	var (
-		mu          sync.Mutex
+		// distributed holds every copy there is, by namespace: the up to
+		// date ones (succeeded) and those the author may no longer update or
+		// delete, which stay. Admission reads it to know where deleting the
+		// distribution deletes copies.
 		distributed = map[string]string{}
+		succeeded   int
 		conflicts   []string
+		forbidden   = map[string][]string{} // verb -> namespaces
 		writeErrs   []error
 	)
+	now := r.Clock.Now()
+	var mu sync.Mutex
 	work := make(chan string)
 	var wg sync.WaitGroup
 	for range min(r.Workers, max(len(desired), 1)) {
 		wg.Go(func() {
 			for ns := range work {
-				rv, conflict, err := r.syncCopy(ctx, rd, res, ns, owned[ns], now)
+				out := r.syncCopy(ctx, rd, res, author, ns, owned[ns], now)
 				mu.Lock()
 				switch {
-				case err != nil:
-					writeErrs = append(writeErrs, fmt.Errorf("namespace %s: %w", ns, err))
-				case conflict:
+				case out.err != nil:
+					writeErrs = append(writeErrs, fmt.Errorf("namespace %s: %w", ns, out.err))
+				case out.conflict:
 					conflicts = append(conflicts, ns)
+				case out.forbidden != "":
+					forbidden[out.forbidden] = append(forbidden[out.forbidden], ns)
+					if out.rv != "" {
+						distributed[ns] = out.rv // a copy, not up to date
+					}
 				default:
-					distributed[ns] = rv
+					distributed[ns] = out.rv
+					succeeded++
 				}
 				mu.Unlock()
 			}
@@ -169,15 +288,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	close(work)
 	wg.Wait()
 
-	// Copies in namespaces no longer targeted: only ours, and only that exact
-	// object (a UID precondition), so a foreign object created meanwhile under
-	// the same name survives.
+	// Copies in namespaces no longer targeted: only ours, only where the
+	// author may delete, and only that exact object (a UID precondition), so
+	// a foreign object created meanwhile under the same name survives.
 	want := make(map[string]bool, len(desired))
 	for _, ns := range desired {
 		want[ns] = true
 	}
-	for ns, obj := range owned {
+	for _, ns := range slices.Sorted(maps.Keys(owned)) {
 		if want[ns] {
+			continue
+		}
+		obj := owned[ns]
+		ok, err := r.Authorizer.Allowed(ctx, author, VerbDelete, res.APIResource(), ns)
+		if err != nil {
+			writeErrs = append(writeErrs, err)
+			continue
+		}
+		if !ok {
+			forbidden[VerbDelete] = append(forbidden[VerbDelete], ns)
+			distributed[ns] = obj.GetResourceVersion()
 			continue
 		}
 		uid := obj.GetUID()
@@ -191,29 +321,54 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	slices.Sort(conflicts)
 	newConflicts := !slices.Equal(conflicts, namespaceNames(status.ConflictingNamespaces))
 	status.Desired = int32(len(desired))
-	status.Succeeded = int32(len(distributed))
+	status.Succeeded = int32(succeeded)
 	status.DistributedResources = distributed
 	status.ConflictingNamespaces = make([]v1alpha1.ResourceDistributionNamespace, len(conflicts))
 	for i, ns := range conflicts {
 		status.ConflictingNamespaces[i] = v1alpha1.ResourceDistributionNamespace{Name: ns}
 	}
+
+	var problems []string
+	var conflictMsg, forbiddenMsg string
+	if len(conflicts) > 0 {
+		conflictMsg = fmt.Sprintf("%s %q exists in %d target namespace(s) and is not this distribution's; it is left untouched: %s",
+			res.Kind, res.Name, len(conflicts), strings.Join(conflicts, ", "))
+		problems = append(problems, "Name Conflict. "+conflictMsg)
+		if newConflicts {
+			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonConflict, "Distribute", "%s", conflictMsg)
+		}
+	}
+	if len(forbidden) > 0 {
+		forbiddenMsg = forbiddenMessage(author, res, forbidden)
+		problems = append(problems, forbiddenMsg)
+		if c := meta.FindStatusCondition(status.Conditions, ConditionAuthorized); c == nil || c.Message != forbiddenMsg {
+			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonForbidden, "Authorize", "%s", forbiddenMsg)
+		}
+		for verb, nss := range forbidden {
+			forbiddenWrites.WithLabelValues(verb).Add(float64(len(nss)))
+		}
+		setCondition(status, ConditionAuthorized, rd.Generation, metav1.ConditionFalse, ReasonForbidden, forbiddenMsg)
+	} else {
+		setCondition(status, ConditionAuthorized, rd.Generation, metav1.ConditionTrue, ReasonAuthorized,
+			fmt.Sprintf("the author %s may make every write the copies need", author))
+	}
+	if len(writeErrs) > 0 {
+		problems = append(problems, errors.Join(writeErrs...).Error())
+	}
 	switch {
 	case len(conflicts) > 0:
-		msg := fmt.Sprintf("%s %q exists in %d target namespace(s) and is not this distribution's; it is left untouched: %s",
-			res.Kind, res.Name, len(conflicts), strings.Join(conflicts, ", "))
-		status.Description = "Resource distribution failed: Name Conflict. " + msg
-		setSynced(status, rd.Generation, metav1.ConditionFalse, ReasonConflict, msg)
-		if newConflicts {
-			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonConflict, "Distribute", "%s", msg)
-		}
+		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonConflict, conflictMsg)
+	case len(forbidden) > 0:
+		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonForbidden, forbiddenMsg)
 	case len(writeErrs) > 0:
-		msg := errors.Join(writeErrs...).Error()
-		status.Description = "Resource distribution failed: " + msg
-		setSynced(status, rd.Generation, metav1.ConditionFalse, ReasonWriteFailed, msg)
+		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonWriteFailed, errors.Join(writeErrs...).Error())
 	default:
-		msg := fmt.Sprintf("%s %q is in sync in %d namespace(s)", res.Kind, res.Name, len(distributed))
+		msg := fmt.Sprintf("%s %q is in sync in %d namespace(s)", res.Kind, res.Name, succeeded)
 		status.Description = "Resource distribution succeeded: " + msg
-		setSynced(status, rd.Generation, metav1.ConditionTrue, ReasonSynced, msg)
+		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionTrue, ReasonSynced, msg)
+	}
+	if len(problems) > 0 {
+		status.Description = "Resource distribution failed: " + strings.Join(problems, "; ")
 	}
 	if err := r.writeStatus(ctx, rd, status); err != nil {
 		return reconcile.Result{}, err
@@ -221,7 +376,28 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if len(writeErrs) > 0 {
 		return reconcile.Result{}, errors.Join(writeErrs...)
 	}
+	if len(conflicts) > 0 {
+		// Foreign objects are not watched: look again soon, so that a copy
+		// appears within seconds of the conflict clearing.
+		return reconcile.Result{RequeueAfter: r.ConflictRetry}, nil
+	}
 	return reconcile.Result{}, nil
+}
+
+// forbiddenMessage names, per verb, the namespaces where the author may not
+// write.
+func forbiddenMessage(author Author, res *Resource, forbidden map[string][]string) string {
+	var parts []string
+	for _, verb := range []string{VerbCreate, VerbUpdate, VerbDelete} {
+		nss := forbidden[verb]
+		if len(nss) == 0 {
+			continue
+		}
+		slices.Sort(nss)
+		parts = append(parts, fmt.Sprintf("%s %s in %d namespace(s): %s", verb, res.APIResource(), len(nss), strings.Join(nss, ", ")))
+	}
+	return fmt.Sprintf("the author %s may not %s; those writes are not made (a distribution writes a copy only where its author could write it)",
+		author, strings.Join(parts, "; may not "))
 }
 
 // ownedCopies returns this distribution's copies by namespace, from the cache
@@ -244,53 +420,83 @@ func (r *Reconciler) ownedCopies(ctx context.Context, rd *v1alpha1.ResourceDistr
 	return owned, err
 }
 
-// syncCopy makes the copy in ns current. It returns the copy's
-// resourceVersion, or conflict when a same-named object that is not ours is
-// there (which it never modifies).
-func (r *Reconciler) syncCopy(ctx context.Context, rd *v1alpha1.ResourceDistribution, res *Resource, ns string, existing client.Object, now time.Time) (rv string, conflict bool, err error) {
+// copyResult is what became of one target namespace.
+type copyResult struct {
+	// rv is the copy's resourceVersion: up to date, or (forbidden set) the
+	// one left as it was.
+	rv string
+	// conflict: a same-named object that is not ours is there (never
+	// modified).
+	conflict bool
+	// forbidden is the verb the author may not do there; nothing was written.
+	forbidden string
+	err       error
+}
+
+// syncCopy makes the copy in ns current, asking first whether the author may
+// make each write.
+func (r *Reconciler) syncCopy(ctx context.Context, rd *v1alpha1.ResourceDistribution, res *Resource, author Author, ns string, existing client.Object, now time.Time) copyResult {
+	allowed := func(verb string) (string, error) {
+		ok, err := r.Authorizer.Allowed(ctx, author, verb, res.APIResource(), ns)
+		if err != nil || ok {
+			return "", err
+		}
+		return verb, nil
+	}
 	if existing == nil {
+		if verb, err := allowed(VerbCreate); err != nil || verb != "" {
+			return copyResult{forbidden: verb, err: err}
+		}
 		created := res.Copy(ns, rd, now)
 		err := r.Client.Create(ctx, created)
 		if err == nil {
-			return created.GetResourceVersion(), false, nil
+			return copyResult{rv: created.GetResourceVersion()}
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			return "", false, err
+			return copyResult{err: err}
 		}
 		// Not in the cache: a foreign object, or our own copy the cache has
 		// not seen yet.
 		existing = res.NewObject()
 		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: res.Name}, existing); err != nil {
-			return "", false, err
+			return copyResult{err: err}
 		}
 		if !res.Owned(existing, rd) {
-			return "", true, nil
+			return copyResult{conflict: true}
 		}
 	}
 	if res.UpToDate(existing) {
-		return existing.GetResourceVersion(), false, nil
+		return copyResult{rv: existing.GetResourceVersion()}
 	}
 	if res.NeedsRecreate(existing) {
 		// A Secret's type, or an immutable object's content, cannot change in
 		// place.
+		for _, verb := range []string{VerbDelete, VerbCreate} {
+			if verb, err := allowed(verb); err != nil || verb != "" {
+				return copyResult{forbidden: verb, rv: existing.GetResourceVersion(), err: err}
+			}
+		}
 		uid := existing.GetUID()
 		if err := r.Client.Delete(ctx, existing, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
-			return "", false, err
+			return copyResult{err: err}
 		}
 		created := res.Copy(ns, rd, now)
 		if err := r.Client.Create(ctx, created); err != nil {
-			return "", false, err
+			return copyResult{err: err}
 		}
-		return created.GetResourceVersion(), false, nil
+		return copyResult{rv: created.GetResourceVersion()}
+	}
+	if verb, err := allowed(VerbUpdate); err != nil || verb != "" {
+		return copyResult{forbidden: verb, rv: existing.GetResourceVersion(), err: err}
 	}
 	updated := existing.DeepCopyObject().(client.Object)
 	if err := res.ApplyTo(updated, rd, now); err != nil {
-		return "", false, err
+		return copyResult{err: err}
 	}
 	if err := r.Client.Update(ctx, updated); err != nil {
-		return "", false, err
+		return copyResult{err: err}
 	}
-	return updated.GetResourceVersion(), false, nil
+	return copyResult{rv: updated.GetResourceVersion()}
 }
 
 // writeStatus updates the status when it changed; Synced's transition time
@@ -309,17 +515,19 @@ func (r *Reconciler) writeStatus(ctx context.Context, rd *v1alpha1.ResourceDistr
 }
 
 func statusEqual(a, b *v1alpha1.ResourceDistributionStatus) bool {
-	ca, cb := meta.FindStatusCondition(a.Conditions, ConditionSynced), meta.FindStatusCondition(b.Conditions, ConditionSynced)
-	sameCondition := (ca == nil) == (cb == nil) && (ca == nil || (ca.Status == cb.Status && ca.Reason == cb.Reason && ca.Message == cb.Message && ca.ObservedGeneration == cb.ObservedGeneration))
-	return sameCondition && a.ObservedGeneration == b.ObservedGeneration && a.Description == b.Description &&
+	sameCondition := func(typ string) bool {
+		ca, cb := meta.FindStatusCondition(a.Conditions, typ), meta.FindStatusCondition(b.Conditions, typ)
+		return (ca == nil) == (cb == nil) && (ca == nil || (ca.Status == cb.Status && ca.Reason == cb.Reason && ca.Message == cb.Message && ca.ObservedGeneration == cb.ObservedGeneration))
+	}
+	return sameCondition(ConditionSynced) && sameCondition(ConditionAuthorized) && a.ObservedGeneration == b.ObservedGeneration && a.Description == b.Description &&
 		a.Desired == b.Desired && a.Succeeded == b.Succeeded &&
 		maps.Equal(a.DistributedResources, b.DistributedResources) &&
 		slices.Equal(a.ConflictingNamespaces, b.ConflictingNamespaces)
 }
 
-func setSynced(status *v1alpha1.ResourceDistributionStatus, generation int64, s metav1.ConditionStatus, reason, msg string) {
+func setCondition(status *v1alpha1.ResourceDistributionStatus, typ string, generation int64, s metav1.ConditionStatus, reason, msg string) {
 	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-		Type: ConditionSynced, Status: s, Reason: reason, Message: msg, ObservedGeneration: generation,
+		Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: generation,
 	})
 }
 

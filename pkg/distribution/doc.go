@@ -1,6 +1,7 @@
-// Package distribution is the pure half of the ResourceDistribution controller and
-// webhook: it reads a distribution's spec (which namespaces, what object) and builds
-// the copies, without talking to the API server.
+// Package distribution is the ResourceDistribution controller (Reconciler) and
+// what it shares with the webhook: reading a distribution's spec (which
+// namespaces, what object), building the copies, and asking whether a
+// distribution's author may write them (Author, Authorizer).
 //
 // A ResourceDistribution copies one Secret or ConfigMap (spec.resource, a complete
 // v1 object without a namespace) into many namespaces and keeps the copies in sync.
@@ -11,14 +12,16 @@
 // distribution goes to the INTERSECTION of the sets of all the options set (the
 // seed proposal's "special case 3"):
 //
-//   - excludedNamespaces: every namespace except kube-system, kube-public and the
-//     listed ones. It is also the default: with no option set, the distribution goes
-//     to every namespace except kube-system and kube-public.
-//   - includedNamespaces: exactly the listed namespaces. kube-system and kube-public
-//     are only excluded by the excludedNamespaces rule, so listing kube-system here
-//     alone targets it; combined with excludedNamespaces it is dropped again.
-//   - namespaceLabelSelector: the namespaces whose labels match. An empty selector
-//     ({}) is set and matches every namespace.
+//   - excludedNamespaces: every namespace except the protected ones (kube-system,
+//     kube-public and resclass's own) and the listed ones. It is also the default:
+//     with no option set, the distribution goes to every namespace but the
+//     protected ones.
+//   - includedNamespaces: exactly the listed namespaces. The protected namespaces
+//     are only excluded by the excludedNamespaces and selector rules, so listing
+//     kube-system here alone targets it; combined with another option it is
+//     dropped again.
+//   - namespaceLabelSelector: the namespaces whose labels match, but the
+//     protected ones. An empty selector ({}) is set and matches every namespace.
 //
 // A namespace that is being deleted is never a target: nothing can be created in it.
 // See Targets.
@@ -37,4 +40,14 @@
 // a copy needs an update: a copy whose recorded hash equals the resource's is left
 // alone (Resource.UpToDate). As the seed asks, a copy edited directly is therefore
 // not reverted; it is rewritten when the distribution's resource changes.
+//
+// # Authorization
+//
+// A distribution writes a copy only where its author could write it. The
+// author is the identity in v1alpha1.AnnotationAuthor, recorded by resclass's
+// admission webhook from the request that wrote the current spec (see Author).
+// Before each create, update and delete of a copy the Reconciler asks the
+// apiserver whether that identity may do the same (Authorizer, a
+// SubjectAccessReview cached for a few seconds), and where not, writes
+// nothing and says so in the ConditionAuthorized condition and an Event.
 package distribution

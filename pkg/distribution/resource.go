@@ -460,6 +460,15 @@ func (r *Resource) GVK() schema.GroupVersionKind {
 	return corev1.SchemeGroupVersion.WithKind(r.Kind)
 }
 
+// APIResource is the resource of the kind in the API (secrets, configmaps),
+// as RBAC and SubjectAccessReview name it.
+func (r *Resource) APIResource() string {
+	if r.Kind == KindSecret {
+		return "secrets"
+	}
+	return "configmaps"
+}
+
 // NewObject returns an empty object of the resource's kind, to Get or List into.
 func (r *Resource) NewObject() client.Object {
 	if r.Kind == KindSecret {

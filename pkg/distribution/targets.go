@@ -14,11 +14,11 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
 
-// defaultExcludedNamespaces are never targets unless includedNamespaces names
-// them: the system namespaces hold the control plane's own objects and a
-// distribution aimed at "everything" (no option, excludedNamespaces, or a
-// selector) should not write there.
-var defaultExcludedNamespaces = []string{metav1.NamespaceSystem, metav1.NamespacePublic}
+// systemNamespaces are never targets unless includedNamespaces names them:
+// they hold the control plane's own objects and a distribution aimed at
+// "everything" (no option, excludedNamespaces, or a selector) should not write
+// there. CompileTargets adds resclass's own namespace to them.
+var systemNamespaces = []string{metav1.NamespaceSystem, metav1.NamespacePublic}
 
 // Targets is a compiled spec.targets: which namespaces a distribution goes to.
 // The zero value is not usable; build one with CompileTargets.
@@ -26,10 +26,11 @@ var defaultExcludedNamespaces = []string{metav1.NamespaceSystem, metav1.Namespac
 // An option is set when its list is non-empty or, for the selector, when it is
 // non-nil. Every option set yields a set of namespaces and a namespace is a target
 // when it is in all of them; with no option set, the excludedNamespaces rule with
-// an empty list applies (every namespace but kube-system and kube-public).
-// kube-system and kube-public are left out by that rule and by the selector
-// rule (a label selector, even {}, never reaches them by accident), so only
-// includedNamespaces alone targets them: the user named them.
+// an empty list applies (every namespace but the protected ones below).
+// kube-system, kube-public and resclass's own namespace are left out by that
+// rule and by the selector rule (a label selector, even {}, never reaches them
+// by accident), so only includedNamespaces alone targets them: the user named
+// them.
 type Targets struct {
 	// excludeDefaults is true when the excludedNamespaces rule applies (the option
 	// is set, or no option is).
@@ -42,18 +43,27 @@ type Targets struct {
 	includedNames []string
 	// selector is nil when namespaceLabelSelector is unset.
 	selector labels.Selector
+	// protected are kube-system, kube-public and resclass's own namespace:
+	// reached only through includedNamespaces alone.
+	protected []string
 }
 
 // CompileTargets validates and compiles t; a nil t is the default (no option set).
-// Errors carry field paths under path: an empty or invalid namespace name (a
+// own is resclass's own namespace (resclass-system): like kube-system and
+// kube-public it is left out of the default, excludedNamespaces and selector
+// rules, so that only a distribution naming it in includedNamespaces writes
+// there. Errors carry field paths under path: an empty or invalid namespace name (a
 // namespace name is a DNS-1123 label) and an invalid label selector. Listing a
 // namespace twice is not an error.
-func CompileTargets(t *v1alpha1.ResourceDistributionTargets, path *field.Path) (*Targets, field.ErrorList) {
+func CompileTargets(t *v1alpha1.ResourceDistributionTargets, own string, path *field.Path) (*Targets, field.ErrorList) {
 	if t == nil {
 		t = &v1alpha1.ResourceDistributionTargets{}
 	}
 	var errs field.ErrorList
-	out := &Targets{}
+	out := &Targets{protected: systemNamespaces}
+	if own != "" && !slices.Contains(systemNamespaces, own) {
+		out.protected = append(slices.Clip(systemNamespaces), own)
+	}
 
 	if len(t.ExcludedNamespaces) > 0 {
 		out.excluded = make(map[string]struct{}, len(t.ExcludedNamespaces))
@@ -123,7 +133,7 @@ func (t *Targets) Matches(ns *corev1.Namespace) bool {
 	if ns.DeletionTimestamp != nil || ns.Status.Phase == corev1.NamespaceTerminating {
 		return false
 	}
-	system := slices.Contains(defaultExcludedNamespaces, ns.Name)
+	system := slices.Contains(t.protected, ns.Name)
 	if t.excludeDefaults {
 		if _, ok := t.excluded[ns.Name]; ok || system {
 			return false

@@ -11,6 +11,9 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
 
+// testOwnNamespace is resclass's own namespace in these tests.
+const testOwnNamespace = "resclass-system"
+
 func namespace(name string, labels map[string]string) *corev1.Namespace {
 	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
 }
@@ -26,6 +29,7 @@ func testNamespaces() []*corev1.Namespace {
 		namespace("default", nil),
 		namespace("kube-system", map[string]string{"tier": "system"}),
 		namespace("kube-public", nil),
+		namespace(testOwnNamespace, map[string]string{"env": "prod"}),
 		namespace("a", map[string]string{"env": "prod", "team": "x"}),
 		namespace("b", map[string]string{"env": "test"}),
 		namespace("c", nil),
@@ -76,6 +80,14 @@ func TestTargetsResolve(t *testing.T) {
 			[]string{"a", "b"}},
 		{"included kube-system alone is targeted", &v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names("kube-system", "a")},
 			[]string{"a", "kube-system"}},
+		{"included own namespace alone is targeted", &v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names(testOwnNamespace)},
+			[]string{testOwnNamespace}},
+		{"own namespace is excluded from a selector, even one it matches", &v1alpha1.ResourceDistributionTargets{
+			IncludedNamespaces: names(testOwnNamespace, "a"), NamespaceLabelSelector: matchLabels("env", "prod")},
+			[]string{"a"}},
+		{"own namespace is excluded by excludedNamespaces", &v1alpha1.ResourceDistributionTargets{
+			ExcludedNamespaces: names("b"), IncludedNamespaces: names(testOwnNamespace, "a")},
+			[]string{"a"}},
 		{"included missing namespace is not invented", &v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names("a", "missing")},
 			[]string{"a"}},
 		{"included terminating and deleting namespaces are not targets", &v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names("terminating", "deleting")},
@@ -130,7 +142,7 @@ func TestTargetsResolve(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			targets, errs := CompileTargets(tt.targets, field.NewPath("spec", "targets"))
+			targets, errs := CompileTargets(tt.targets, testOwnNamespace, field.NewPath("spec", "targets"))
 			if len(errs) > 0 {
 				t.Fatalf("CompileTargets: %v", errs)
 			}
@@ -148,7 +160,7 @@ func TestTargetsResolve(t *testing.T) {
 }
 
 func TestTargetsMatchesEdgeCases(t *testing.T) {
-	targets, errs := CompileTargets(nil, field.NewPath("targets"))
+	targets, errs := CompileTargets(nil, testOwnNamespace, field.NewPath("targets"))
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
@@ -188,7 +200,7 @@ func TestTargetsExplicit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			targets, errs := CompileTargets(tt.targets, field.NewPath("targets"))
+			targets, errs := CompileTargets(tt.targets, testOwnNamespace, field.NewPath("targets"))
 			if len(errs) > 0 {
 				t.Fatal(errs)
 			}
@@ -237,7 +249,7 @@ func TestCompileTargetsErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			targets, errs := CompileTargets(&tt.targets, field.NewPath("spec", "targets"))
+			targets, errs := CompileTargets(&tt.targets, testOwnNamespace, field.NewPath("spec", "targets"))
 			if targets != nil {
 				t.Error("CompileTargets returned Targets with errors")
 			}

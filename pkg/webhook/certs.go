@@ -45,8 +45,11 @@ func addCertRotator(mgr manager.Manager, o *Options) error {
 		DNSName:        dnsName,
 		ExtraDNSNames:  append([]string{dnsName + ".cluster.local"}, o.ExtraDNSNames...),
 		IsReady:        make(chan struct{}),
-		Webhooks:       []rotator.WebhookInfo{{Name: o.WebhookConfigName, Type: rotator.Validating}},
-		FieldOwner:     "resclass-webhook",
+		Webhooks: []rotator.WebhookInfo{
+			{Name: o.WebhookConfigName, Type: rotator.Validating},
+			{Name: o.MutatingWebhookConfigName, Type: rotator.Mutating},
+		},
+		FieldOwner: "resclass-webhook",
 		// Rotation happens in the leader; the others see the Secret change.
 		RequireLeaderElection: o.LeaderElect,
 		EnableReadinessCheck:  true,
@@ -65,8 +68,7 @@ type secretFiles struct {
 }
 
 func addSecretFiles(mgr manager.Manager, o *Options) error {
-	// A cache of its own that holds the one Secret: the manager's holds only
-	// ResourceDistribution copies.
+	// A cache of its own that holds the one Secret (RBAC grants it by name).
 	tlsCache, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
 		ByObject: map[client.Object]cache.ByObject{&corev1.Secret{}: {

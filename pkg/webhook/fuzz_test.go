@@ -74,11 +74,12 @@ func fuzzHandlers(tb testing.TB) map[string]http.Handler {
 		config: func() *quota.Config { return cfg },
 		quotas: quotaReader(tb, s, gpuQuota, crossNamespaceQuota("team-a"), clusterServicesQuota("team-b")),
 	}
-	distributions, _ := distributionEnv(tb, map[string]bool{"a": true})
+	distributions, _ := distributionEnv(tb, map[string]bool{"create a": true, "delete a": true})
 	return map[string]http.Handler{
-		PodsPath:                  &webhook.Admission{Handler: pods, RecoverPanic: ptr.To(false)},
-		ResourceClassesPath:       &webhook.Admission{Handler: &resourceClasses{}, RecoverPanic: ptr.To(false)},
-		ResourceDistributionsPath: &webhook.Admission{Handler: distributions, RecoverPanic: ptr.To(false)},
+		PodsPath:                       &webhook.Admission{Handler: pods, RecoverPanic: ptr.To(false)},
+		ResourceClassesPath:            &webhook.Admission{Handler: &resourceClasses{}, RecoverPanic: ptr.To(false)},
+		ResourceDistributionsPath:      &webhook.Admission{Handler: distributions, RecoverPanic: ptr.To(false)},
+		ResourceDistributionAuthorPath: &webhook.Admission{Handler: resourceDistributionAuthor{}, RecoverPanic: ptr.To(false)},
 	}
 }
 
@@ -106,6 +107,7 @@ func FuzzAdmissionReview(f *testing.F) {
 	distCreate := distributionRequest(f, admissionv1.Create, newDistribution(pullSecret, ab), nil).AdmissionRequest
 	distUpdate := distributionRequest(f, admissionv1.Update, newDistribution(pullSecret, ab),
 		newDistribution(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"pull"}}`, v1alpha1.ResourceDistributionTargets{})).AdmissionRequest
+	distDelete := distributionRequest(f, admissionv1.Delete, withCopies(newDistribution(pullSecret, ab), "a", "b"), nil).AdmissionRequest
 
 	for _, seed := range [][]byte{
 		review(f, "admission.k8s.io/v1", &podCreate),
@@ -116,6 +118,7 @@ func FuzzAdmissionReview(f *testing.F) {
 		review(f, "admission.k8s.io/v1", &wrongKind),
 		review(f, "admission.k8s.io/v1", &distCreate),
 		review(f, "admission.k8s.io/v1", &distUpdate),
+		review(f, "admission.k8s.io/v1", &distDelete),
 		[]byte(``),
 		[]byte(`{}`),
 		[]byte(`{"request":null}`),

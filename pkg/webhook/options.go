@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/resclass/resclass/pkg/distribution"
 )
 
 // Cert management modes: who writes the serving certificate's Secret and the
@@ -21,21 +23,35 @@ const (
 	CertManagementExternal = "external"
 )
 
+// What one process of the binary runs (--mode).
+const (
+	// ModeWebhook serves the admission webhooks, under the identity
+	// resclass-webhook, which may read no Secret but its own.
+	ModeWebhook = "webhook"
+	// ModeDistributionController runs the ResourceDistribution controller,
+	// under its own identity (resclass-distribution): the one that may write
+	// Secrets and ConfigMaps in other namespaces, fenced by admission policy.
+	ModeDistributionController = "distribution-controller"
+)
+
 // Options are the webhook binary's flags.
 type Options struct {
+	Mode string
+
 	Kubeconfig string
 	Namespace  string
 
 	Host string
 	Port int
 
-	CertDir           string
-	CertManagement    string
-	CertFromSecret    bool
-	TLSSecret         string
-	ServiceName       string
-	ExtraDNSNames     []string
-	WebhookConfigName string
+	CertDir                   string
+	CertManagement            string
+	CertFromSecret            bool
+	TLSSecret                 string
+	ServiceName               string
+	ExtraDNSNames             []string
+	WebhookConfigName         string
+	MutatingWebhookConfigName string
 
 	QuotaConfig         string
 	QuotaReloadInterval time.Duration
@@ -50,9 +66,10 @@ type Options struct {
 	LeaderElect   bool
 	LeaderElectID string
 
-	KubeAPIQPS          float32
-	KubeAPIBurst        int
-	DistributionWorkers int
+	KubeAPIQPS                   float32
+	KubeAPIBurst                 int
+	DistributionWorkers          int
+	DistributionAuthorizationTTL time.Duration
 }
 
 // NewOptions returns the defaults, which match deploy/webhook.
@@ -62,28 +79,32 @@ func NewOptions() *Options {
 		ns = "resclass-system"
 	}
 	return &Options{
-		Namespace:           ns,
-		Port:                9443,
-		CertDir:             "/tmp/resclass-webhook/serving-certs",
-		CertManagement:      CertManagementSelf,
-		CertFromSecret:      true,
-		TLSSecret:           "resclass-webhook-tls",
-		ServiceName:         "resclass-webhook",
-		WebhookConfigName:   "resclass-webhook",
-		QuotaReloadInterval: 10 * time.Second,
-		MetricsAddr:         ":8443",
-		MetricsSecure:       true,
-		HealthAddr:          ":8081",
-		LeaderElect:         true,
-		LeaderElectID:       "resclass-webhook",
-		KubeAPIQPS:          100,
-		KubeAPIBurst:        200,
-		DistributionWorkers: 16,
+		Mode:                         ModeWebhook,
+		MutatingWebhookConfigName:    "resclass-webhook",
+		DistributionAuthorizationTTL: distribution.DefaultAuthorizationTTL,
+		Namespace:                    ns,
+		Port:                         9443,
+		CertDir:                      "/tmp/resclass-webhook/serving-certs",
+		CertManagement:               CertManagementSelf,
+		CertFromSecret:               true,
+		TLSSecret:                    "resclass-webhook-tls",
+		ServiceName:                  "resclass-webhook",
+		WebhookConfigName:            "resclass-webhook",
+		QuotaReloadInterval:          10 * time.Second,
+		MetricsAddr:                  ":8443",
+		MetricsSecure:                true,
+		HealthAddr:                   ":8081",
+		LeaderElect:                  true,
+		KubeAPIQPS:                   100,
+		KubeAPIBurst:                 200,
+		DistributionWorkers:          16,
 	}
 }
 
 // AddFlags registers every option on fs, each with what it is for.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Mode, "mode", o.Mode,
+		`What this process runs. "webhook": the admission webhooks (deploy/webhook, ServiceAccount resclass-webhook). "distribution-controller": the ResourceDistribution controller (deploy/distribution, ServiceAccount resclass-distribution), which writes the copies; the --webhook-*, --cert-*, --tls-secret, --service-name, --extra-dns-names, --*webhook-configuration and --quota-config* flags do not apply to it. Run each as its own Deployment: the two identities are kept apart on purpose (docs/distribution.md).`)
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig,
 		"Kubeconfig to reach the apiserver with. Empty: the in-cluster ServiceAccount.")
 	fs.StringVar(&o.Namespace, "namespace", o.Namespace,
@@ -105,6 +126,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"More DNS names for the self-issued certificate, e.g. localhost when the webhook configuration uses a url.")
 	fs.StringVar(&o.WebhookConfigName, "webhook-configuration", o.WebhookConfigName,
 		"ValidatingWebhookConfiguration whose caBundle the webhook keeps current (--cert-management=self).")
+	fs.StringVar(&o.MutatingWebhookConfigName, "mutating-webhook-configuration", o.MutatingWebhookConfigName,
+		"MutatingWebhookConfiguration (it records a ResourceDistribution's author) whose caBundle the webhook keeps current (--cert-management=self).")
 
 	fs.StringVar(&o.QuotaConfig, "quota-config", o.QuotaConfig,
 		"File with the covering-quota rule, in the apiserver's ResourceQuotaConfiguration schema (or an AdmissionConfiguration holding one), usually a mounted ConfigMap. Reloaded on change; an invalid file is reported and the last good one kept. Empty: no limited scopes or resources.")
@@ -121,19 +144,39 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, "Address of Go's /debug/pprof profiles, for diagnosing CPU or memory use; empty (the default) turns them off. Bind it to localhost: the endpoint has no authentication.")
 
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect,
-		"Elect a leader among replicas for the controllers (certificate rotation, ResourceDistribution). Every replica serves the webhooks.")
-	fs.StringVar(&o.LeaderElectID, "leader-election-id", o.LeaderElectID, "Name of the leader-election Lease in --namespace.")
+		"Elect a leader among replicas: for certificate rotation (--mode=webhook; every replica serves the webhooks) or the ResourceDistribution controller (--mode=distribution-controller).")
+	fs.StringVar(&o.LeaderElectID, "leader-election-id", o.LeaderElectID,
+		"Name of the leader-election Lease in --namespace. Default: resclass-webhook, or resclass-distribution with --mode=distribution-controller (the RBAC grants each identity its Lease by name).")
 
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS,
 		"Requests per second to the apiserver, sustained. The ResourceDistribution controller writes one object per target namespace, so this bounds how fast a distribution over many namespaces converges.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Requests to the apiserver allowed in a burst above --kube-api-qps.")
 	fs.IntVar(&o.DistributionWorkers, "distribution-workers", o.DistributionWorkers,
-		"Copies one ResourceDistribution reconcile writes at once.")
+		"Copies one ResourceDistribution reconcile writes at once (--mode=distribution-controller).")
+	fs.DurationVar(&o.DistributionAuthorizationTTL, "distribution-authorization-ttl", o.DistributionAuthorizationTTL,
+		"How long the ResourceDistribution controller reuses a SubjectAccessReview answer (may the author create/update/delete the copy in this namespace?): a revoked permission stops writes within this time. 0 asks before every write. At most 5m.")
+}
+
+// leaderElectionID is --leader-election-id, or the mode's own Lease.
+func (o *Options) leaderElectionID() string {
+	switch {
+	case o.LeaderElectID != "":
+		return o.LeaderElectID
+	case o.Mode == ModeDistributionController:
+		return "resclass-distribution"
+	}
+	return "resclass-webhook"
 }
 
 // Validate reports flags that cannot work together.
 func (o *Options) Validate() error {
 	var errs []string
+	if o.Mode != ModeWebhook && o.Mode != ModeDistributionController {
+		errs = append(errs, fmt.Sprintf("--mode=%q: want %q or %q", o.Mode, ModeWebhook, ModeDistributionController))
+	}
+	if o.DistributionAuthorizationTTL < 0 || o.DistributionAuthorizationTTL > 5*time.Minute {
+		errs = append(errs, fmt.Sprintf("--distribution-authorization-ttl=%s: want 0 to 5m", o.DistributionAuthorizationTTL))
+	}
 	if o.CertManagement != CertManagementSelf && o.CertManagement != CertManagementExternal {
 		errs = append(errs, fmt.Sprintf("--cert-management=%q: want %q or %q", o.CertManagement, CertManagementSelf, CertManagementExternal))
 	}
@@ -149,8 +192,8 @@ func (o *Options) Validate() error {
 	if (o.CertFromSecret || o.CertManagement == CertManagementSelf) && o.TLSSecret == "" {
 		errs = append(errs, "--tls-secret must name a Secret")
 	}
-	if o.CertManagement == CertManagementSelf && (o.ServiceName == "" || o.WebhookConfigName == "") {
-		errs = append(errs, "--cert-management=self needs --service-name and --webhook-configuration")
+	if o.CertManagement == CertManagementSelf && (o.ServiceName == "" || o.WebhookConfigName == "" || o.MutatingWebhookConfigName == "") {
+		errs = append(errs, "--cert-management=self needs --service-name, --webhook-configuration and --mutating-webhook-configuration")
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 || o.DistributionWorkers <= 0 {
 		errs = append(errs, "--kube-api-qps, --kube-api-burst and --distribution-workers must be positive")

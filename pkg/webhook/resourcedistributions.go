@@ -3,20 +3,17 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 
+	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -24,185 +21,191 @@ import (
 	"github.com/resclass/resclass/pkg/distribution"
 )
 
-// ResourceDistributionsPath is where ResourceDistribution validation is served.
-const ResourceDistributionsPath = "/validate-resourcedistributions"
+// ResourceDistributionsPath is where ResourceDistribution validation is
+// served; ResourceDistributionAuthorPath where the author is recorded.
+const (
+	ResourceDistributionsPath      = "/validate-resourcedistributions"
+	ResourceDistributionAuthorPath = "/mutate-resourcedistributions"
+)
 
 const (
 	reasonInvalidDistribution = "invalid-distribution"
-	reasonConflict            = "conflict"
 	reasonUnauthorized        = "unauthorized"
+	reasonForgedAuthor        = "forged-author"
 )
 
-// resourceDistributions validates ResourceDistributions (seed 002): the
-// resource is a complete Secret or ConfigMap whose apiVersion, kind and name
-// never change; at create no target namespace may hold a same-named object;
-// and the requester must be allowed to create that kind in every namespace
-// the distribution would newly write to — the webhook's controller can write
-// anywhere, so without this check a distribution would be a way around RBAC.
+var distributionGVK = v1alpha1.SchemeGroupVersion.WithKind("ResourceDistribution")
+
+// resourceDistributions validates ResourceDistributions (seed 002) and
+// authorizes them: the resource is a complete Secret or ConfigMap whose
+// apiVersion, kind and name never change; v1alpha1.AnnotationAuthor records
+// the requester (resourceDistributionAuthor writes it, this refuses any
+// other value); and the requester must be allowed to make, in every
+// namespace known now, the writes the request causes — create where the
+// distribution newly writes, delete where a copy goes (also when the
+// distribution itself is deleted); update, where new content rewrites a
+// copy, is asked too and answered with a warning (see authorize).
+// The controller asks the same of the recorded author before each write
+// later (docs/distribution.md, "Authorization").
+//
+// It reads no Secret or ConfigMap: whether a same-named object exists is the
+// controller's to find out, after it has checked the author may write there,
+// so that a denial here says nothing about existing objects.
 type resourceDistributions struct {
 	// namespaces reads Namespaces from the informer cache.
 	namespaces client.Reader
-	// objects lists same-named Secrets or ConfigMaps, metadata only, from the
-	// apiserver: one call per create, filtered there by name.
-	objects client.Reader
-	sar     authorizationclient.SubjectAccessReviewInterface
+	// authorizer asks SubjectAccessReviews for the requester (no cache: an
+	// admission answers for the RBAC of that moment).
+	authorizer *distribution.Authorizer
+	// ownNamespace is resclass's namespace, left out of the default targets.
+	ownNamespace string
 }
 
 func (d *resourceDistributions) Handle(ctx context.Context, req admission.Request) admission.Response {
-	if (req.Operation != admissionv1.Create && req.Operation != admissionv1.Update) || req.SubResource != "" {
+	if req.SubResource != "" {
 		return admission.Allowed("")
 	}
-	gvk := v1alpha1.SchemeGroupVersion.WithKind("ResourceDistribution")
+	switch req.Operation {
+	case admissionv1.Create, admissionv1.Update:
+		return d.write(ctx, req)
+	case admissionv1.Delete:
+		return d.delete(ctx, req)
+	}
+	return admission.Allowed("")
+}
+
+func (d *resourceDistributions) write(ctx context.Context, req admission.Request) admission.Response {
 	rd := &v1alpha1.ResourceDistribution{}
-	if err := decode(req.Object, gvk, rd); err != nil {
+	if err := decode(req.Object, distributionGVK, rd); err != nil {
 		denials.WithLabelValues(ResourceDistributionsPath, reasonBadRequest).Inc()
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the ResourceDistribution: %w", err))
 	}
 	spec := field.NewPath("spec")
 	res, errs := distribution.ParseResource(rd.Spec.Resource, spec.Child("resource"))
-	targets, targetErrs := distribution.CompileTargets(&rd.Spec.Targets, spec.Child("targets"))
+	targets, targetErrs := distribution.CompileTargets(&rd.Spec.Targets, d.ownNamespace, spec.Child("targets"))
 	errs = append(errs, targetErrs...)
 
-	var oldTargets *distribution.Targets
+	var (
+		old        *v1alpha1.ResourceDistribution
+		oldRes     *distribution.Resource
+		oldTargets *distribution.Targets
+	)
 	if req.Operation == admissionv1.Update {
-		old := &v1alpha1.ResourceDistribution{}
-		if err := decode(req.OldObject, gvk, old); err != nil {
+		old = &v1alpha1.ResourceDistribution{}
+		if err := decode(req.OldObject, distributionGVK, old); err != nil {
 			denials.WithLabelValues(ResourceDistributionsPath, reasonBadRequest).Inc()
 			return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the old ResourceDistribution: %w", err))
 		}
-		// A stored spec that no longer parses cannot be compared; the new one
-		// is judged on its own then.
-		if oldRes, oldErrs := distribution.ParseResource(old.Spec.Resource, spec.Child("resource")); len(oldErrs) == 0 && res != nil {
-			errs = append(errs, distribution.ImmutableFieldsChanged(oldRes, res, spec.Child("resource"))...)
-		}
-		oldTargets, _ = distribution.CompileTargets(&old.Spec.Targets, spec.Child("targets"))
 		if equalSpecs(old, rd) {
+			// Labels, finalizers and the like: the spec's author stays.
+			if rd.Annotations[v1alpha1.AnnotationAuthor] != old.Annotations[v1alpha1.AnnotationAuthor] {
+				denials.WithLabelValues(ResourceDistributionsPath, reasonForgedAuthor).Inc()
+				return admission.Denied(fmt.Sprintf("the annotation %s records who wrote the spec; it changes only with the spec", v1alpha1.AnnotationAuthor))
+			}
 			return admission.Allowed("")
 		}
+		// A stored spec that no longer parses cannot be compared; the new one
+		// is judged on its own then.
+		var oldErrs field.ErrorList
+		if oldRes, oldErrs = distribution.ParseResource(old.Spec.Resource, spec.Child("resource")); len(oldErrs) == 0 && res != nil {
+			errs = append(errs, distribution.ImmutableFieldsChanged(oldRes, res, spec.Child("resource"))...)
+		}
+		oldTargets, _ = distribution.CompileTargets(&old.Spec.Targets, d.ownNamespace, spec.Child("targets"))
 	}
 	if len(errs) > 0 {
 		denials.WithLabelValues(ResourceDistributionsPath, reasonInvalidDistribution).Inc()
-		status := apierrors.NewInvalid(gvk.GroupKind(), rd.Name, errs).ErrStatus
+		status := apierrors.NewInvalid(distributionGVK.GroupKind(), rd.Name, errs).ErrStatus
 		return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &status}}
+	}
+	if got, want := rd.Annotations[v1alpha1.AnnotationAuthor], distribution.AuthorOf(req.UserInfo).Encode(); got != want {
+		denials.WithLabelValues(ResourceDistributionsPath, reasonForgedAuthor).Inc()
+		if got == "" {
+			return admission.Denied(fmt.Sprintf("the annotation %s is missing: resclass's mutating webhook %q records the author; is the MutatingWebhookConfiguration resclass-webhook installed?",
+				v1alpha1.AnnotationAuthor, "resourcedistributions-author.resclass.io"))
+		}
+		return admission.Denied(fmt.Sprintf("the annotation %s must record the user who writes the spec (%q); it is set by resclass's webhook, not by hand",
+			v1alpha1.AnnotationAuthor, req.UserInfo.Username))
 	}
 
 	var nsList corev1.NamespaceList
 	if err := d.namespaces.List(ctx, &nsList, client.UnsafeDisableDeepCopy); err != nil {
 		return internalError(ctx, ResourceDistributionsPath, fmt.Errorf("listing namespaces: %w", err))
 	}
-	var resolved, added []string
+	// The writes this request causes, by verb, in the namespaces known now.
+	writes := map[string][]string{}
 	for i := range nsList.Items {
 		ns := &nsList.Items[i]
-		if !targets.Matches(ns) {
-			continue
-		}
-		resolved = append(resolved, ns.Name)
-		if oldTargets == nil || !oldTargets.Matches(ns) {
-			added = append(added, ns.Name)
+		now, before := targets.Matches(ns), old != nil && (oldTargets.Matches(ns) || hasCopy(old, ns.Name))
+		switch {
+		case now && !before:
+			writes[distribution.VerbCreate] = append(writes[distribution.VerbCreate], ns.Name)
+		case now && before && oldRes != nil && oldRes.Hash() != res.Hash():
+			writes[distribution.VerbUpdate] = append(writes[distribution.VerbUpdate], ns.Name)
+		case !now && before:
+			writes[distribution.VerbDelete] = append(writes[distribution.VerbDelete], ns.Name)
 		}
 	}
-	slices.Sort(resolved)
-	slices.Sort(added)
+	return d.authorize(ctx, req, res, writes)
+}
 
-	if req.Operation == admissionv1.Create {
-		conflicts, err := d.conflicts(ctx, res, resolved)
+// delete: a distribution's copies go with it (the garbage collector follows
+// their ownerReferences), so whoever deletes it must be allowed to delete
+// them.
+func (d *resourceDistributions) delete(ctx context.Context, req admission.Request) admission.Response {
+	old := &v1alpha1.ResourceDistribution{}
+	if err := decode(req.OldObject, distributionGVK, old); err != nil {
+		denials.WithLabelValues(ResourceDistributionsPath, reasonBadRequest).Inc()
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the ResourceDistribution: %w", err))
+	}
+	res, errs := distribution.ParseResource(old.Spec.Resource, field.NewPath("spec", "resource"))
+	if len(errs) > 0 || len(old.Status.DistributedResources) == 0 {
+		// A spec that never parsed has no copies.
+		return admission.Allowed("")
+	}
+	return d.authorize(ctx, req, res, map[string][]string{
+		distribution.VerbDelete: slices.Sorted(maps.Keys(old.Status.DistributedResources)),
+	})
+}
+
+// authorize allows the request when the requester may make every create and
+// delete in writes (verb -> namespaces), and names the others when not. An
+// update it may not make is a warning, not a denial: the edit goes to the
+// copies the author may still write (refusing it would hold back, say, a
+// credential rotation everywhere because of one namespace), and the
+// controller leaves the others as they are and says so in the status.
+func (d *resourceDistributions) authorize(ctx context.Context, req admission.Request, res *distribution.Resource, writes map[string][]string) admission.Response {
+	user := distribution.AuthorOf(req.UserInfo)
+	var parts, warnings []string
+	for _, verb := range []string{distribution.VerbCreate, distribution.VerbUpdate, distribution.VerbDelete} {
+		denied, err := d.authorizer.Denied(ctx, user, verb, res.APIResource(), writes[verb])
 		if err != nil {
 			return internalError(ctx, ResourceDistributionsPath, err)
 		}
-		if len(conflicts) > 0 {
-			denials.WithLabelValues(ResourceDistributionsPath, reasonConflict).Inc()
-			return admission.Denied(fmt.Sprintf("%s %q already exists in %d target namespace(s), not created by this distribution: %s; "+
-				"rename the resource or leave those namespaces out of the targets (a distribution copies to all of its targets or to none)",
-				res.Kind, res.Name, len(conflicts), strings.Join(conflicts, ", ")))
+		if len(denied) == 0 {
+			continue
 		}
+		what := "target namespace(s)"
+		if verb == distribution.VerbDelete {
+			what = "namespace(s) holding a copy"
+		}
+		part := fmt.Sprintf("%s %s in %d %s: %s", verb, res.APIResource(), len(denied), what, strings.Join(denied, ", "))
+		if verb == distribution.VerbUpdate {
+			warnings = append(warnings, fmt.Sprintf("user %q may not %s; the copies there keep their content (see the status)", req.UserInfo.Username, part))
+			continue
+		}
+		parts = append(parts, part)
 	}
-
-	denied, err := d.unauthorized(ctx, req.UserInfo, res, added)
-	if err != nil {
-		return internalError(ctx, ResourceDistributionsPath, err)
+	if len(parts) == 0 {
+		return admission.Allowed("").WithWarnings(warnings...)
 	}
-	if len(denied) > 0 {
-		denials.WithLabelValues(ResourceDistributionsPath, reasonUnauthorized).Inc()
-		return admission.Denied(fmt.Sprintf("user %q may not create %s in %d target namespace(s): %s; "+
-			"a ResourceDistribution may only copy into namespaces where its author could create the object",
-			req.UserInfo.Username, resourceName(res), len(denied), strings.Join(denied, ", ")))
-	}
-	return admission.Allowed("")
+	denials.WithLabelValues(ResourceDistributionsPath, reasonUnauthorized).Inc()
+	return admission.Denied(fmt.Sprintf("user %q may not %s; a ResourceDistribution may only write where its author could write the object itself",
+		req.UserInfo.Username, strings.Join(parts, "; may not ")))
 }
 
-// conflicts lists the target namespaces holding a same-named object of the
-// resource's kind (none is this distribution's: it does not exist yet).
-func (d *resourceDistributions) conflicts(ctx context.Context, res *distribution.Resource, targets []string) ([]string, error) {
-	list := &metav1.PartialObjectMetadataList{}
-	list.SetGroupVersionKind(res.GVK().GroupVersion().WithKind(res.Kind + "List"))
-	if err := d.objects.List(ctx, list, client.MatchingFields{"metadata.name": res.Name}); err != nil {
-		return nil, fmt.Errorf("looking for %s %q in the target namespaces: %w", res.Kind, res.Name, err)
-	}
-	var conflicts []string
-	for _, item := range list.Items {
-		if _, ok := slices.BinarySearch(targets, item.Namespace); ok {
-			conflicts = append(conflicts, item.Namespace)
-		}
-	}
-	slices.Sort(conflicts)
-	return conflicts, nil
-}
-
-// unauthorized returns the namespaces where user may not create the
-// resource's kind. One cluster-wide review answers for all when it allows;
-// otherwise each namespace is asked, a few at a time.
-func (d *resourceDistributions) unauthorized(ctx context.Context, user authenticationv1.UserInfo, res *distribution.Resource, namespaces []string) ([]string, error) {
-	if len(namespaces) == 0 {
-		return nil, nil
-	}
-	allowed := func(ns string) (bool, error) {
-		extra := make(map[string]authorizationv1.ExtraValue, len(user.Extra))
-		for k, v := range user.Extra {
-			extra[k] = authorizationv1.ExtraValue(v)
-		}
-		review, err := d.sar.Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: user.Username, UID: user.UID, Groups: user.Groups, Extra: extra,
-			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Version: "v1", Resource: resourceName(res)},
-		}}, metav1.CreateOptions{})
-		if err != nil {
-			return false, fmt.Errorf("asking whether %q may create %s in %q: %w", user.Username, resourceName(res), ns, err)
-		}
-		return review.Status.Allowed, nil
-	}
-	if ok, err := allowed(metav1.NamespaceAll); err != nil || ok {
-		return nil, err
-	}
-	var (
-		mu     sync.Mutex
-		denied []string
-		errs   []error
-		wg     sync.WaitGroup
-	)
-	work := make(chan string)
-	for range min(8, len(namespaces)) {
-		wg.Go(func() {
-			for ns := range work {
-				ok, err := allowed(ns)
-				mu.Lock()
-				if err != nil {
-					errs = append(errs, err)
-				} else if !ok {
-					denied = append(denied, ns)
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	for _, ns := range namespaces {
-		work <- ns
-	}
-	close(work)
-	wg.Wait()
-	if len(errs) > 0 {
-		return nil, errs[0]
-	}
-	slices.Sort(denied)
-	return denied, nil
+func hasCopy(rd *v1alpha1.ResourceDistribution, ns string) bool {
+	_, ok := rd.Status.DistributedResources[ns]
+	return ok
 }
 
 // equalSpecs reports an update that leaves the spec alone (labels, status
@@ -211,7 +214,43 @@ func equalSpecs(a, b *v1alpha1.ResourceDistribution) bool {
 	return equality.Semantic.DeepEqual(a.Spec, b.Spec)
 }
 
-// resourceName is the API resource of a distributable kind, for RBAC.
-func resourceName(res *distribution.Resource) string {
-	return strings.ToLower(res.Kind) + "s"
+// resourceDistributionAuthor records in v1alpha1.AnnotationAuthor who wrote a
+// distribution's spec: the requester, on create and on an update that changes
+// the spec; on any other update the annotation is kept as it was (and added
+// or removed by nobody). The validating webhook, which runs after every
+// mutating one, refuses a value that is not the requester's, so the
+// annotation cannot be forged by setting it, nor by another mutating webhook.
+type resourceDistributionAuthor struct{}
+
+func (resourceDistributionAuthor) Handle(_ context.Context, req admission.Request) admission.Response {
+	if (req.Operation != admissionv1.Create && req.Operation != admissionv1.Update) || req.SubResource != "" {
+		return admission.Allowed("")
+	}
+	rd := &v1alpha1.ResourceDistribution{}
+	if err := decode(req.Object, distributionGVK, rd); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the ResourceDistribution: %w", err))
+	}
+	want, set := distribution.AuthorOf(req.UserInfo).Encode(), true
+	if req.Operation == admissionv1.Update {
+		old := &v1alpha1.ResourceDistribution{}
+		if err := decode(req.OldObject, distributionGVK, old); err != nil {
+			return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the old ResourceDistribution: %w", err))
+		}
+		if equalSpecs(old, rd) {
+			want, set = old.Annotations[v1alpha1.AnnotationAuthor]
+		}
+	}
+	got, has := rd.Annotations[v1alpha1.AnnotationAuthor]
+	if got == want && has == set {
+		return admission.Allowed("")
+	}
+	path := "/metadata/annotations/" + strings.ReplaceAll(strings.ReplaceAll(v1alpha1.AnnotationAuthor, "~", "~0"), "/", "~1")
+	switch {
+	case !set:
+		return admission.Patched("", jsonpatch.NewOperation("remove", path, nil))
+	case rd.Annotations == nil:
+		return admission.Patched("", jsonpatch.NewOperation("add", "/metadata/annotations", map[string]string{v1alpha1.AnnotationAuthor: want}))
+	default:
+		return admission.Patched("", jsonpatch.NewOperation("add", path, want))
+	}
 }

@@ -2,7 +2,9 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,10 +22,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/distribution"
 )
 
-// sarRecorder answers SubjectAccessReviews from a table of namespaces where
-// the user may create (namespace "" = cluster-wide) and records the questions.
+// testUser is who sends the requests of these tests.
+var testUser = authenticationv1.UserInfo{Username: "alice", Groups: []string{"team"}}
+
+// sarRecorder answers SubjectAccessReviews from a table of "verb namespace"
+// that alice may do (namespace "" = cluster-wide) and records the questions
+// as "verb namespace".
 type sarRecorder struct {
 	mu      sync.Mutex
 	allowed map[string]bool
@@ -35,10 +42,11 @@ func (s *sarRecorder) client() *k8sfake.Clientset {
 	c.PrependReactor("create", "subjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		sar := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SubjectAccessReview)
 		attrs := sar.Spec.ResourceAttributes
+		q := attrs.Verb + " " + attrs.Namespace
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		s.asked = append(s.asked, attrs.Namespace)
-		sar.Status.Allowed = sar.Spec.User == "alice" && attrs.Verb == "create" && s.allowed[attrs.Namespace]
+		s.asked = append(s.asked, q)
+		sar.Status.Allowed = sar.Spec.User == "alice" && slices.Equal(sar.Spec.Groups, []string{"team"}) && s.allowed[q]
 		return true, sar, nil
 	})
 	return c
@@ -49,54 +57,68 @@ func distributionRequest(tb testing.TB, op admissionv1.Operation, rd, old *v1alp
 	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
 		UID: "uid-1", Operation: op, Name: rd.Name,
 		Kind:     metav1.GroupVersionKind{Group: "resclass.io", Version: "v1alpha1", Kind: "ResourceDistribution"},
-		UserInfo: authenticationv1.UserInfo{Username: "alice", Groups: []string{"team"}},
+		UserInfo: testUser,
 		Object:   runtime.RawExtension{Raw: mustJSON(tb, rd)},
 	}}
 	if old != nil {
 		req.OldObject = runtime.RawExtension{Raw: mustJSON(tb, old)}
 	}
+	if op == admissionv1.Delete {
+		req.OldObject, req.Object = req.Object, runtime.RawExtension{}
+	}
 	return req
 }
 
+// newDistribution is a distribution whose author annotation records
+// testUser, as the mutating webhook would have it.
 func newDistribution(resource string, targets v1alpha1.ResourceDistributionTargets) *v1alpha1.ResourceDistribution {
 	return &v1alpha1.ResourceDistribution{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "resclass.io/v1alpha1", Kind: "ResourceDistribution"},
-		ObjectMeta: metav1.ObjectMeta{Name: "rd"},
-		Spec:       v1alpha1.ResourceDistributionSpec{Resource: runtime.RawExtension{Raw: []byte(resource)}, Targets: targets},
+		TypeMeta: metav1.TypeMeta{APIVersion: "resclass.io/v1alpha1", Kind: "ResourceDistribution"},
+		ObjectMeta: metav1.ObjectMeta{Name: "rd", Annotations: map[string]string{
+			v1alpha1.AnnotationAuthor: distribution.AuthorOf(testUser).Encode(),
+		}},
+		Spec: v1alpha1.ResourceDistributionSpec{Resource: runtime.RawExtension{Raw: []byte(resource)}, Targets: targets},
 	}
+}
+
+// withCopies records copies in namespaces in the status.
+func withCopies(rd *v1alpha1.ResourceDistribution, namespaces ...string) *v1alpha1.ResourceDistribution {
+	rd.Status.DistributedResources = map[string]string{}
+	for _, ns := range namespaces {
+		rd.Status.DistributedResources[ns] = "1"
+	}
+	return rd
 }
 
 const pullSecret = `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"pull"},"stringData":{"token":"x"}}`
 
-// distributionEnv: namespaces a, b, c labelled team=ml, d unlabelled, and a
-// foreign Secret "pull" in c and d.
+// distributionEnv: namespaces a, b, c labelled team=ml, d unlabelled, and
+// resclass-system labelled team=ml (never a default target).
 func distributionEnv(tb testing.TB, allowed map[string]bool) (*resourceDistributions, *sarRecorder) {
 	tb.Helper()
 	s := newTestScheme(tb)
 	var objs []client.Object
-	for _, ns := range []string{"a", "b", "c", "d"} {
+	for _, ns := range []string{"a", "b", "c", "d", "resclass-system"} {
 		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
 		if ns != "d" {
 			n.Labels = map[string]string{"team": "ml"}
 		}
 		objs = append(objs, n)
 	}
-	for _, ns := range []string{"c", "d"} {
-		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "pull", Namespace: ns}})
-	}
-	objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: "a"}})
-	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).
-		WithIndex(&corev1.Secret{}, "metadata.name", func(o client.Object) []string { return []string{o.GetName()} }).
-		Build()
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
 	sar := &sarRecorder{allowed: allowed}
-	return &resourceDistributions{namespaces: c, objects: c, sar: sar.client().AuthorizationV1().SubjectAccessReviews()}, sar
+	return &resourceDistributions{
+		namespaces:   c,
+		authorizer:   &distribution.Authorizer{SAR: sar.client().AuthorizationV1().SubjectAccessReviews()},
+		ownNamespace: "resclass-system",
+	}, sar
 }
 
 func TestResourceDistributionsHandle(t *testing.T) {
 	ml := v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "ml"}}}
 	ab := v1alpha1.ResourceDistributionTargets{IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: "a"}, {Name: "b"}}}
 	a := v1alpha1.ResourceDistributionTargets{IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: "a"}}}
-	everywhere := map[string]bool{"": true}
+	everywhere := map[string]bool{"create ": true, "update ": true, "delete ": true}
 	for _, tc := range []struct {
 		name     string
 		allowed  map[string]bool
@@ -104,32 +126,51 @@ func TestResourceDistributionsHandle(t *testing.T) {
 		code     int32 // 0: allowed
 		contains []string
 		absent   []string
-		asked    []string // SubjectAccessReview namespaces, in any order
+		warning  string
+		asked    []string // SubjectAccessReviews "verb namespace", in any order
 	}{{
 		name: "create into namespaces the author may write, cluster-wide", allowed: everywhere,
 		req: func(t *testing.T) admission.Request {
 			return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ab), nil)
 		},
-		asked: []string{""},
+		asked: []string{"create "},
 	}, {
-		name: "create asks per namespace when not allowed cluster-wide", allowed: map[string]bool{"a": true, "b": true},
+		name: "create asks per namespace when not allowed cluster-wide", allowed: map[string]bool{"create a": true, "create b": true},
 		req: func(t *testing.T) admission.Request {
 			return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ab), nil)
 		},
-		asked: []string{"", "a", "b"},
+		asked: []string{"create ", "create a", "create b"},
 	}, {
-		name: "create refused where the author may not write, naming only those", allowed: map[string]bool{"a": true},
+		name: "create refused where the author may not write, naming only those", allowed: map[string]bool{"create a": true},
 		req: func(t *testing.T) admission.Request {
 			return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ab), nil)
 		},
 		code: http.StatusForbidden, contains: []string{`user "alice" may not create secrets in 1 target namespace(s): b`}, absent: []string{" a,"},
-		asked: []string{"", "a", "b"},
+		asked: []string{"create ", "create a", "create b"},
 	}, {
-		name: "create refused while targets hold a same-named object: all of them, only targets", allowed: everywhere,
+		name: "a selector never reaches resclass's own namespace", allowed: map[string]bool{"create a": true, "create b": true, "create c": true},
 		req: func(t *testing.T) admission.Request {
 			return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ml), nil)
 		},
-		code: http.StatusForbidden, contains: []string{`Secret "pull" already exists in 1 target namespace(s)`, ": c;"}, absent: []string{"c, d"},
+		asked: []string{"create ", "create a", "create b", "create c"},
+	}, {
+		name: "a forged author is refused before anything is asked", allowed: everywhere,
+		req: func(t *testing.T) admission.Request {
+			rd := newDistribution(pullSecret, ab)
+			rd.Annotations[v1alpha1.AnnotationAuthor] = distribution.Author{Username: "admin", Groups: []string{"system:masters"}}.Encode()
+			return distributionRequest(t, admissionv1.Create, rd, nil)
+		},
+		code: http.StatusForbidden, contains: []string{v1alpha1.AnnotationAuthor, `must record the user who writes the spec ("alice")`},
+		asked: []string{},
+	}, {
+		name: "no author: the mutating webhook is missing", allowed: everywhere,
+		req: func(t *testing.T) admission.Request {
+			rd := newDistribution(pullSecret, ab)
+			rd.Annotations = nil
+			return distributionRequest(t, admissionv1.Create, rd, nil)
+		},
+		code: http.StatusForbidden, contains: []string{"is missing", "MutatingWebhookConfiguration"},
+		asked: []string{},
 	}, {
 		name: "a Pod is not distributable", allowed: everywhere,
 		req: func(t *testing.T) admission.Request {
@@ -144,11 +185,42 @@ func TestResourceDistributionsHandle(t *testing.T) {
 		},
 		code: http.StatusUnprocessableEntity, contains: []string{"spec.resource.metadata.name"},
 	}, {
-		name: "an update asks only about newly targeted namespaces", allowed: map[string]bool{"b": true},
+		name: "an update asks create only about newly targeted namespaces", allowed: map[string]bool{"create b": true},
 		req: func(t *testing.T) admission.Request {
-			return distributionRequest(t, admissionv1.Update, newDistribution(pullSecret, ab), newDistribution(pullSecret, a))
+			return distributionRequest(t, admissionv1.Update, newDistribution(pullSecret, ab), withCopies(newDistribution(pullSecret, a), "a"))
 		},
-		asked: []string{"", "b"},
+		asked: []string{"create ", "create b"},
+	}, {
+		name: "new content asks update where copies stay, and warns where the author may not", allowed: map[string]bool{"update a": true},
+		req: func(t *testing.T) admission.Request {
+			changed := newDistribution(strings.Replace(pullSecret, `"x"`, `"y"`, 1), ab)
+			return distributionRequest(t, admissionv1.Update, changed, withCopies(newDistribution(pullSecret, ab), "a", "b"))
+		},
+		warning: `user "alice" may not update secrets in 1 target namespace(s): b`,
+		asked:   []string{"update ", "update a", "update b"},
+	}, {
+		name: "shrinking the targets needs delete where copies go", allowed: map[string]bool{"delete a": true},
+		req: func(t *testing.T) admission.Request {
+			// b holds a copy though the old targets no longer say so (a
+			// namespace relabelled since): the status counts too.
+			return distributionRequest(t, admissionv1.Update, newDistribution(pullSecret, v1alpha1.ResourceDistributionTargets{
+				IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: "c"}}}), withCopies(newDistribution(pullSecret, a), "a", "b"))
+		},
+		code: http.StatusForbidden, contains: []string{`may not create secrets in 1 target namespace(s): c`, `may not delete secrets in 1 namespace(s) holding a copy: b`},
+		absent: []string{"holding a copy: a"},
+		asked:  []string{"create ", "create c", "delete ", "delete a", "delete b"},
+	}, {
+		name: "deleting needs delete wherever there is a copy", allowed: map[string]bool{"delete a": true},
+		req: func(t *testing.T) admission.Request {
+			return distributionRequest(t, admissionv1.Delete, withCopies(newDistribution(pullSecret, ml), "a", "b"), nil)
+		},
+		code: http.StatusForbidden, contains: []string{`user "alice" may not delete secrets in 1 namespace(s) holding a copy: b`},
+		asked: []string{"delete ", "delete a", "delete b"},
+	}, {
+		name: "deleting a distribution without copies asks nothing", allowed: nil,
+		req: func(t *testing.T) admission.Request {
+			return distributionRequest(t, admissionv1.Delete, newDistribution(pullSecret, ml), nil)
+		},
 	}, {
 		name: "an update that keeps the spec asks nothing", allowed: nil,
 		req: func(t *testing.T) admission.Request {
@@ -156,6 +228,15 @@ func TestResourceDistributionsHandle(t *testing.T) {
 			relabelled.Labels = map[string]string{"x": "y"}
 			return distributionRequest(t, admissionv1.Update, relabelled, newDistribution(pullSecret, ab))
 		},
+	}, {
+		name: "an update that keeps the spec may not change the author", allowed: everywhere,
+		req: func(t *testing.T) admission.Request {
+			old := newDistribution(pullSecret, ab)
+			old.Annotations[v1alpha1.AnnotationAuthor] = distribution.Author{Username: "bob"}.Encode()
+			return distributionRequest(t, admissionv1.Update, newDistribution(pullSecret, ab), old)
+		},
+		code: http.StatusForbidden, contains: []string{"changes only with the spec"},
+		asked: []string{},
 	}, {
 		name: "the status subresource is not judged", allowed: nil,
 		req: func(t *testing.T) admission.Request {
@@ -179,6 +260,9 @@ func TestResourceDistributionsHandle(t *testing.T) {
 				if !resp.Allowed {
 					t.Fatalf("denied: %+v", resp.Result)
 				}
+				if tc.warning != "" && (len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], tc.warning)) {
+					t.Errorf("warnings %q, want one saying %q", resp.Warnings, tc.warning)
+				}
 			} else {
 				if resp.Allowed || resp.Result == nil || resp.Result.Code != tc.code {
 					t.Fatalf("got allowed=%v result=%+v, want code %d", resp.Allowed, resp.Result, tc.code)
@@ -195,23 +279,85 @@ func TestResourceDistributionsHandle(t *testing.T) {
 				}
 			}
 			if tc.asked != nil || tc.code == 0 {
-				got := map[string]bool{}
-				for _, ns := range sar.asked {
-					got[ns] = true
-				}
-				want := map[string]bool{}
-				for _, ns := range tc.asked {
-					want[ns] = true
-				}
-				if len(got) != len(want) || len(sar.asked) != len(tc.asked) {
-					t.Errorf("SubjectAccessReviews for %q, want %q", sar.asked, tc.asked)
-				}
-				for ns := range want {
-					if !got[ns] {
-						t.Errorf("SubjectAccessReviews for %q, want %q", sar.asked, tc.asked)
-					}
+				got, want := slices.Sorted(slices.Values(sar.asked)), slices.Sorted(slices.Values(tc.asked))
+				if !slices.Equal(got, want) {
+					t.Errorf("SubjectAccessReviews %q, want %q", got, want)
 				}
 			}
 		})
+	}
+}
+
+// TestResourceDistributionAuthor: the mutating webhook records the requester
+// on create and on a spec change, and keeps (or restores) the recorded
+// author on any other update.
+func TestResourceDistributionAuthor(t *testing.T) {
+	ab := v1alpha1.ResourceDistributionTargets{IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: "a"}, {Name: "b"}}}
+	alice := distribution.AuthorOf(testUser).Encode()
+	bob := distribution.Author{Username: "bob"}.Encode()
+	with := func(author *string, resource string) *v1alpha1.ResourceDistribution {
+		rd := newDistribution(resource, ab)
+		rd.Annotations = map[string]string{"keep": "me"}
+		if author != nil {
+			rd.Annotations[v1alpha1.AnnotationAuthor] = *author
+		}
+		return rd
+	}
+	changed := strings.Replace(pullSecret, `"x"`, `"y"`, 1)
+	for _, tc := range []struct {
+		name     string
+		req      admission.Request
+		want     *string // the annotation after the patch; nil: absent
+		patched  bool
+		noAnnots bool
+	}{
+		{name: "create records the requester", req: distributionRequest(t, admissionv1.Create, with(nil, pullSecret), nil), want: &alice, patched: true},
+		{name: "create overwrites a forged author", req: distributionRequest(t, admissionv1.Create, with(&bob, pullSecret), nil), want: &alice, patched: true},
+		{name: "create already right is left alone", req: distributionRequest(t, admissionv1.Create, with(&alice, pullSecret), nil), want: &alice},
+		{name: "a spec change records the requester", req: distributionRequest(t, admissionv1.Update, with(&bob, changed), with(&bob, pullSecret)), want: &alice, patched: true},
+		{name: "a metadata change keeps the author", req: distributionRequest(t, admissionv1.Update, with(&alice, pullSecret), with(&bob, pullSecret)), want: &bob, patched: true},
+		{name: "a metadata change cannot add one", req: distributionRequest(t, admissionv1.Update, with(&alice, pullSecret), with(nil, pullSecret)), want: nil, patched: true},
+		{name: "a metadata change keeping it is left alone", req: distributionRequest(t, admissionv1.Update, with(&bob, pullSecret), with(&bob, pullSecret)), want: &bob},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := resourceDistributionAuthor{}.Handle(context.Background(), tc.req)
+			if !resp.Allowed {
+				t.Fatalf("denied: %+v", resp.Result)
+			}
+			if (len(resp.Patches) > 0) != tc.patched {
+				t.Fatalf("patches %+v, want patched=%v", resp.Patches, tc.patched)
+			}
+			// Apply the patch as the apiserver would.
+			var obj map[string]any
+			if err := json.Unmarshal(tc.req.Object.Raw, &obj); err != nil {
+				t.Fatal(err)
+			}
+			annotations := obj["metadata"].(map[string]any)["annotations"].(map[string]any)
+			for _, p := range resp.Patches {
+				key := strings.ReplaceAll(strings.TrimPrefix(p.Path, "/metadata/annotations/"), "~1", "/")
+				switch p.Operation {
+				case "add":
+					annotations[key] = p.Value
+				case "remove":
+					delete(annotations, key)
+				default:
+					t.Fatalf("unexpected patch %+v", p)
+				}
+			}
+			got, ok := annotations[v1alpha1.AnnotationAuthor]
+			if (tc.want == nil) != !ok || (ok && got != *tc.want) {
+				t.Errorf("author %v (present %v), want %v", got, ok, tc.want)
+			}
+			if annotations["keep"] != "me" {
+				t.Errorf("other annotations changed: %v", annotations)
+			}
+		})
+	}
+	// No annotations at all: the patch adds the map.
+	rd := newDistribution(pullSecret, ab)
+	rd.Annotations = nil
+	resp := resourceDistributionAuthor{}.Handle(context.Background(), distributionRequest(t, admissionv1.Create, rd, nil))
+	if len(resp.Patches) != 1 || resp.Patches[0].Path != "/metadata/annotations" {
+		t.Errorf("patches %+v, want one adding /metadata/annotations", resp.Patches)
 	}
 }

@@ -1,9 +1,11 @@
-// Package webhook is the resclass webhook binary: a controller-runtime manager
-// serving the admission webhooks (ResourceClass validation, the pod affinity
-// namespaceSelector and covering-quota policies, ResourceDistribution
-// validation and authorization) over TLS that it bootstraps and rotates itself
-// (open-policy-agent/cert-controller) or takes from cert-manager, and running
-// the ResourceDistribution controller. docs/webhook.md is the operator's guide.
+// Package webhook is the resclass webhook binary. With --mode=webhook it is a
+// controller-runtime manager serving the admission webhooks (ResourceClass
+// validation, the pod affinity namespaceSelector and covering-quota policies,
+// ResourceDistribution validation, authorization and author recording) over
+// TLS that it bootstraps and rotates itself (open-policy-agent/cert-controller)
+// or takes from cert-manager. With --mode=distribution-controller it runs the
+// ResourceDistribution controller instead, deployed apart under its own
+// identity. docs/webhook.md and docs/distribution.md are the operator's guides.
 package webhook
 
 import (
@@ -49,16 +51,20 @@ func NewCommand() *cobra.Command {
 	logging := logsapi.NewLoggingConfiguration()
 	cmd := &cobra.Command{
 		Use:   "webhook",
-		Short: "Serve resclass's admission webhooks and the ResourceDistribution controller",
+		Short: "Serve resclass's admission webhooks, or run the ResourceDistribution controller",
 		Long: `webhook serves resclass's validating admission webhooks:
 
   /validate-resourceclasses  ResourceClass selectors compile (typed values,
                              operators that fit the attribute); spec is immutable.
   /validate-resourcedistributions
                              the resource is a complete Secret or ConfigMap whose
-                             apiVersion, kind and name never change; at create no
-                             target namespace may hold a same-named object; the
-                             author must be allowed to create it in every target.
+                             apiVersion, kind and name never change; the author
+                             must be allowed to create it in every target (and to
+                             delete the copies a change or a deletion removes).
+  /mutate-resourcedistributions
+                             records who wrote a distribution's spec (annotation
+                             resclass.io/spec-author), which the controller asks
+                             about before each write of a copy.
   /validate-pods             pod (anti-)affinity terms may not use an empty
                              namespaceSelector {} (--allow-empty-namespace-selector
                              lifts that); a pod matching a limited scope of
@@ -66,12 +72,15 @@ func NewCommand() *cobra.Command {
                              ...) or consuming a limited resource needs a covering
                              ResourceQuota in its namespace.
 
-It also runs the ResourceDistribution controller, which keeps each
-distribution's copies in its target namespaces (docs/distribution.md).
-
 It bootstraps and rotates its own TLS certificate (--cert-management=self) or
 serves one cert-manager issues (--cert-management=external). Every replica
-serves; controllers run in the elected leader. See docs/webhook.md.`,
+serves; certificate rotation runs in the elected leader. See docs/webhook.md.
+
+With --mode=distribution-controller the same binary runs the
+ResourceDistribution controller instead, which keeps each distribution's
+copies in its target namespaces, writing only where the distribution's author
+could (docs/distribution.md). Deploy it apart (deploy/distribution): it is
+the identity that writes Secrets in other namespaces.`,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := logsapi.ValidateAndApply(logging, nil); err != nil {
@@ -139,22 +148,18 @@ func Run(ctx context.Context, o *Options) error {
 	if o.MetricsSecure {
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
+	if o.Mode == ModeDistributionController {
+		return runDistributionController(ctx, o, cfg, scheme, metrics, clientset)
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
 		Metrics:                       metrics,
 		HealthProbeBindAddress:        o.HealthAddr,
 		PprofBindAddress:              o.PprofAddr,
 		LeaderElection:                o.LeaderElect,
-		LeaderElectionID:              o.LeaderElectID,
+		LeaderElectionID:              o.leaderElectionID(),
 		LeaderElectionNamespace:       o.Namespace,
 		LeaderElectionReleaseOnCancel: true,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			// Of all Secrets and ConfigMaps, the cache holds only the
-			// ResourceDistribution copies; a same-named foreign object is read
-			// from the apiserver when a create collides with it.
-			&corev1.Secret{}:    {Label: copiesSelector},
-			&corev1.ConfigMap{}: {Label: copiesSelector},
-		}},
 	})
 	if err != nil {
 		return err
@@ -167,10 +172,11 @@ func Run(ctx context.Context, o *Options) error {
 	})
 	server.Register(ResourceClassesPath, &webhook.Admission{Handler: &resourceClasses{}})
 	server.Register(ResourceDistributionsPath, &webhook.Admission{Handler: &resourceDistributions{
-		namespaces: mgr.GetCache(),
-		objects:    mgr.GetAPIReader(),
-		sar:        clientset.AuthorizationV1().SubjectAccessReviews(),
+		namespaces:   mgr.GetCache(),
+		authorizer:   &distribution.Authorizer{SAR: clientset.AuthorizationV1().SubjectAccessReviews()},
+		ownNamespace: o.Namespace,
 	}})
+	server.Register(ResourceDistributionAuthorPath, &webhook.Admission{Handler: resourceDistributionAuthor{}})
 	server.Register(PodsPath, &webhook.Admission{Handler: &podPolicies{
 		allowEmptyNamespaceSelector: o.AllowEmptyNamespaceSelector,
 		config:                      quotaFile.Current,
@@ -186,14 +192,6 @@ func Run(ctx context.Context, o *Options) error {
 		if err := addSecretFiles(mgr, o); err != nil {
 			return fmt.Errorf("serving certificate files: %w", err)
 		}
-	}
-	if err := (&distribution.Reconciler{
-		Client:    mgr.GetClient(),
-		APIReader: mgr.GetAPIReader(),
-		Recorder:  mgr.GetEventRecorder("resclass-distribution"),
-		Workers:   o.DistributionWorkers,
-	}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("ResourceDistribution controller: %w", err)
 	}
 	if err := mgr.Add(everyReplica{quotaFile}); err != nil {
 		return err
@@ -232,6 +230,54 @@ func Run(ctx context.Context, o *Options) error {
 	}
 	log.Info("starting", "namespace", o.Namespace, "certManagement", o.CertManagement, "leaderElect", o.LeaderElect,
 		"allowEmptyNamespaceSelector", o.AllowEmptyNamespaceSelector, "quotaConfig", o.QuotaConfig)
+	return mgr.Start(ctx)
+}
+
+// runDistributionController runs the ResourceDistribution controller in the
+// elected leader, until ctx is done.
+func runDistributionController(ctx context.Context, o *Options, cfg *rest.Config, scheme *runtime.Scheme, metrics metricsserver.Options, clientset kubernetes.Interface) error {
+	log := ctrl.Log.WithName("distribution")
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metrics,
+		HealthProbeBindAddress:        o.HealthAddr,
+		PprofBindAddress:              o.PprofAddr,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              o.leaderElectionID(),
+		LeaderElectionNamespace:       o.Namespace,
+		LeaderElectionReleaseOnCancel: true,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			// Of all Secrets and ConfigMaps, the cache holds only the
+			// ResourceDistribution copies; a same-named foreign object is read
+			// from the apiserver when a create collides with it.
+			&corev1.Secret{}:    {Label: copiesSelector},
+			&corev1.ConfigMap{}: {Label: copiesSelector},
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	if err := (&distribution.Reconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("resclass-distribution"),
+		Workers:   o.DistributionWorkers,
+		Namespace: o.Namespace,
+		Authorizer: &distribution.Authorizer{
+			SAR: clientset.AuthorizationV1().SubjectAccessReviews(),
+			TTL: o.DistributionAuthorizationTTL,
+		},
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("ResourceDistribution controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	log.Info("starting the ResourceDistribution controller", "namespace", o.Namespace, "leaderElect", o.LeaderElect,
+		"workers", o.DistributionWorkers, "authorizationTTL", o.DistributionAuthorizationTTL)
 	return mgr.Start(ctx)
 }
 

@@ -17,6 +17,14 @@ const (
 	AnnotationContentHash = "resclass.io/resource-content-hash"
 )
 
+// AnnotationAuthor is set on every ResourceDistribution by resclass's
+// admission webhook: the identity (user name, uid, groups, extra; JSON) that
+// wrote its current spec. The controller writes a copy only where this
+// identity may write the object itself (a SubjectAccessReview per namespace
+// and verb). Nobody sets it by hand: the webhook refuses any value other than
+// the requester's own (docs/distribution.md, "Authorization").
+const AnnotationAuthor = "resclass.io/spec-author"
+
 // ResourceDistribution copies one Secret or ConfigMap into many namespaces and keeps
 // the copies in sync (OpenKruise's proposal, under resclass.io).
 //

@@ -1,0 +1,277 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/resclass/resclass/e2e/framework"
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	distpkg "github.com/resclass/resclass/pkg/distribution"
+)
+
+// serviceAccountGroups are the groups the apiserver gives a ServiceAccount of
+// resclass-system.
+var serviceAccountGroups = []string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"}
+
+// TestResourceDistributionTrust: a distribution writes only where its author
+// could, for the whole life of a copy, and the two resclass identities
+// involved can do no more than their part — proved with impersonated users
+// on the real apiserver's RBAC and admission.
+func TestResourceDistributionTrust(t *testing.T) {
+	diagnoseOnFailure(t, cluster)
+	ctx := context.Background()
+	startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
+	startDistribution(t, framework.DistributionOptions{})
+	rc, err := cluster.Resclass()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &distEnv{t: t, ctx: ctx, rc: rc}
+	secretsRW := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "create", "update", "delete"}}
+	rds := rbacv1.PolicyRule{APIGroups: []string{"resclass.io"}, Resources: []string{"resourcedistributions"}, Verbs: []string{"get", "create", "update", "delete"}}
+
+	// author is a user who may write ResourceDistributions and the Secrets
+	// of the namespaces given, and nothing else.
+	author := func(t *testing.T, name string, secretsIn ...string) (string, versioned.Interface) {
+		t.Helper()
+		user := fmt.Sprintf("e2e-%s-%d", name, time.Now().UnixNano()%1e9)
+		grant(t, ctx, user, "", rds)
+		for _, ns := range secretsIn {
+			grant(t, ctx, user, ns, secretsRW)
+		}
+		c, err := versioned.NewForConfig(impersonating(user, "system:authenticated"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return user, c
+	}
+	createAs := func(t *testing.T, c versioned.Interface, rd *v1alpha1.ResourceDistribution) (*v1alpha1.ResourceDistribution, error) {
+		created, err := c.ResclassV1alpha1().ResourceDistributions().Create(ctx, rd, metav1.CreateOptions{})
+		if err == nil {
+			t.Cleanup(func() {
+				_ = rc.ResclassV1alpha1().ResourceDistributions().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+			})
+		}
+		return created, err
+	}
+	// waitAuthorized waits for the Authorized condition to be False naming
+	// every part.
+	waitForbidden := func(t *testing.T, name string, parts ...string) *v1alpha1.ResourceDistribution {
+		t.Helper()
+		var got *v1alpha1.ResourceDistribution
+		poll(t, ctx, 30*time.Second, fmt.Sprintf("%s: Authorized False naming %q", name, parts), func(ctx context.Context) (bool, error) {
+			var err error
+			if got, err = rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, name, metav1.GetOptions{}); err != nil {
+				return false, err
+			}
+			c := meta.FindStatusCondition(got.Status.Conditions, distpkg.ConditionAuthorized)
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != distpkg.ReasonForbidden || c.ObservedGeneration != got.Generation {
+				return false, nil
+			}
+			for _, p := range parts {
+				if !strings.Contains(c.Message, p) || !strings.Contains(got.Status.Description, p) {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		return got
+	}
+
+	t.Run("a namespace labelled later where the author may not write gets no copy; the status and an Event name it", func(t *testing.T) {
+		d := d.with(t)
+		team := d.uniqueLabel()
+		a, b, c := d.ns(team), d.ns(team), d.ns(nil)
+		user, alice := author(t, "alice", a, b)
+		rd, err := createAs(t, alice, distribution("later", secret("later", map[string]string{"k": "v"}),
+			v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: team}}))
+		if err != nil {
+			t.Fatalf("a distribution into namespaces alice may write: %v", err)
+		}
+		if got := rd.Annotations[v1alpha1.AnnotationAuthor]; !strings.Contains(got, `"username":"`+user+`"`) {
+			t.Errorf("the recorded author is %q, want %s", got, user)
+		}
+		d.waitSynced(rd, 2)
+		d.label(c, team)
+		got := waitForbidden(t, rd.Name, "create secrets in 1 namespace(s): "+c, user)
+		if got.Status.Succeeded != 2 || got.Status.Desired != 3 {
+			t.Errorf("succeeded %d of %d, want 2 of 3", got.Status.Succeeded, got.Status.Desired)
+		}
+		waitEventOn(t, ctx, "default", "ResourceDistribution", rd.Name, distpkg.ReasonForbidden, c)
+		d.wantCopies("later", []string{a, b}, []string{c})
+	})
+
+	t.Run("an author who lost rights in b edits the data: b's copy keeps its content, the status says so", func(t *testing.T) {
+		d := d.with(t)
+		team := d.uniqueLabel()
+		a, b := d.ns(team), d.ns(team)
+		user, alice := author(t, "alice", a, b)
+		rd, err := createAs(t, alice, distribution("rotated", secret("rotated", map[string]string{"token": "v1"}),
+			v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: team}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.waitSynced(rd, 2)
+		revoke(t, ctx, user, b, secretsRW)
+
+		current, err := alice.ResclassV1alpha1().ResourceDistributions().Get(ctx, rd.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		current.Spec.Resource = runtime.RawExtension{Raw: secret("rotated", map[string]string{"token": "v2"})}
+		if _, err := alice.ResclassV1alpha1().ResourceDistributions().Update(ctx, current, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("the edit (admitted with a warning): %v", err)
+		}
+		waitForbidden(t, rd.Name, "update secrets in 1 namespace(s): "+b)
+		poll(t, ctx, 30*time.Second, "a's copy carries v2", func(ctx context.Context) (bool, error) {
+			s, err := cluster.Client.CoreV1().Secrets(a).Get(ctx, "rotated", metav1.GetOptions{})
+			return err == nil && string(s.Data["token"]) == "v2", nil
+		})
+		s, err := cluster.Client.CoreV1().Secrets(b).Get(ctx, "rotated", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(s.Data["token"]) != "v1" {
+			t.Errorf("b's copy was rewritten to %q, though its author may not update Secrets there", s.Data["token"])
+		}
+	})
+
+	t.Run("a user without delete in b can neither shrink b out of the targets nor delete the distribution", func(t *testing.T) {
+		d := d.with(t)
+		a, b := d.ns(nil), d.ns(nil)
+		rd := d.create("kept", secret("kept", map[string]string{"k": "v"}), v1alpha1.ResourceDistributionTargets{
+			IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: a}, {Name: b}}})
+		d.waitSynced(rd, 2)
+		user, bob := author(t, "bob", a)
+		current, err := bob.ResclassV1alpha1().ResourceDistributions().Get(ctx, rd.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		current.Spec.Targets.IncludedNamespaces = []v1alpha1.ResourceDistributionNamespace{{Name: a}}
+		_, err = bob.ResclassV1alpha1().ResourceDistributions().Update(ctx, current, metav1.UpdateOptions{})
+		wantDenied(t, err, fmt.Sprintf("user %q may not delete secrets in 1 namespace(s) holding a copy: %s", user, b))
+		err = bob.ResclassV1alpha1().ResourceDistributions().Delete(ctx, rd.Name, metav1.DeleteOptions{})
+		wantDenied(t, err, fmt.Sprintf("user %q may not delete secrets in 1 namespace(s) holding a copy: %s", user, b))
+		d.wantCopies("kept", []string{a, b}, nil)
+	})
+
+	t.Run("a user with ResourceDistribution create but no Secret rights learns nothing about existing Secrets", func(t *testing.T) {
+		d := d.with(t)
+		holds, empty := d.ns(nil), d.ns(nil)
+		d.foreignSecret(holds, "probe")
+		_, carol := author(t, "carol")
+		denial := func(ns string) string {
+			_, err := createAs(t, carol, distribution("probe", secret("probe", map[string]string{"k": "v"}),
+				v1alpha1.ResourceDistributionTargets{IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: ns}}}))
+			if !apierrors.IsForbidden(err) {
+				t.Fatalf("targeting %s: %v, want Forbidden", ns, err)
+			}
+			return err.Error()
+		}
+		withSecret, without := denial(holds), denial(empty)
+		if strings.ReplaceAll(withSecret, holds, "NS") != strings.ReplaceAll(without, empty, "NS") {
+			t.Errorf("the denials differ where a Secret exists:\n  %s\n  %s", withSecret, without)
+		}
+		for _, leak := range []string{"exists", "conflict"} {
+			if strings.Contains(strings.ToLower(withSecret), leak) {
+				t.Errorf("the denial says %q: %s", leak, withSecret)
+			}
+		}
+		wantDenied(t, fmt.Errorf("%s", withSecret), "may not create secrets in 1 target namespace(s): "+holds)
+	})
+
+	t.Run("the webhook's ServiceAccount cannot read or write a Secret", func(t *testing.T) {
+		d := d.with(t)
+		ns := d.ns(nil)
+		target := d.foreignSecret(ns, "not-the-webhooks")
+		wh, err := kubernetes.NewForConfig(impersonating("system:serviceaccount:resclass-system:resclass-webhook", serviceAccountGroups...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for what, err := range map[string]error{
+			"get":                       ignoreResult(wh.CoreV1().Secrets(ns).Get(ctx, target.Name, metav1.GetOptions{})),
+			"list cluster-wide":         ignoreResult(wh.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})),
+			"list in the namespace":     ignoreResult(wh.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})),
+			"create":                    ignoreResult(wh.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
+			"update":                    ignoreResult(wh.CoreV1().Secrets(ns).Update(ctx, target, metav1.UpdateOptions{})),
+			"delete":                    wh.CoreV1().Secrets(ns).Delete(ctx, target.Name, metav1.DeleteOptions{}),
+			"create in resclass-system": ignoreResult(wh.CoreV1().Secrets("resclass-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
+			"get a ConfigMap":           ignoreResult(wh.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})),
+		} {
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("the webhook's ServiceAccount, %s: %v, want Forbidden", what, err)
+			}
+		}
+	})
+
+	t.Run("the controller's ServiceAccount cannot overwrite or delete a foreign Secret, even by direct API call", func(t *testing.T) {
+		d := d.with(t)
+		ns := d.ns(nil)
+		foreign := d.foreignSecret(ns, "someone-elses")
+		ctl, err := kubernetes.NewForConfig(impersonating(framework.DistributionUser, serviceAccountGroups...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// RBAC lets it read (the residual risk): the policy is what stops the
+		// writes.
+		if _, err := ctl.CoreV1().Secrets(ns).Get(ctx, foreign.Name, metav1.GetOptions{}); err != nil {
+			t.Fatalf("RBAC should let the controller read Secrets: %v", err)
+		}
+		disguised := foreign.DeepCopy()
+		disguised.Labels = map[string]string{distpkg.LabelDistribution: "fake"}
+		disguised.OwnerReferences = []metav1.OwnerReference{{APIVersion: "resclass.io/v1alpha1", Kind: "ResourceDistribution", Name: "fake", UID: "fake", Controller: ptr.To(true)}}
+		overwritten := foreign.DeepCopy()
+		overwritten.StringData = map[string]string{"owner": "the controller"}
+		attempts := map[string]func() error{
+			"update": func() error {
+				return ignoreResult(ctl.CoreV1().Secrets(ns).Update(ctx, overwritten, metav1.UpdateOptions{}))
+			},
+			"update dressed as a copy": func() error {
+				return ignoreResult(ctl.CoreV1().Secrets(ns).Update(ctx, disguised, metav1.UpdateOptions{}))
+			},
+			"delete": func() error { return ctl.CoreV1().Secrets(ns).Delete(ctx, foreign.Name, metav1.DeleteOptions{}) },
+			"create a plain Secret": func() error {
+				return ignoreResult(ctl.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{}))
+			},
+			"create a token Secret dressed as a copy": func() error {
+				token := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "token", Labels: disguised.Labels, OwnerReferences: disguised.OwnerReferences,
+					Annotations: map[string]string{corev1.ServiceAccountNameKey: "default"}}, Type: corev1.SecretTypeServiceAccountToken}
+				return ignoreResult(ctl.CoreV1().Secrets(ns).Create(ctx, token, metav1.CreateOptions{}))
+			},
+		}
+		for what, attempt := range attempts {
+			// The policy was applied when the controller started; the
+			// apiserver enforces it once its policy informer has it.
+			var err error
+			poll(t, ctx, 15*time.Second, what+" refused by the policy", func(context.Context) (bool, error) {
+				err = attempt()
+				return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "resclass-distribution-writes"), nil
+			})
+			if !strings.Contains(err.Error(), "the ResourceDistribution controller may") {
+				t.Errorf("%s: %v, want the policy's message", what, err)
+			}
+		}
+		now, err := cluster.Client.CoreV1().Secrets(ns).Get(ctx, foreign.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.ResourceVersion != foreign.ResourceVersion {
+			t.Errorf("the foreign Secret changed: resourceVersion %s -> %s", foreign.ResourceVersion, now.ResourceVersion)
+		}
+	})
+}
+
+func ignoreResult[T any](_ T, err error) error { return err }

@@ -1,0 +1,194 @@
+package distribution
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
+	"k8s.io/utils/clock"
+)
+
+// The verbs a distribution's writes need of its author, per namespace: a copy
+// is created, updated (or, for a Secret whose type changed or an immutable
+// object, deleted and created again) and deleted.
+const (
+	VerbCreate = "create"
+	VerbUpdate = "update"
+	VerbDelete = "delete"
+)
+
+// DefaultAuthorizationTTL is how long the controller trusts a
+// SubjectAccessReview answer: a revoked RoleBinding takes effect on the
+// copies within this time, and a distribution over N namespaces asks at most
+// about once per TTL, verb and namespace (once per TTL and verb when the
+// author may write everywhere).
+const DefaultAuthorizationTTL = 10 * time.Second
+
+// defaultAuthorizationEntries bounds the cache: one entry per author, verb,
+// resource and namespace.
+const defaultAuthorizationEntries = 100_000
+
+// Authorizer asks the apiserver whether an Author may create, update or
+// delete Secrets or ConfigMaps in a namespace (SubjectAccessReview), and
+// remembers the answers for TTL. A cluster-wide review is asked first: when
+// it allows, every namespace is allowed without a review of its own.
+// Safe for concurrent use.
+type Authorizer struct {
+	SAR authorizationclient.SubjectAccessReviewInterface
+	// TTL is how long an answer is reused; 0 asks every time.
+	TTL time.Duration
+	// MaxEntries bounds the cache (default 100000); when it is full the
+	// expired answers go, and if that is not enough, all of them.
+	MaxEntries int
+	Clock      clock.PassiveClock
+
+	mu    sync.Mutex
+	cache map[authzKey]authzAnswer
+}
+
+type authzKey struct {
+	author, verb, resource, namespace string
+}
+
+type authzAnswer struct {
+	allowed bool
+	expires time.Time
+}
+
+// Allowed reports whether author may verb resource (secrets or configmaps)
+// in namespace.
+func (a *Authorizer) Allowed(ctx context.Context, author Author, verb, resource, namespace string) (bool, error) {
+	encoded := author.Encode()
+	if ok, err := a.review(ctx, author, encoded, verb, resource, metav1.NamespaceAll); err != nil || ok {
+		return ok, err
+	}
+	return a.review(ctx, author, encoded, verb, resource, namespace)
+}
+
+// Denied returns the namespaces among namespaces where author may not verb
+// resource, sorted; a few reviews run at once.
+func (a *Authorizer) Denied(ctx context.Context, author Author, verb, resource string, namespaces []string) ([]string, error) {
+	if len(namespaces) == 0 {
+		return nil, nil
+	}
+	encoded := author.Encode()
+	if ok, err := a.review(ctx, author, encoded, verb, resource, metav1.NamespaceAll); err != nil || ok {
+		return nil, err
+	}
+	var (
+		mu     sync.Mutex
+		denied []string
+		errs   []error
+		wg     sync.WaitGroup
+	)
+	work := make(chan string)
+	for range min(8, len(namespaces)) {
+		wg.Go(func() {
+			for ns := range work {
+				ok, err := a.review(ctx, author, encoded, verb, resource, ns)
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else if !ok {
+					denied = append(denied, ns)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for _, ns := range namespaces {
+		work <- ns
+	}
+	close(work)
+	wg.Wait()
+	if len(errs) > 0 {
+		return nil, errs[0]
+	}
+	slices.Sort(denied)
+	return denied, nil
+}
+
+func (a *Authorizer) review(ctx context.Context, author Author, encoded, verb, resource, namespace string) (bool, error) {
+	key := authzKey{author: encoded, verb: verb, resource: resource, namespace: namespace}
+	now := a.now()
+	if a.TTL > 0 {
+		a.mu.Lock()
+		ans, ok := a.cache[key]
+		a.mu.Unlock()
+		if ok && now.Before(ans.expires) {
+			authorizationChecks.WithLabelValues(verdict(ans.allowed), "true").Inc()
+			return ans.allowed, nil
+		}
+	}
+	extra := make(map[string]authorizationv1.ExtraValue, len(author.Extra))
+	for k, v := range author.Extra {
+		extra[k] = authorizationv1.ExtraValue(v)
+	}
+	review, err := a.SAR.Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: author.Username, UID: author.UID, Groups: author.Groups, Extra: extra,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: verb, Version: "v1", Resource: resource},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		authorizationChecks.WithLabelValues("error", "false").Inc()
+		where := "cluster-wide"
+		if namespace != "" {
+			where = "in " + namespace
+		}
+		return false, fmt.Errorf("asking whether %s may %s %s %s: %w", author, verb, resource, where, err)
+	}
+	allowed := review.Status.Allowed
+	authorizationChecks.WithLabelValues(verdict(allowed), "false").Inc()
+	if a.TTL > 0 {
+		a.store(key, authzAnswer{allowed: allowed, expires: now.Add(a.TTL)}, now)
+	}
+	return allowed, nil
+}
+
+func (a *Authorizer) store(key authzKey, ans authzAnswer, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	limit := a.MaxEntries
+	if limit <= 0 {
+		limit = defaultAuthorizationEntries
+	}
+	if a.cache == nil {
+		a.cache = map[authzKey]authzAnswer{}
+	}
+	if len(a.cache) >= limit {
+		for k, v := range a.cache {
+			if !now.Before(v.expires) {
+				delete(a.cache, k)
+			}
+		}
+		if len(a.cache) >= limit {
+			clear(a.cache)
+		}
+	}
+	a.cache[key] = ans
+}
+
+// Len is the number of answers cached, expired ones included.
+func (a *Authorizer) Len() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.cache)
+}
+
+func (a *Authorizer) now() time.Time {
+	if a.Clock == nil {
+		return time.Now()
+	}
+	return a.Clock.Now()
+}
+
+func verdict(allowed bool) string {
+	if allowed {
+		return "allowed"
+	}
+	return "denied"
+}

@@ -1,0 +1,89 @@
+package distribution
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// TestNamespaceEventsQueueOnlyConcernedDistributions: a namespace event
+// queues the distributions whose targets match the namespace before or
+// after, or whose status names it, and no other.
+func TestNamespaceEventsQueueOnlyConcernedDistributions(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	rd := func(name string, targets v1alpha1.ResourceDistributionTargets, copies ...string) *v1alpha1.ResourceDistribution {
+		d := &v1alpha1.ResourceDistribution{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name)}, Spec: v1alpha1.ResourceDistributionSpec{Targets: targets}}
+		if len(copies) > 0 {
+			d.Status.DistributedResources = map[string]string{}
+			for _, ns := range copies {
+				d.Status.DistributedResources[ns] = "1"
+			}
+		}
+		return d
+	}
+	team := func(v string) v1alpha1.ResourceDistributionTargets {
+		return v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": v}}}
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		rd("ml", team("ml")),
+		rd("web", team("web")),
+		rd("web-with-copy-in-x", team("web"), "x"),
+		rd("only-a", v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names("a")}),
+		rd("everywhere", v1alpha1.ResourceDistributionTargets{}),
+	).Build()
+	r := &Reconciler{Client: c, Namespace: testOwnNamespace}
+
+	queued := func(oldNS, newNS *corev1.Namespace) []string {
+		q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+		defer q.ShutDown()
+		r.enqueueFor(context.Background(), q, clientObject(oldNS), clientObject(newNS))
+		var got []string
+		for q.Len() > 0 {
+			item, _ := q.Get()
+			got = append(got, item.Name)
+			q.Done(item)
+		}
+		slices.Sort(got)
+		return got
+	}
+	x := func(labels map[string]string) *corev1.Namespace { return namespace("x", labels) }
+	for _, tc := range []struct {
+		name     string
+		old, new *corev1.Namespace
+		want     []string
+	}{
+		{"a new namespace labelled team=ml (and one whose status still names an x)", nil, x(map[string]string{"team": "ml"}), []string{"everywhere", "ml", "web-with-copy-in-x"}},
+		{"relabelled from ml to web: both sides, and the copy's", x(map[string]string{"team": "ml"}), x(map[string]string{"team": "web"}), []string{"everywhere", "ml", "web", "web-with-copy-in-x"}},
+		{"an update that changes no label concerns none", x(map[string]string{"team": "ml"}), x(map[string]string{"team": "ml"}), nil},
+		{"deleted: those that targeted it or hold a copy there", x(nil), nil, []string{"everywhere", "web-with-copy-in-x"}},
+		{"resclass's own namespace matches no selector nor the default", nil, namespace(testOwnNamespace, map[string]string{"team": "ml"}), nil},
+		{"a listed namespace", nil, namespace("a", nil), []string{"everywhere", "only-a"}},
+	} {
+		if got := queued(tc.old, tc.new); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: queued %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// clientObject keeps a nil *Namespace a nil interface, as the event handler
+// receives it.
+func clientObject(ns *corev1.Namespace) client.Object {
+	if ns == nil {
+		return nil
+	}
+	return ns
+}
