@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -420,6 +421,25 @@ func revoke(t *testing.T, ctx context.Context, user, ns string, rule rbacv1.Poli
 	if err := cluster.Client.RbacV1().RoleBindings(ns).Delete(ctx, grantName(user, rule), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	waitAuthorized(t, ctx, user, ns, rule, false)
+}
+
+// waitAuthorized waits until the apiserver's authorizer answers want for user
+// and the first verb and resource of rule in ns: RBAC reaches the authorizer
+// through its informers, a moment after the write, longer under load.
+func waitAuthorized(t *testing.T, ctx context.Context, user, ns string, rule rbacv1.PolicyRule, want bool) {
+	t.Helper()
+	group := ""
+	if len(rule.APIGroups) > 0 {
+		group = rule.APIGroups[0]
+	}
+	attrs := &authorizationv1.ResourceAttributes{Namespace: ns, Verb: rule.Verbs[0], Group: group, Resource: rule.Resources[0]}
+	poll(t, ctx, time.Minute, fmt.Sprintf("%s allowed %v to %s %s in %q", user, want, attrs.Verb, attrs.Resource, ns), func(ctx context.Context) (bool, error) {
+		r, err := cluster.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:authenticated"}, ResourceAttributes: attrs,
+		}}, metav1.CreateOptions{})
+		return err == nil && r.Status.Allowed == want, err
+	})
 }
 
 // grant gives user rule, cluster-wide when ns is "".
@@ -440,6 +460,7 @@ func grant(t *testing.T, ctx context.Context, user, ns string, rule rbacv1.Polic
 			_ = c.RbacV1().ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{})
 			_ = c.RbacV1().ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{})
 		})
+		waitAuthorized(t, ctx, user, ns, rule, true)
 		return
 	}
 	if _, err := c.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{rule}}, metav1.CreateOptions{}); err != nil {
@@ -449,4 +470,5 @@ func grant(t *testing.T, ctx context.Context, user, ns string, rule rbacv1.Polic
 		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}, Subjects: subject}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	waitAuthorized(t, ctx, user, ns, rule, true)
 }
