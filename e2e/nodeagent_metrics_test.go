@@ -82,7 +82,7 @@ func TestNodeAgentMetricsNeedAuthorization(t *testing.T) {
 	}
 
 	// Two scrapers: one without the role, one bound to it. (Not one bound
-	// later: the agent caches a denial for 30 s, as kube components do.)
+	// later: the agent caches a denial for 10 s.)
 	ns := newNamespace(t, ctx, nil)
 	token := func(name string) string {
 		t.Helper()

@@ -17,12 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
@@ -77,7 +75,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.Var(&o.deviceListStrategies, "device-list-strategy", "how a container's GPUs are named to the container runtime, one or more of (comma-separated): envvar (NVIDIA_VISIBLE_DEVICES and the device nodes, for NVIDIA's container runtime), cdi-cri (CDI names in the CRI field, for containerd 1.7+/2.x and CRI-O with CDI), cdi-annotations (CDI names in a cdi.k8s.io/ container annotation); with a CDI strategy the agent writes the CDI spec of the node's GPUs into --cdi-spec-dir (default envvar)")
 	f.StringVar(&o.cdiSpecDir, "cdi-spec-dir", cdispec.DefaultDir, "directory the CDI spec ("+cdispec.FileName+") is written to with a CDI --device-list-strategy: one the container runtime reads (its cdi_spec_dirs)")
 	f.StringVar(&o.cdiDriverRoot, "cdi-driver-root", "/", "host path of the NVIDIA driver's root, read below --host-root, whose libraries and tools the CDI spec mounts into GPU containers: / for a driver installed on the host, /run/nvidia/driver for the GPU operator's driver container")
-	f.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve --metrics-bind-address over HTTPS (a self-signed certificate made at start) and let only callers allowed to GET the non-resource URL /metrics read /metrics (TokenReview and SubjectAccessReview, as kube components do); /healthz and /readyz stay open for the kubelet's probes. false: plain HTTP without authentication, for a --metrics-bind-address on 127.0.0.1")
+	f.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve --metrics-bind-address over HTTPS (a self-signed certificate made at start) and let only callers allowed to GET the non-resource URL /metrics read /metrics (TokenReview and SubjectAccessReview, as kube components do, decisions cached a minute, denials 10 s); /healthz and /readyz stay open for the kubelet's probes. false: plain HTTP without authentication, for a --metrics-bind-address on 127.0.0.1")
 }
 
 func (o *serveOptions) run(ctx context.Context) error {
@@ -127,9 +125,9 @@ func (o *serveOptions) run(ctx context.Context) error {
 	agent := newAgent(cfg, resclass, kube, m)
 
 	if o.metricsAddress != "0" {
-		var access *rest.Config
+		var access kubernetes.Interface
 		if o.metricsSecure {
-			access = config
+			access = kube
 		}
 		srv, err := serveMetrics(ctx, o.metricsAddress, m, agent, access)
 		if err != nil {
@@ -146,22 +144,13 @@ func (o *serveOptions) run(ctx context.Context) error {
 // and /metrics answers only callers the apiserver authenticates (TokenReview)
 // and authorizes to GET the non-resource URL /metrics (SubjectAccessReview):
 // the inventory and health of the node are no one else's business.
-func serveMetrics(ctx context.Context, address string, m *metrics, a *Agent, access *rest.Config) (*http.Server, error) {
+func serveMetrics(ctx context.Context, address string, m *metrics, a *Agent, access kubernetes.Interface) (*http.Server, error) {
 	logger := klog.FromContext(ctx)
 	metricsHandler := promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
 	var tlsConfig *tls.Config
 	if access != nil {
-		httpClient, err := rest.HTTPClientFor(access)
-		if err != nil {
-			return nil, err
-		}
-		filter, err := filters.WithAuthenticationAndAuthorization(access, httpClient)
-		if err != nil {
-			return nil, fmt.Errorf("metrics endpoint authorization: %w", err)
-		}
-		if metricsHandler, err = filter(logger, metricsHandler); err != nil {
-			return nil, fmt.Errorf("metrics endpoint authorization: %w", err)
-		}
+		metricsHandler = newMetricsAuth(access, metricsHandler)
+		var err error
 		if tlsConfig, err = selfSignedTLS(); err != nil {
 			return nil, fmt.Errorf("metrics endpoint certificate: %w", err)
 		}
