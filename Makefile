@@ -7,6 +7,7 @@
 #   make verify     fails when generated files, go.mod or formatting are stale
 #   make lint       gofmt, go vet, golangci-lint
 #   make build      the three binaries into bin/
+#   make gpu-bundle the node agent and the real-GPU tests, for a GPU machine without Go
 
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
@@ -39,6 +40,12 @@ all: generate lint build test
 .PHONY: build
 build:
 	go build -ldflags '$(K8S_VERSION_LDFLAGS)' -o $(BIN)/ ./cmd/...
+
+# The node agent and the compiled tests of e2e/realgpu in one tarball,
+# _output/resclass-gpu-bundle.tar.gz (docs/node-agent.md, "Testing on a real GPU").
+.PHONY: gpu-bundle
+gpu-bundle:
+	hack/gpu-bundle.sh
 
 .PHONY: test
 test: e2e-binaries

@@ -95,11 +95,41 @@ func TestKustomizeBase(t *testing.T) {
 		t.Errorf("Namespace %s: pod-security.kubernetes.io/enforce = %q, want privileged (the node agent uses hostPath volumes)", ns, l)
 	}
 
-	// The kustomize base keeps the node agent privileged: NVML needs the GPUs'
-	// device nodes (deploy/node-agent/daemonset.yaml).
+	// The node agent is unprivileged by default (issue 19): no capability,
+	// no escalation, seccomp RuntimeDefault; its probes and /metrics are
+	// HTTPS (--metrics-secure, on by default).
 	ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
-	if sc := ds.Spec.Template.Spec.Containers[0].SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
-		t.Errorf("node agent: want privileged (NVML)")
+	checkAgentUnprivileged(t, ds, false)
+}
+
+// checkAgentUnprivileged checks the agent's privileges; cdi: rendered with a
+// CDI device-list strategy, which writes the CDI spec directory.
+func checkAgentUnprivileged(t *testing.T, ds *appsv1.DaemonSet, cdi bool) {
+	t.Helper()
+	pod := ds.Spec.Template.Spec
+	c := pod.Containers[0]
+	sc := c.SecurityContext
+	if sc == nil || sc.Privileged == nil || *sc.Privileged || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 {
+		t.Errorf("node agent: securityContext %+v, want unprivileged with every capability dropped", sc)
+	}
+	if pod.SecurityContext == nil || pod.SecurityContext.SeccompProfile == nil || pod.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("node agent: want seccomp RuntimeDefault, pod securityContext %+v", pod.SecurityContext)
+	}
+	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+			t.Errorf("node agent: probe %+v, want HTTPS (--metrics-secure)", p)
+		}
+	}
+	for _, a := range c.Args {
+		if strings.HasPrefix(a, "--metrics-secure") || (!cdi && strings.HasPrefix(a, "--device-list-strategy")) {
+			t.Errorf("node agent: default args carry %s", a)
+		}
+	}
+	for _, m := range c.VolumeMounts {
+		if !m.ReadOnly && !slices.Contains([]string{"/var/lib/kubelet/device-plugins", "/var/run/resclass"}, m.MountPath) && (!cdi || m.MountPath != "/var/run/cdi") {
+			t.Errorf("node agent: %s is mounted writable", m.MountPath)
+		}
 	}
 }
 
@@ -312,15 +342,50 @@ func TestHelmChart(t *testing.T) {
 	})
 
 	t.Run("node agent options", func(t *testing.T) {
-		set := check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{
-			"privileged": false,
-			"nvml":       map[string]any{"driverRoot": "/run/nvidia/driver"},
-		}}))
+		set := check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"privileged": true}}))
 		ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
-		c := ds.Spec.Template.Spec.Containers[0]
-		if sc := c.SecurityContext; sc.Privileged == nil || *sc.Privileged || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
-			t.Errorf("privileged=false: securityContext %+v", sc)
+		if sc := ds.Spec.Template.Spec.Containers[0].SecurityContext; sc.Privileged == nil || !*sc.Privileged {
+			t.Errorf("privileged=true: securityContext %+v", sc)
 		}
+
+		// A CDI strategy with the GPU operator's driver root: the strategy,
+		// the spec directory (a writable host path) and the driver root below
+		// --host-root, where the agent reads the files the spec names.
+		set = check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{
+			"deviceListStrategy": "envvar,cdi-cri",
+			"nvml":               map[string]any{"driverRoot": "/run/nvidia/driver"},
+		}}))
+		ds = typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
+		checkAgentUnprivileged(t, ds, true)
+		c := ds.Spec.Template.Spec.Containers[0]
+		for _, a := range []string{"--device-list-strategy=envvar,cdi-cri", "--cdi-spec-dir=/var/run/cdi", "--cdi-driver-root=/run/nvidia/driver"} {
+			if !slices.Contains(c.Args, a) {
+				t.Errorf("CDI: args %v lack %s", c.Args, a)
+			}
+		}
+		if v, m := mountOf(ds.Spec.Template.Spec, "/var/run/cdi/resclass.io-gpu.yaml"); v == nil || v.HostPath == nil || v.HostPath.Path != "/var/run/cdi" || m.ReadOnly {
+			t.Errorf("CDI: /var/run/cdi is not the host's, writable: %+v", v)
+		}
+		if v, m := mountOf(ds.Spec.Template.Spec, "/host/run/nvidia/driver/usr/bin/nvidia-smi"); v == nil || v.HostPath == nil || v.HostPath.Path != "/run/nvidia/driver" || !m.ReadOnly {
+			t.Errorf("CDI: the driver root is not below /host, read-only: %+v", v)
+		}
+		if _, err := install.HelmTemplate(ctx, map[string]any{"nodeAgent": map[string]any{"deviceListStrategy": "cdi"}}); err == nil {
+			t.Errorf("deviceListStrategy cdi rendered")
+		}
+
+		// Plain HTTP metrics: the flag, and probes without HTTPS.
+		set = check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"metrics": map[string]any{"secure": false}}}))
+		ds = typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
+		c = ds.Spec.Template.Spec.Containers[0]
+		if !slices.Contains(c.Args, "--metrics-secure=false") || c.LivenessProbe.HTTPGet.Scheme == corev1.URISchemeHTTPS {
+			t.Errorf("metrics.secure=false: args %v, probe scheme %s", c.Args, c.LivenessProbe.HTTPGet.Scheme)
+		}
+
+		set = check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{
+			"nvml": map[string]any{"driverRoot": "/run/nvidia/driver"},
+		}}))
+		ds = typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
+		c = ds.Spec.Template.Spec.Containers[0]
 		if !slices.Contains(c.Args, "--nvml-library=/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1") {
 			t.Errorf("driverRoot: args %v", c.Args)
 		}
@@ -670,8 +735,11 @@ func checkPodSpec(t *testing.T, set *objects, w workload) {
 			if v.ConfigMap != nil && m.SubPath != "" {
 				t.Errorf("%s: ConfigMap %s mounted with subPath: edits would not reach it", where, v.ConfigMap.Name)
 			}
-			// The agent writes its sockets, nothing else, on the host.
-			if v.HostPath != nil && !m.ReadOnly && !writableHostPaths.Has(v.HostPath.Path) {
+			// The agent writes its sockets, nothing else, on the host; and
+			// with a CDI device-list strategy the CDI spec.
+			strategy, _ := arg(c.Args, "device-list-strategy")
+			if v.HostPath != nil && !m.ReadOnly && !writableHostPaths.Has(v.HostPath.Path) &&
+				(!strings.Contains(strategy, "cdi-") || m.MountPath != "/var/run/cdi") {
 				t.Errorf("%s: host path %s is mounted writable", where, v.HostPath.Path)
 			}
 		}
@@ -705,6 +773,21 @@ func podSpec(t *testing.T, set *objects, kind, name string) corev1.PodSpec {
 
 // mountedFile finds the volume a file path lies in and returns it with the
 // path below the mount.
+// mountOf returns the volume and the mount that file is on.
+func mountOf(spec corev1.PodSpec, file string) (*corev1.Volume, corev1.VolumeMount) {
+	for _, m := range spec.Containers[0].VolumeMounts {
+		if !strings.HasPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/") {
+			continue
+		}
+		for i, v := range spec.Volumes {
+			if v.Name == m.Name {
+				return &spec.Volumes[i], m
+			}
+		}
+	}
+	return nil, corev1.VolumeMount{}
+}
+
 func mountedFile(spec corev1.PodSpec, file string) (*corev1.Volume, string) {
 	for _, m := range spec.Containers[0].VolumeMounts {
 		rel, ok := strings.CutPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/")

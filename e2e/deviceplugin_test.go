@@ -21,6 +21,7 @@ import (
 	"github.com/resclass/resclass/e2e/framework/node"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
+	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/handoff"
@@ -68,6 +69,7 @@ func TestDevicePluginHandOff(t *testing.T) {
 	uuids := dgx.UUIDs()
 	arc, akc := agentClients(t, nodeName)
 	introspectionSocket := filepath.Join(t.TempDir(), "agent.sock")
+	cdiDir := t.TempDir()
 	startAgent := func() (stop func()) {
 		actx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
@@ -79,6 +81,10 @@ func TestDevicePluginHandOff(t *testing.T) {
 				PollInterval: 200 * time.Millisecond, ResyncInterval: 2 * time.Second,
 				Health:    nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
 				PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second, IntrospectionSocket: introspectionSocket,
+				// Both, as NVIDIA's plugin allows: the checks below read the
+				// env and the CDI names (TestDeviceListStrategies checks
+				// each strategy alone).
+				DeviceListStrategies: handoff.Strategies{handoff.StrategyEnvVar, handoff.StrategyCDICRI}, CDISpecDir: cdiDir,
 			}, arc, akc)
 			if err := agent.Run(actx); err != nil {
 				t.Errorf("agent: %v", err)
@@ -328,7 +334,7 @@ func wantGPUs(t *testing.T, r cri.Record, visible, cdi []string) {
 	}
 	var want []string
 	for _, id := range cdi {
-		want = append(want, handoff.CDIKindNvidiaGPU+"="+id)
+		want = append(want, cdispec.DeviceName(id))
 	}
 	slices.Sort(got)
 	slices.Sort(want)

@@ -76,6 +76,9 @@ type Config struct {
 	Recorder record.EventRecorder
 	// Metrics, if set, counts outcomes and latencies.
 	Metrics *Metrics
+	// DeviceListStrategies say how GPUs are named to the runtime (envvar
+	// when empty; see DeviceListStrategy).
+	DeviceListStrategies Strategies
 }
 
 // Allocator answers the kubelet's allocation calls for every class endpoint of

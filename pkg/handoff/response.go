@@ -2,6 +2,7 @@ package handoff
 
 import (
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"os"
 	"path/filepath"
@@ -10,8 +11,10 @@ import (
 	"strings"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/cdispec"
 )
 
 // The environment a container gets (docs/node-agent.md lists them all).
@@ -32,9 +35,9 @@ const (
 	EnvHugePagesNUMANode    = "RESCLASS_HUGEPAGES_NUMA_NODE"
 )
 
-// CDIKindNvidiaGPU is the CDI device kind of NVIDIA's container toolkit, whose
-// generated specs name every GPU and MIG device by its UUID.
-const CDIKindNvidiaGPU = "nvidia.com/gpu"
+// cdiAnnotationPlugin is the plugin part of the cdi.k8s.io/ annotation key
+// (cdi.AnnotationKey: "vendor.device-type" by convention).
+const cdiAnnotationPlugin = "resclass.io.gpu"
 
 // nvidiaControlDevices are the device nodes every CUDA container needs besides
 // its GPUs'.
@@ -91,11 +94,31 @@ func (a *Allocator) response(m match, class string) (*pluginapi.ContainerAllocat
 	}
 	if len(gpus) > 0 {
 		all := slices.Concat(byKind[v1alpha1.DeviceKindNvidiaGPU], byKind[v1alpha1.DeviceKindNvidiaMIG])
-		resp.Envs[EnvNvidiaVisibleDevices] = joinIDs(all)
-		for _, d := range gpus {
-			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: CDIKindNvidiaGPU + "=" + d.ID})
+		strategies := a.cfg.DeviceListStrategies
+		if strategies.Has(StrategyEnvVar) {
+			resp.Envs[EnvNvidiaVisibleDevices] = joinIDs(all)
+			resp.Devices = a.gpuDeviceNodes(gpus)
 		}
-		resp.Devices = a.gpuDeviceNodes(gpus)
+		names := make([]string, len(gpus))
+		for i, d := range gpus {
+			names[i] = cdispec.DeviceName(d.ID)
+		}
+		if strategies.Has(StrategyCDICRI) {
+			for _, n := range names {
+				resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: n})
+			}
+		}
+		if strategies.Has(StrategyCDIAnnotations) {
+			key, err := cdiAnnotationKey(gpus[0].ID)
+			if err != nil {
+				return nil, err
+			}
+			value, err := cdi.AnnotationValue(names)
+			if err != nil {
+				return nil, fmt.Errorf("CDI annotation of class %s: %w", class, err)
+			}
+			resp.Annotations = map[string]string{key: value}
+		}
 	}
 	if len(nics) > 0 {
 		all := byKind[v1alpha1.DeviceKindNIC]
@@ -185,6 +208,20 @@ func (a *Allocator) existing(paths []string) []*pluginapi.DeviceSpec {
 		}
 	}
 	return out
+}
+
+// cdiAnnotationKey is the annotation key of a class's response. The kubelet
+// merges the annotations of all classes of a container, so each class needs
+// its own key: its first device's id is unique in the container. An id too
+// long or odd for a key (at most 63 characters with the plugin part) is
+// hashed.
+func cdiAnnotationKey(firstID string) (string, error) {
+	if key, err := cdi.AnnotationKey(cdiAnnotationPlugin, firstID); err == nil {
+		return key, nil
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(firstID))
+	return cdi.AnnotationKey(cdiAnnotationPlugin, strconv.FormatUint(h.Sum64(), 16))
 }
 
 func joinIDs(devices []*v1alpha1.Device) string {

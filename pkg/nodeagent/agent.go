@@ -25,6 +25,7 @@ import (
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/client/informers/externalversions"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
 	"github.com/resclass/resclass/pkg/inventory"
 	agentv1 "github.com/resclass/resclass/proto/resclass/agent/v1"
@@ -71,6 +72,15 @@ type Config struct {
 	// IntrospectionSocket is where the agent serves its own gRPC API
 	// (proto/resclass/agent/v1) for `node-agent status`; "" serves none.
 	IntrospectionSocket string
+
+	// DeviceListStrategies say how GPUs are named to the container runtime
+	// (envvar when empty). With a CDI strategy the agent keeps the CDI spec
+	// of the node's GPUs in CDISpecDir (cdispec.DefaultDir when empty),
+	// naming the driver's files below CDIDriverRoot (a host path, "/" when
+	// empty).
+	DeviceListStrategies handoff.Strategies
+	CDISpecDir           string
+	CDIDriverRoot        string
 }
 
 // Agent discovers its node's devices and keeps the node's NodeDevices object and

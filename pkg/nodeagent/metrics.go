@@ -20,6 +20,8 @@ type metrics struct {
 	registrations *prometheus.CounterVec
 	restarts      *prometheus.CounterVec
 	handoff       *handoff.Metrics
+	// cdiWrites counts CDI spec writes (written, error).
+	cdiWrites *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -51,8 +53,12 @@ func newMetrics() *metrics {
 		Name: "resclass_node_agent_plugin_restarts_total",
 		Help: "Restarts of a class endpoint's gRPC server because it stopped or its socket was removed (a kubelet restart removes every socket).",
 	}, []string{"resource"})
+	m.cdiWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "resclass_node_agent_cdi_spec_writes_total",
+		Help: "Writes of the CDI spec of the node's GPUs (with a CDI --device-list-strategy), by result: written, error.",
+	}, []string{"result"})
 	m.handoff = handoff.NewMetrics(m.registry)
-	m.registry.MustRegister(m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery,
+	m.registry.MustRegister(m.cdiWrites, m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -13,8 +13,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	specs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/client/informers/externalversions"
 	"github.com/resclass/resclass/pkg/deviceplugin"
 	"github.com/resclass/resclass/pkg/handoff"
@@ -123,6 +125,8 @@ type pluginSet struct {
 	matcher   *classMatcher
 	allocator *handoff.Allocator
 	manager   *deviceplugin.Manager
+	// cdi keeps the CDI spec with a CDI strategy; nil otherwise.
+	cdi *cdiSpec
 }
 
 // startPlugins starts the class and pod informers, waits for both, then starts
@@ -144,7 +148,19 @@ func (a *Agent) startPlugins(ctx context.Context, bg *sync.WaitGroup, recorder r
 	allocator := handoff.New(handoff.Config{
 		Node: a.config.NodeName, HostRoot: a.config.HostRoot, PoolSlots: a.config.HugepagePoolSlots,
 		WaitForPod: a.config.WaitForPod, Recorder: recorder, Metrics: a.metrics.handoff,
+		DeviceListStrategies: a.config.DeviceListStrategies,
 	}, a.kube)
+	var spec *cdiSpec
+	if a.config.DeviceListStrategies.CDI() {
+		w, err := cdispec.NewWriter(a.config.CDISpecDir)
+		if err != nil {
+			return nil, err
+		}
+		spec = &cdiSpec{
+			writer: w, logger: logger, metrics: a.metrics,
+			config: cdispec.Config{HostRoot: a.config.HostRoot, DriverRoot: a.config.CDIDriverRoot},
+		}
+	}
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
@@ -172,14 +188,76 @@ func (a *Agent) startPlugins(ctx context.Context, bg *sync.WaitGroup, recorder r
 			logger.Error(err, "device plugins stopped")
 		}
 	}()
-	return &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.HugepagePoolSlots), allocator: allocator, manager: manager}, nil
+	return &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.HugepagePoolSlots), allocator: allocator, manager: manager, cdi: spec}, nil
 }
 
 // update serves the classes' endpoints for the current devices.
 func (p *pluginSet) update(devices []v1alpha1.Device) {
 	classes, _ := p.classes.List(labels.Everything())
 	slices.SortFunc(classes, func(a, b *v1alpha1.ResourceClass) int { return strings.Compare(a.Name, b.Name) })
-	// The allocator first: a new endpoint's first Allocate must find its devices.
+	// The CDI spec and the allocator first: a new endpoint's first Allocate
+	// must find its devices, and the runtime their CDI names.
+	p.cdi.update(devices)
 	p.allocator.SetDevices(devices)
 	p.manager.Set(p.matcher.endpoints(classes, devices))
+}
+
+// cdiSpec keeps the CDI spec of the node's GPUs current: generated again when
+// a GPU's identity, device node, MIG placement or driver version changes, and
+// written again when it differs from the file or the file is gone.
+type cdiSpec struct {
+	writer  *cdispec.Writer
+	config  cdispec.Config
+	logger  klog.Logger
+	metrics *metrics
+
+	key  string
+	spec *specs.Spec
+}
+
+func (c *cdiSpec) update(devices []v1alpha1.Device) {
+	if c == nil {
+		return
+	}
+	if key := gpuKey(devices); key != c.key || c.spec == nil {
+		spec, err := cdispec.Generate(c.config, devices)
+		if err != nil {
+			c.logger.Error(err, "generating the CDI spec")
+			c.metrics.cdiWrites.WithLabelValues("error").Inc()
+			return
+		}
+		c.key, c.spec = key, spec
+	}
+	wrote, err := c.writer.Write(c.spec)
+	switch {
+	case err != nil:
+		c.logger.Error(err, "writing the CDI spec; containers given GPUs by CDI name fail until it is written", "path", c.writer.Path())
+		c.metrics.cdiWrites.WithLabelValues("error").Inc()
+	case wrote:
+		c.logger.Info("CDI spec written", "path", c.writer.Path(), "devices", len(cdispecDevices(c.spec)))
+		c.metrics.cdiWrites.WithLabelValues("written").Inc()
+	}
+}
+
+func cdispecDevices(s *specs.Spec) []specs.Device {
+	if s == nil {
+		return nil
+	}
+	return s.Devices
+}
+
+// gpuKey is what the spec depends on among devices.
+func gpuKey(devices []v1alpha1.Device) string {
+	var b strings.Builder
+	for _, d := range devices {
+		if d.Kind != v1alpha1.DeviceKindNvidiaGPU && d.Kind != v1alpha1.DeviceKindNvidiaMIG {
+			continue
+		}
+		b.WriteString(d.ID)
+		for _, a := range []string{v1alpha1.AttributeMinor, v1alpha1.AttributeParent, v1alpha1.AttributeGPUInstanceID, v1alpha1.AttributeComputeInstanceID, v1alpha1.AttributeDriverVersion} {
+			b.WriteString("|" + d.Attributes[a].String())
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }

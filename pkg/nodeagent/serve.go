@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -18,11 +19,14 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
 )
 
@@ -46,6 +50,13 @@ type serveOptions struct {
 	nvml            nvmldiscovery.Library
 	nvmlRetryMax    time.Duration
 	shutdownTimeout time.Duration
+	// How containers get their GPUs, and the CDI spec (docs/node-agent.md,
+	// "Device list strategy").
+	deviceListStrategies handoff.Strategies
+	cdiSpecDir           string
+	cdiDriverRoot        string
+	// Who may read /metrics.
+	metricsSecure bool
 }
 
 func (o *serveOptions) addFlags(cmd *cobra.Command) {
@@ -68,6 +79,11 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	addLibraryFlags(cmd, &o.nvml)
 	f.DurationVar(&o.nvmlRetryMax, "nvml-retry-max-interval", 30*time.Second, "NVML that does not open (no driver yet, a wrong library) or goes away is tried again with backoff from 1s, doubling up to this interval; the GPUs are published once it opens, without a restart")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM the agent stops its device-plugin endpoints and removes their sockets, then waits at most this long for its Events to be written, and exits 0; keep it below the pod's terminationGracePeriodSeconds")
+	// Device list strategy, CDI and the metrics endpoint's access.
+	f.Var(&o.deviceListStrategies, "device-list-strategy", "how a container's GPUs are named to the container runtime, one or more of (comma-separated): envvar (NVIDIA_VISIBLE_DEVICES and the device nodes, for NVIDIA's container runtime), cdi-cri (CDI names in the CRI field, for containerd 1.7+/2.x and CRI-O with CDI), cdi-annotations (CDI names in a cdi.k8s.io/ container annotation); with a CDI strategy the agent writes the CDI spec of the node's GPUs into --cdi-spec-dir (default envvar)")
+	f.StringVar(&o.cdiSpecDir, "cdi-spec-dir", cdispec.DefaultDir, "directory the CDI spec ("+cdispec.FileName+") is written to with a CDI --device-list-strategy: one the container runtime reads (its cdi_spec_dirs)")
+	f.StringVar(&o.cdiDriverRoot, "cdi-driver-root", "/", "host path of the NVIDIA driver's root, read below --host-root, whose libraries and tools the CDI spec mounts into GPU containers: / for a driver installed on the host, /run/nvidia/driver for the GPU operator's driver container")
+	f.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve --metrics-bind-address over HTTPS (a self-signed certificate made at start) and let only callers allowed to GET the non-resource URL /metrics read /metrics (TokenReview and SubjectAccessReview, as kube components do, decisions cached a minute, denials 10 s); /healthz and /readyz stay open for the kubelet's probes. false: plain HTTP without authentication, for a --metrics-bind-address on 127.0.0.1")
 }
 
 func (o *serveOptions) run(ctx context.Context) error {
@@ -109,13 +125,21 @@ func (o *serveOptions) run(ctx context.Context) error {
 		HugepagePoolSlots:   o.poolSlots,
 		WaitForPod:          o.waitForPod,
 		IntrospectionSocket: o.introspection,
+
+		DeviceListStrategies: o.deviceListStrategies,
+		CDISpecDir:           o.cdiSpecDir,
+		CDIDriverRoot:        o.cdiDriverRoot,
 	}
 	cfg.Health.RecoveryAfter, cfg.Health.IgnoredXIDs = o.recoveryAfter, xids
 	m := newMetrics()
 	agent := newAgent(cfg, resclass, kube, m)
 
 	if o.metricsAddress != "0" {
-		srv, err := serveMetrics(ctx, o.metricsAddress, m, agent)
+		var access kubernetes.Interface
+		if o.metricsSecure {
+			access = kube
+		}
+		srv, err := serveMetrics(ctx, o.metricsAddress, m, agent, access)
 		if err != nil {
 			return err
 		}
@@ -126,14 +150,27 @@ func (o *serveOptions) run(ctx context.Context) error {
 }
 
 // serveMetrics serves /metrics, /healthz (the process is up) and /readyz (the
-// inventory was published at least once).
-func serveMetrics(ctx context.Context, address string, m *metrics, a *Agent) (*http.Server, error) {
+// inventory was published at least once). With access set, it serves HTTPS,
+// and /metrics answers only callers the apiserver authenticates (TokenReview)
+// and authorizes to GET the non-resource URL /metrics (SubjectAccessReview):
+// the inventory and health of the node are no one else's business.
+func serveMetrics(ctx context.Context, address string, m *metrics, a *Agent, access kubernetes.Interface) (*http.Server, error) {
+	logger := klog.FromContext(ctx)
+	metricsHandler := promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+	var tlsConfig *tls.Config
+	if access != nil {
+		metricsHandler = newMetricsAuth(access, metricsHandler)
+		var err error
+		if tlsConfig, err = selfSignedTLS(); err != nil {
+			return nil, fmt.Errorf("metrics endpoint certificate: %w", err)
+		}
+	}
 	ln, err := net.Listen("tcp", address)
 	if err != nil {
 		return nil, fmt.Errorf("metrics endpoint: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", metricsHandler)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.Published() {
@@ -142,13 +179,36 @@ func serveMetrics(ctx context.Context, address string, m *metrics, a *Agent) (*h
 		}
 		_, _ = w.Write([]byte("ok"))
 	})
-	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsConfig}
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.FromContext(ctx).Error(err, "metrics endpoint stopped")
+		var err error
+		if tlsConfig != nil {
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error(err, "metrics endpoint stopped")
 		}
 	}()
 	return srv, nil
+}
+
+// selfSignedTLS makes the metrics endpoint's certificate at start, as
+// controller-runtime's metrics server does without a certificate directory:
+// scrapers authenticate themselves with their token; the agent's identity is
+// the Pod's IP, which Prometheus's pod discovery already gives.
+func selfSignedTLS() (*tls.Config, error) {
+	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("resclass-node-agent", nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	// HTTP/1.1 only: HTTP/2's rapid-reset exposure is not worth it here.
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}, nil
 }
 
 // Published says whether the agent has published its inventory at least once.
