@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	deploydistribution "github.com/resclass/resclass/deploy/distribution"
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	distpkg "github.com/resclass/resclass/pkg/distribution"
@@ -45,6 +46,9 @@ import (
 //     during the convergence and its resident memory after it are reported
 //     too. The create goes through the admission webhooks, in another
 //     process.
+//   - distribution-without-write-policy: the same with the binding of the
+//     admission policy that fences the controller's writes
+//     (resclass-distribution-writes) removed: the policy's share.
 //
 // Both sides write to the same apiserver, 16 writes at a time (the
 // controller's default --distribution-workers=16), through unthrottled
@@ -131,7 +135,7 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 		reportConvergence(b, total, namespaces)
 	})
 
-	b.Run("distribution", func(b *testing.B) {
+	converge := func(b *testing.B) {
 		var total time.Duration
 		var cpu, rssMiB float64
 		for b.Loop() {
@@ -174,6 +178,22 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 		reportConvergence(b, total, namespaces)
 		b.ReportMetric(cpu/float64(b.N), "controller-cpu-s")
 		b.ReportMetric(rssMiB, "controller-rss-MiB")
+	}
+	b.Run("distribution", converge)
+	// The same without the binding of resclass-distribution-writes, the
+	// admission policy that fences the controller's writes: the policy's share
+	// of the cost, which the apiserver pays on every copy written.
+	b.Run("distribution-without-write-policy", func(b *testing.B) {
+		bindings := cluster.Client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
+		if err := bindings.Delete(ctx, "resclass-distribution-writes", metav1.DeleteOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() {
+			if _, err := cluster.ApplyManifestData(context.Background(), "deploy/distribution/policy.yaml", deploydistribution.Policy); err != nil {
+				b.Error(err)
+			}
+		})
+		converge(b)
 	})
 }
 
