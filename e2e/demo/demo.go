@@ -98,7 +98,7 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 	if err := printTable(ctx, p, cluster, "/apis/resclass.io/v1alpha1/resourceclasses"); err != nil {
 		return err
 	}
-	p.line("  (allocatable/requested are written by the scheduler plugin, which lands next)")
+	p.line("  (the scheduler writes allocatable, requested and available a second after a change; they are shown once pods hold devices, below)")
 
 	classes, err := loadClasses(filepath.Join(opts.root, "deploy/examples/resourceclasses.yaml"))
 	if err != nil {

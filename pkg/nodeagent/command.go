@@ -43,8 +43,11 @@ Without a subcommand it runs as the DaemonSet does: it waits for its Node,
 publishes NodeDevices (server-side apply, only when something changed) and the
 resclass.io/* node labels, watches GPU health (NVML XID and ECC events, with
 recovery) and NIC link state, and records an Event on the Node when a device
-becomes unhealthy or healthy again. The device-plugin servers land with their
-issue. "node-agent discover" prints the inventory without a cluster.`,
+becomes unhealthy or healthy again. It serves one kubelet device-plugin
+endpoint per ResourceClass and answers Allocate with the devices the scheduler
+wrote into the pod's resclass.io/assignment, naming GPUs as
+--device-list-strategy says. "node-agent discover" prints the inventory
+without a cluster; "node-agent status" reads a running agent.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
