@@ -27,4 +27,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo failed:", err)
 		os.Exit(1)
 	}
+	if *keep {
+		fmt.Println("stopped") // after the clean-up: nothing of the cluster is left
+	}
 }

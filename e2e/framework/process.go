@@ -21,7 +21,9 @@ type process struct {
 }
 
 // startProcess runs bin with args, output to logPath. The child is killed if the
-// harness dies (Pdeathsig), so a crashed test leaves nothing running.
+// harness dies (Pdeathsig), so a crashed test leaves nothing running. It runs
+// in a process group of its own: Ctrl-C in a terminal signals the foreground
+// group, and the harness, not the terminal, stops its processes, in order.
 func startProcess(name, logPath, bin string, args []string, attr *syscall.SysProcAttr) (*process, error) {
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -31,6 +33,7 @@ func startProcess(name, logPath, bin string, args []string, attr *syscall.SysPro
 		attr = &syscall.SysProcAttr{}
 	}
 	attr.Pdeathsig = syscall.SIGKILL
+	attr.Setpgid = true
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = attr
@@ -61,6 +64,9 @@ func (p *process) exited() (bool, error) {
 // clean stop.
 func (p *process) stop(grace time.Duration) error {
 	if done, err := p.exited(); done {
+		if err == nil {
+			return fmt.Errorf("%s had already exited (status 0)", p.name)
+		}
 		return fmt.Errorf("%s had already exited: %w", p.name, err)
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
