@@ -34,7 +34,13 @@ cat >"$dir/run.sh" <<'SCRIPT'
 set -uo pipefail
 cd "$(dirname "$0")"
 echo "== machine: $(uname -srm); $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
-nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap,pci.bus_id --format=csv 2>&1 || echo "(no nvidia-smi)"
+# Where nvidia-smi sees GPUs, a test that cannot open NVML fails instead of
+# skipping (RESCLASS_REQUIRE_GPU): a GPU machine must not pass them unrun.
+if nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap,pci.bus_id --format=csv 2>&1; then
+  export RESCLASS_REQUIRE_GPU=1
+else
+  echo "(no nvidia-smi: the tests skip, saying why)"
+fi
 echo "== node-agent discover"
 ./node-agent discover ${RESCLASS_NVML_LIBRARY:+--nvml-library "$RESCLASS_NVML_LIBRARY"}
 echo "== tests"
