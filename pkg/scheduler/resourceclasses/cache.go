@@ -434,11 +434,27 @@ func (c *cache) charge(n *nodeState, h *holding, sign int) {
 }
 
 // block charges h's draws of exclusive devices to n as devices held, which
-// ones unknown. Pools are shared and their free pages are published by the
-// node agent, so a blocked pod's pages are not charged.
+// ones unknown (addBlocked).
 func (c *cache) block(n *nodeState, h *holding) {
-	h.chargedOn, h.blocked = n, map[string]int{}
-	for class, k := range h.draws {
+	h.chargedOn, h.blocked = n, n.addBlocked(h.draws)
+}
+
+// unblock undoes block, on the node state it was charged to.
+func (c *cache) unblock(h *holding) {
+	if n := h.chargedOn; n != nil {
+		n.removeBlocked(h.blocked)
+	}
+	h.chargedOn, h.blocked = nil, nil
+}
+
+// addBlocked counts draws (class -> devices) as held on n, which devices
+// unknown: rows of the matching that whatever a pod takes must leave room for
+// (blockedRows). Pools are shared and their free pages are published by the
+// node agent, so pool classes are not counted. It returns what it counted,
+// for removeBlocked.
+func (n *nodeState) addBlocked(draws map[string]int) map[string]int {
+	added := map[string]int{}
+	for class, k := range draws {
 		idx := n.matches[class]
 		if k == 0 || len(idx) == 0 || slices.ContainsFunc(idx, func(i int) bool { return n.devices[i].pool != nil }) {
 			continue
@@ -447,22 +463,18 @@ func (c *cache) block(n *nodeState, h *holding) {
 			n.blocked = map[string]int{}
 		}
 		n.blocked[class] += k
-		h.blocked[class] = k
+		added[class] = k
 	}
+	return added
 }
 
-// unblock undoes block, on the node state it was charged to.
-func (c *cache) unblock(h *holding) {
-	n := h.chargedOn
-	if n == nil {
-		return
-	}
-	for class, k := range h.blocked {
+// removeBlocked undoes addBlocked.
+func (n *nodeState) removeBlocked(added map[string]int) {
+	for class, k := range added {
 		if n.blocked[class] -= k; n.blocked[class] <= 0 {
 			delete(n.blocked, class)
 		}
 	}
-	h.chargedOn, h.blocked = nil, nil
 }
 
 // recheck charges again every holding not trusted yet, after the classes

@@ -126,11 +126,7 @@ func (c *cache) viewOf(name string, n *nodeState, v *nodeView) *nodeState {
 	for uid := range v.removed {
 		if h := c.pods[uid]; h != nil && h.node == name {
 			if h.chargedOn != nil {
-				for class, k := range h.blocked {
-					if out.blocked[class] -= k; out.blocked[class] <= 0 {
-						delete(out.blocked, class)
-					}
-				}
+				out.removeBlocked(h.blocked)
 				continue
 			}
 			chargeDevices(&out, h, -1, own)
@@ -143,16 +139,7 @@ func (c *cache) viewOf(name string, n *nodeState, v *nodeView) *nodeState {
 	// so a lower pod gets none of those either. Hugepage pools are shared and
 	// not reserved (their pages are charged once the pod is bound).
 	for _, a := range v.added {
-		for class, k := range a.demand.draws {
-			idx := n.matches[class]
-			if k == 0 || len(idx) == 0 || slices.ContainsFunc(idx, func(i int) bool { return n.devices[i].pool != nil }) {
-				continue
-			}
-			if out.blocked == nil {
-				out.blocked = map[string]int{}
-			}
-			out.blocked[class] += k
-		}
+		out.addBlocked(a.demand.draws)
 	}
 	return &out
 }
