@@ -319,21 +319,7 @@ func TestForgeriesWithoutThePolicy(t *testing.T) {
 	t.Logf("hog: %s", waitPodEvent(t, ctx, ns, "hog", "DeviceAssignmentNotBelieved", "(changed)", class+"="+held.Devices("c", class)[0]))
 
 	// 8 GPUs, 2 held: 6 more pods of 1 GPU schedule, the 7th does not.
-	for i := range 6 {
-		if _, err := tc.CoreV1().Pods(ns).Create(ctx, gpuPodOn(ns, fmt.Sprintf("next-%d", i), resclassScheduler, node, class, 1), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i := range 6 {
-		boundAssignment(t, ctx, ns, fmt.Sprintf("next-%d", i))
-	}
-	if _, err := tc.CoreV1().Pods(ns).Create(ctx, gpuPodOn(ns, "one-too-many", resclassScheduler, node, class, 1), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("one-too-many: %s", waitPodEvent(t, ctx, ns, "one-too-many", "FailedScheduling", "Insufficient free devices of class "+class))
-	if p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "one-too-many", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
-		t.Errorf("the 9th GPU pod on an 8-GPU node: bound to %q (%v)", p.Spec.NodeName, err)
-	}
+	wantRoomFor(t, ctx, tc, ns, node, class, 6)
 }
 
 // TestDoubleBookingWithoutThePolicy: the second reproduction, on a
@@ -462,29 +448,7 @@ func TestAssignmentsAfterSchedulerRestart(t *testing.T) {
 	t.Logf("removed: %s", waitPodEvent(t, ctx, ns, "removed", "DeviceAssignmentNotBelieved", "(missing)"))
 
 	// 8 GPUs, 3 blocked: 5 more pods of one GPU schedule, the 6th does not.
-	for i := range 5 {
-		if _, err := tc.CoreV1().Pods(ns).Create(ctx, gpuPodOn(ns, fmt.Sprintf("next-%d", i), resclassScheduler, node, class, 1), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	held := map[string]string{}
-	for i := range 5 {
-		name := fmt.Sprintf("next-%d", i)
-		_, a := boundAssignment(t, ctx, ns, name)
-		for _, id := range a.DeviceIDs() {
-			if other, dup := held[id]; dup {
-				t.Errorf("%s given to %s and %s", id, other, name)
-			}
-			held[id] = name
-		}
-	}
-	if _, err := tc.CoreV1().Pods(ns).Create(ctx, gpuPodOn(ns, "one-too-many", resclassScheduler, node, class, 1), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("one-too-many: %s", waitPodEvent(t, ctx, ns, "one-too-many", "FailedScheduling", "Insufficient free devices of class "+class))
-	if p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "one-too-many", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
-		t.Errorf("the 9th GPU pod on an 8-GPU node after the restart: bound to %q (%v)", p.Spec.NodeName, err)
-	}
+	wantRoomFor(t, ctx, tc, ns, node, class, 5)
 }
 
 // agentGPUNode starts a real kubelet node with the node agent on go-nvml's
@@ -546,4 +510,34 @@ func podRunning(t *testing.T, ctx context.Context, ns, name string) {
 		}
 		return p.Status.Phase == corev1.PodRunning, nil
 	})
+}
+
+// wantRoomFor checks that node has room for exactly room more 1-GPU pods of
+// class: room pods created by tc bind, each to a device of its own, and one
+// more stays Pending with the scheduler saying why.
+func wantRoomFor(t *testing.T, ctx context.Context, tc kubernetes.Interface, ns, node, class string, room int) {
+	t.Helper()
+	for i := range room {
+		if _, err := tc.CoreV1().Pods(ns).Create(ctx, gpuPodOn(ns, fmt.Sprintf("next-%d", i), resclassScheduler, node, class, 1), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := map[string]string{}
+	for i := range room {
+		name := fmt.Sprintf("next-%d", i)
+		_, a := boundAssignment(t, ctx, ns, name)
+		for _, id := range a.DeviceIDs() {
+			if other, dup := held[id]; dup {
+				t.Errorf("%s given to %s and %s", id, other, name)
+			}
+			held[id] = name
+		}
+	}
+	if _, err := tc.CoreV1().Pods(ns).Create(ctx, gpuPodOn(ns, "one-too-many", resclassScheduler, node, class, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("one-too-many: %s", waitPodEvent(t, ctx, ns, "one-too-many", "FailedScheduling", "Insufficient free devices of class "+class))
+	if p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "one-too-many", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+		t.Errorf("a pod beyond the %d free GPUs: bound to %q (%v)", room, p.Spec.NodeName, err)
+	}
 }
