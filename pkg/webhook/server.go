@@ -151,16 +151,7 @@ func Run(ctx context.Context, o *Options) error {
 	if o.Mode == ModeDistributionController {
 		return runDistributionController(ctx, o, cfg, scheme, metrics, clientset)
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        scheme,
-		Metrics:                       metrics,
-		HealthProbeBindAddress:        o.HealthAddr,
-		PprofBindAddress:              o.PprofAddr,
-		LeaderElection:                o.LeaderElect,
-		LeaderElectionID:              o.leaderElectionID(),
-		LeaderElectionNamespace:       o.Namespace,
-		LeaderElectionReleaseOnCancel: true,
-	})
+	mgr, err := ctrl.NewManager(cfg, managerOptions(o, scheme, metrics))
 	if err != nil {
 		return err
 	}
@@ -237,23 +228,15 @@ func Run(ctx context.Context, o *Options) error {
 // elected leader, until ctx is done.
 func runDistributionController(ctx context.Context, o *Options, cfg *rest.Config, scheme *runtime.Scheme, metrics metricsserver.Options, clientset kubernetes.Interface) error {
 	log := ctrl.Log.WithName("distribution")
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        scheme,
-		Metrics:                       metrics,
-		HealthProbeBindAddress:        o.HealthAddr,
-		PprofBindAddress:              o.PprofAddr,
-		LeaderElection:                o.LeaderElect,
-		LeaderElectionID:              o.leaderElectionID(),
-		LeaderElectionNamespace:       o.Namespace,
-		LeaderElectionReleaseOnCancel: true,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			// Of all Secrets and ConfigMaps, the cache holds only the
-			// ResourceDistribution copies; a same-named foreign object is read
-			// from the apiserver when a create collides with it.
-			&corev1.Secret{}:    {Label: copiesSelector},
-			&corev1.ConfigMap{}: {Label: copiesSelector},
-		}},
-	})
+	opts := managerOptions(o, scheme, metrics)
+	opts.Cache = cache.Options{ByObject: map[client.Object]cache.ByObject{
+		// Of all Secrets and ConfigMaps, the cache holds only the
+		// ResourceDistribution copies; a same-named foreign object is read
+		// from the apiserver when a create collides with it.
+		&corev1.Secret{}:    {Label: copiesSelector},
+		&corev1.ConfigMap{}: {Label: copiesSelector},
+	}}
+	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
 		return err
 	}
@@ -347,5 +330,20 @@ func logQuotaConfig(log logr.Logger, cfg *quota.Config) {
 			log.Info("covering-quota rule: this scope also concerns pods that deploy/webhook's matchConditions skip (no priority class, no cross-namespace affinity, no extended resource); remove the matchCondition from the ValidatingWebhookConfiguration",
 				"scope", fmt.Sprint(s), "warning", true)
 		}
+	}
+}
+
+// managerOptions are the manager's options common to both modes: metrics,
+// probes, pprof and leader election (its Lease named per mode).
+func managerOptions(o *Options, scheme *runtime.Scheme, metrics metricsserver.Options) ctrl.Options {
+	return ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metrics,
+		HealthProbeBindAddress:        o.HealthAddr,
+		PprofBindAddress:              o.PprofAddr,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              o.leaderElectionID(),
+		LeaderElectionNamespace:       o.Namespace,
+		LeaderElectionReleaseOnCancel: true,
 	}
 }
