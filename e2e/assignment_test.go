@@ -25,7 +25,6 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
-	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
 
@@ -465,11 +464,7 @@ func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string) *fr
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { deleteNodes([]string{nodeName}) })
-	dgx := nvmlmock.New()
-	root := t.TempDir()
-	if err := dgx.WriteSysfs(root); err != nil {
-		t.Fatal(err)
-	}
+	dgx, root := mockDGX(t)
 	arc, akc := agentClients(t, nodeName)
 	actx, stopAgent := context.WithCancel(ctx)
 	done := make(chan struct{})

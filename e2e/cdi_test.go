@@ -22,7 +22,6 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
-	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
@@ -49,11 +48,7 @@ func TestDeviceListStrategies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dgx := nvmlmock.New()
-	root := t.TempDir()
-	if err := dgx.WriteSysfs(root); err != nil {
-		t.Fatal(err)
-	}
+	dgx, root := mockDGX(t)
 	// The host's /dev as the agent sees it: the GPUs' and the control
 	// device nodes, and the driver's libraries (NVIDIA's major is 195).
 	for i := range 8 {

@@ -23,7 +23,6 @@ import (
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
-	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -61,11 +60,7 @@ func TestDevicePluginHandOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dgx := nvmlmock.New()
-	root := t.TempDir()
-	if err := dgx.WriteSysfs(root); err != nil {
-		t.Fatal(err)
-	}
+	dgx, root := mockDGX(t)
 	uuids := dgx.UUIDs()
 	arc, akc := agentClients(t, nodeName)
 	introspectionSocket := filepath.Join(t.TempDir(), "agent.sock")

@@ -85,11 +85,7 @@ func TestNodeAgentRobustness(t *testing.T) {
 	t.Run("late driver, GPU without handle, driver gone and back", func(t *testing.T) {
 		const node = "robust-late-driver"
 		arc, akc := robustNode(t, ctx, node)
-		dgx := nvmlmock.New()
-		root := t.TempDir()
-		if err := dgx.WriteSysfs(root); err != nil {
-			t.Fatal(err)
-		}
+		dgx, root := mockDGX(t)
 		dgx.SetAbsent(true)
 		dgx.FailHandle(5, lib.ERROR_UNKNOWN)
 		agent := nodeagent.New(nodeagent.Config{
@@ -142,11 +138,7 @@ func TestNodeAgentRobustness(t *testing.T) {
 	t.Run("lost GPU is unhealthy at once", func(t *testing.T) {
 		const node = "robust-lost-gpu"
 		arc, akc := robustNode(t, ctx, node)
-		dgx := nvmlmock.New()
-		root := t.TempDir()
-		if err := dgx.WriteSysfs(root); err != nil {
-			t.Fatal(err)
-		}
+		dgx, root := mockDGX(t)
 		agent := nodeagent.New(nodeagent.Config{
 			NodeName: node, HostRoot: root, NVML: dgx,
 			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Hour,
@@ -234,11 +226,7 @@ func TestNodeAgentRobustness(t *testing.T) {
 		const node, class = "robust-shutdown", "e2e-robust-gpu"
 		schedClass(t, ctx, class, v1alpha1.ResourceSelectorRequirement{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{"nvidia-gpu"}})
 		arc, akc := robustNode(t, ctx, node)
-		dgx := nvmlmock.New()
-		root := t.TempDir()
-		if err := dgx.WriteSysfs(root); err != nil {
-			t.Fatal(err)
-		}
+		dgx, root := mockDGX(t)
 		pluginDir, socketDir := t.TempDir(), t.TempDir()
 		introspectionSocket := filepath.Join(socketDir, "agent.sock")
 		endpoint := filepath.Join(pluginDir, deviceplugin.SocketName(v1alpha1.ResourceNamePrefix+class))

@@ -306,3 +306,14 @@ func waitEventOn(t *testing.T, ctx context.Context, namespace, kind, name, reaso
 	}
 	return found
 }
+
+// mockDGX is go-nvml's mock of a DGX A100 and a host root holding the sysfs
+// (PCI, NUMA) of its GPUs, which the agent reads beside NVML.
+func mockDGX(t *testing.T) (*nvmlmock.Server, string) {
+	t.Helper()
+	dgx, root := nvmlmock.New(), t.TempDir()
+	if err := dgx.WriteSysfs(root); err != nil {
+		t.Fatal(err)
+	}
+	return dgx, root
+}
