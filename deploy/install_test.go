@@ -35,7 +35,12 @@ import (
 	"github.com/resclass/resclass/pkg/scheduler/resourceclasses"
 )
 
-const ns = install.Namespace
+const (
+	ns = install.Namespace
+	// agentNS is the node agent's own namespace: Pod Security privileged,
+	// for its host paths, while ns enforces restricted.
+	agentNS = install.NodeAgentNamespace
+)
 
 // clusterScoped and namespaced are the kinds the install may contain; a kind
 // in neither fails the test, so that a new kind is placed deliberately.
@@ -49,6 +54,12 @@ var (
 		// The scheduler's delegated authentication reads
 		// kube-system/extension-apiserver-authentication.
 		"RoleBinding/kube-system/resclass-scheduler-auth-reader": "kube-system",
+		// The node agent, alone in its privileged namespace (and out of
+		// the restricted one).
+		"ServiceAccount/" + agentNS + "/resclass-node-agent":   agentNS,
+		"DaemonSet/" + agentNS + "/resclass-node-agent":        agentNS,
+		"Service/" + agentNS + "/resclass-node-agent-metrics":  agentNS,
+		"ResourceQuota/" + agentNS + "/resclass-critical-pods": agentNS,
 	}
 )
 
@@ -90,15 +101,23 @@ func TestKustomizeBase(t *testing.T) {
 		t.Errorf("CRDs rendered %v, deploy/crds has %v: list every file of deploy/crds in deploy/kustomization.yaml", got, want)
 	}
 
-	nsObj := set.get(t, "Namespace", "", ns)
-	if l := nsObj.GetLabels()["pod-security.kubernetes.io/enforce"]; l != "privileged" {
-		t.Errorf("Namespace %s: pod-security.kubernetes.io/enforce = %q, want privileged (the node agent uses hostPath volumes)", ns, l)
+	// Pod Security: resclass-system restricted, the agent's namespace (its
+	// hostPath volumes) privileged. e2e/install_test.go has the apiserver
+	// enforce both.
+	for namespace, level := range map[string]string{ns: "restricted", agentNS: "privileged"} {
+		labels := set.get(t, "Namespace", "", namespace).GetLabels()
+		if l := labels["pod-security.kubernetes.io/enforce"]; l != level {
+			t.Errorf("Namespace %s: pod-security.kubernetes.io/enforce = %q, want %s", namespace, l, level)
+		}
+		if v := labels["pod-security.kubernetes.io/enforce-version"]; v != "latest" {
+			t.Errorf("Namespace %s: pod-security.kubernetes.io/enforce-version = %q, want latest", namespace, v)
+		}
 	}
 
 	// The node agent is unprivileged by default (issue 19): no capability,
 	// no escalation, seccomp RuntimeDefault; its probes and /metrics are
 	// HTTPS (--metrics-secure, on by default).
-	ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
+	ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", agentNS, "resclass-node-agent"))
 	checkAgentUnprivileged(t, ds, false)
 }
 
@@ -343,7 +362,7 @@ func TestHelmChart(t *testing.T) {
 
 	t.Run("node agent options", func(t *testing.T) {
 		set := check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"privileged": true}}))
-		ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
+		ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", agentNS, "resclass-node-agent"))
 		if sc := ds.Spec.Template.Spec.Containers[0].SecurityContext; sc.Privileged == nil || !*sc.Privileged {
 			t.Errorf("privileged=true: securityContext %+v", sc)
 		}
@@ -355,7 +374,7 @@ func TestHelmChart(t *testing.T) {
 			"deviceListStrategy": "envvar,cdi-cri",
 			"nvml":               map[string]any{"driverRoot": "/run/nvidia/driver"},
 		}}))
-		ds = typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
+		ds = typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", agentNS, "resclass-node-agent"))
 		checkAgentUnprivileged(t, ds, true)
 		c := ds.Spec.Template.Spec.Containers[0]
 		for _, a := range []string{"--device-list-strategy=envvar,cdi-cri", "--cdi-spec-dir=/var/run/cdi", "--cdi-driver-root=/run/nvidia/driver"} {
@@ -375,7 +394,7 @@ func TestHelmChart(t *testing.T) {
 
 		// Plain HTTP metrics: the flag, and probes without HTTPS.
 		set = check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"metrics": map[string]any{"secure": false}}}))
-		ds = typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
+		ds = typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", agentNS, "resclass-node-agent"))
 		c = ds.Spec.Template.Spec.Containers[0]
 		if !slices.Contains(c.Args, "--metrics-secure=false") || c.LivenessProbe.HTTPGet.Scheme == corev1.URISchemeHTTPS {
 			t.Errorf("metrics.secure=false: args %v, probe scheme %s", c.Args, c.LivenessProbe.HTTPGet.Scheme)
@@ -384,7 +403,7 @@ func TestHelmChart(t *testing.T) {
 		set = check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{
 			"nvml": map[string]any{"driverRoot": "/run/nvidia/driver"},
 		}}))
-		ds = typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", ns, "resclass-node-agent"))
+		ds = typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", agentNS, "resclass-node-agent"))
 		c = ds.Spec.Template.Spec.Containers[0]
 		if !slices.Contains(c.Args, "--nvml-library=/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1") {
 			t.Errorf("driverRoot: args %v", c.Args)
@@ -432,16 +451,37 @@ func TestHelmChart(t *testing.T) {
 			t.Errorf("rendered into gpu-system, the chart still names %s", ns)
 		}
 	})
+
+	t.Run("the node agent in the release namespace", func(t *testing.T) {
+		objs := helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"namespace": ""}})
+		for _, o := range objs {
+			if o.GetKind() == "Namespace" || o.GetNamespace() == agentNS {
+				t.Errorf("nodeAgent.namespace \"\" renders %s", key(o))
+			}
+		}
+		set := &objects{all: objs, byKey: map[string]*unstructured.Unstructured{}}
+		for _, o := range objs {
+			set.byKey[key(o)] = o
+		}
+		set.get(t, "DaemonSet", ns, "resclass-node-agent")
+		vap := typed[admissionregistrationv1.ValidatingAdmissionPolicy](t, set.get(t, "ValidatingAdmissionPolicy", "", "resclass-node-agent-own-node"))
+		if user := "system:serviceaccount:" + ns + ":resclass-node-agent"; !strings.Contains(vap.Spec.MatchConditions[0].Expression, `"`+user+`"`) {
+			t.Errorf("the agent's policy does not match %s: %s", user, vap.Spec.MatchConditions[0].Expression)
+		}
+		if _, err := install.HelmTemplate(ctx, map[string]any{"nodeAgent": map[string]any{"namespace": "Not_A_Name"}}); err == nil {
+			t.Errorf("nodeAgent.namespace Not_A_Name rendered")
+		}
+	})
 }
 
 // sameObjects compares a kustomize render with a Helm render, less the
-// Namespace (helm install --create-namespace creates it: a release cannot
-// contain the namespace it is stored in) and Helm's own labels.
+// Namespace resclass-system (helm install --create-namespace creates it: a
+// release cannot contain the namespace it is stored in) and Helm's own labels.
 func sameObjects(t *testing.T, kustomized, helmObjs []*unstructured.Unstructured) {
 	t.Helper()
 	want := map[string]any{}
 	for _, o := range kustomized {
-		if o.GetKind() == "Namespace" {
+		if o.GetKind() == "Namespace" && o.GetName() == ns {
 			continue
 		}
 		n := normalize(t, o)
@@ -518,9 +558,10 @@ func typed[T any](t *testing.T, o *unstructured.Unstructured) *T {
 
 // workload is a Deployment's or DaemonSet's pod template.
 type workload struct {
-	key  string
-	spec corev1.PodSpec
-	meta map[string]string // pod labels
+	key       string
+	namespace string
+	spec      corev1.PodSpec
+	meta      map[string]string // pod labels
 }
 
 // check asserts what must hold of any rendering of the install, and returns
@@ -558,14 +599,14 @@ func check(t *testing.T, objs []*unstructured.Unstructured) *objects {
 		if d.Spec.Replicas == nil || *d.Spec.Replicas < 2 {
 			t.Errorf("%s: want at least 2 replicas", key(o))
 		}
-		workloads = append(workloads, workload{key(o), d.Spec.Template.Spec, d.Spec.Template.Labels})
+		workloads = append(workloads, workload{key(o), o.GetNamespace(), d.Spec.Template.Spec, d.Spec.Template.Labels})
 	}
 	for _, o := range set.kind("DaemonSet") {
 		d := typed[appsv1.DaemonSet](t, o)
 		if d.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || d.Spec.UpdateStrategy.RollingUpdate == nil || d.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable == nil {
 			t.Errorf("%s: want a RollingUpdate with maxUnavailable", key(o))
 		}
-		workloads = append(workloads, workload{key(o), d.Spec.Template.Spec, d.Spec.Template.Labels})
+		workloads = append(workloads, workload{key(o), o.GetNamespace(), d.Spec.Template.Spec, d.Spec.Template.Labels})
 	}
 	for _, w := range workloads {
 		checkPodSpec(t, set, w)
@@ -619,7 +660,7 @@ func check(t *testing.T, objs []*unstructured.Unstructured) *objects {
 		}
 	}
 
-	if set.find("DaemonSet", ns, "resclass-node-agent") != nil {
+	if set.find("DaemonSet", agentNS, "resclass-node-agent") != nil {
 		checkNodeAgent(t, set)
 	}
 	if set.find("Deployment", ns, "resclass-scheduler") != nil {
@@ -661,7 +702,7 @@ var imageRef = regexp.MustCompile(`^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+:[A-Za-
 func checkPodSpec(t *testing.T, set *objects, w workload) {
 	t.Helper()
 	spec := w.spec
-	if spec.ServiceAccountName == "" || set.find("ServiceAccount", ns, spec.ServiceAccountName) == nil {
+	if spec.ServiceAccountName == "" || set.find("ServiceAccount", w.namespace, spec.ServiceAccountName) == nil {
 		t.Errorf("%s runs as ServiceAccount %q, which is not rendered", w.key, spec.ServiceAccountName)
 	}
 	if spec.NodeSelector["kubernetes.io/os"] != "linux" {
@@ -673,10 +714,10 @@ func checkPodSpec(t *testing.T, set *objects, w workload) {
 	volumes := map[string]corev1.Volume{}
 	for _, v := range spec.Volumes {
 		volumes[v.Name] = v
-		if v.ConfigMap != nil && set.find("ConfigMap", ns, v.ConfigMap.Name) == nil {
+		if v.ConfigMap != nil && set.find("ConfigMap", w.namespace, v.ConfigMap.Name) == nil {
 			t.Errorf("%s: volume %s mounts ConfigMap %s, which is not rendered", w.key, v.Name, v.ConfigMap.Name)
 		}
-		if v.Secret != nil && set.find("Secret", ns, v.Secret.SecretName) == nil {
+		if v.Secret != nil && set.find("Secret", w.namespace, v.Secret.SecretName) == nil {
 			t.Errorf("%s: volume %s mounts Secret %s, which is not rendered", w.key, v.Name, v.Secret.SecretName)
 		}
 	}
@@ -764,10 +805,10 @@ func containerArgs(t *testing.T, set *objects, kind, name string) []string {
 
 func podSpec(t *testing.T, set *objects, kind, name string) corev1.PodSpec {
 	t.Helper()
-	o := set.get(t, kind, ns, name)
 	if kind == "DaemonSet" {
-		return typed[appsv1.DaemonSet](t, o).Spec.Template.Spec
+		return typed[appsv1.DaemonSet](t, set.get(t, kind, agentNS, name)).Spec.Template.Spec
 	}
+	o := set.get(t, kind, ns, name)
 	return typed[appsv1.Deployment](t, o).Spec.Template.Spec
 }
 
@@ -864,9 +905,9 @@ func checkNodeAgent(t *testing.T, set *objects) {
 		t.Errorf("node agent: --metrics-bind-address %q, container port %d", addr, port)
 	}
 
-	// The admission policy names the agent's ServiceAccount in this namespace.
+	// The admission policy names the agent's ServiceAccount in its namespace.
 	vap := typed[admissionregistrationv1.ValidatingAdmissionPolicy](t, set.get(t, "ValidatingAdmissionPolicy", "", "resclass-node-agent-own-node"))
-	user := fmt.Sprintf("system:serviceaccount:%s:%s", ns, spec.ServiceAccountName)
+	user := fmt.Sprintf("system:serviceaccount:%s:%s", agentNS, spec.ServiceAccountName)
 	if len(vap.Spec.MatchConditions) == 0 || !strings.Contains(vap.Spec.MatchConditions[0].Expression, `"`+user+`"`) {
 		t.Errorf("ValidatingAdmissionPolicy does not match %s: %+v", user, vap.Spec.MatchConditions)
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,12 +14,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
+	"k8s.io/utils/ptr"
 
 	deploydistribution "github.com/resclass/resclass/deploy/distribution"
 	"github.com/resclass/resclass/deploy/install"
@@ -51,6 +54,8 @@ func TestInstallManifestsAreAccepted(t *testing.T) {
 		}
 		renders[name] = objs
 	}
+	// The Namespaces for real: a dry-run creates nothing to dry-run into.
+	applyNamespaces(t, kustomized)
 	apply := dryRunApplier(t)
 	for name, objs := range renders {
 		t.Run(name, func(t *testing.T) {
@@ -70,6 +75,13 @@ func TestInstallManifestsAreAccepted(t *testing.T) {
 // `kubectl apply --server-side --dry-run=server` does.
 func dryRunApplier(t *testing.T) func(context.Context, *unstructured.Unstructured) error {
 	t.Helper()
+	return applier(t, []string{metav1.DryRunAll})
+}
+
+// applier server-side applies an object as the field manager
+// resclass-install-e2e, for real when dryRun is empty.
+func applier(t *testing.T, dryRun []string) func(context.Context, *unstructured.Unstructured) error {
+	t.Helper()
 	dc, err := discovery.NewDiscoveryClientForConfig(cluster.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +98,7 @@ func dryRunApplier(t *testing.T) func(context.Context, *unstructured.Unstructure
 			return fmt.Errorf("%s is not served: %w", gvk, err)
 		}
 		ri := client.Resource(mapping.Resource).Namespace(obj.GetNamespace())
-		_, err = ri.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: "resclass-install-e2e", Force: true, DryRun: []string{metav1.DryRunAll}})
+		_, err = ri.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: "resclass-install-e2e", Force: true, DryRun: dryRun})
 		return err
 	}
 }
@@ -105,6 +117,14 @@ func TestComponentsCannotDoMore(t *testing.T) {
 	rbac := append(slices.Clone(deploydistribution.RBAC), "\n---\n"...)
 	for _, obj := range kustomized {
 		switch obj.GetKind() {
+		case "Namespace":
+			// Where the ServiceAccounts go; their Pod Security labels are
+			// TestInstallPodSecurity's.
+			data, err := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": obj.GetName()}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rbac = append(append(rbac, data...), "\n---\n"...)
 		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
 			data, err := obj.MarshalJSON()
 			if err != nil {
@@ -117,7 +137,12 @@ func TestComponentsCannotDoMore(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sa := func(name string) string { return "system:serviceaccount:resclass-system:" + name }
+	sa := func(name string) string {
+		if name == "resclass-node-agent" {
+			return "system:serviceaccount:" + install.NodeAgentNamespace + ":" + name
+		}
+		return "system:serviceaccount:" + install.Namespace + ":" + name
+	}
 	type check struct {
 		verb, group, resource, subresource, namespace, name string
 		allowed                                             bool
@@ -135,6 +160,10 @@ func TestComponentsCannotDoMore(t *testing.T) {
 			{verb: "get", group: "", resource: "secrets", namespace: "default"},
 			{verb: "create", group: "resclass.io", resource: "resourceclasses"},
 			{verb: "update", group: "resclass.io", resource: "resourceclasses", subresource: "status"},
+			// Pods in its own namespace would run privileged on any node.
+			{verb: "create", group: "", resource: "pods", namespace: install.NodeAgentNamespace},
+			{verb: "create", group: "apps", resource: "daemonsets", namespace: install.NodeAgentNamespace},
+			{verb: "get", group: "", resource: "secrets", namespace: install.NodeAgentNamespace},
 		},
 	}, {
 		user: sa("resclass-scheduler"),
@@ -200,7 +229,7 @@ func TestComponentsCannotDoMore(t *testing.T) {
 		for _, ch := range c.checks {
 			review, err := cluster.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 				User:   c.user,
-				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"},
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + strings.Split(c.user, ":")[2], "system:authenticated"},
 				ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: ch.verb, Group: ch.group, Resource: ch.resource,
 					Subresource: ch.subresource, Namespace: ch.namespace, Name: ch.name},
 			}}, metav1.CreateOptions{})
@@ -266,4 +295,166 @@ func TestComponentsCannotDoMore(t *testing.T) {
 			t.Errorf("a workload runs as ServiceAccount %q, which the install does not create (it has %v)", u, accounts)
 		}
 	}
+}
+
+// TestInstallPodSecurity: with the install's Namespaces as rendered — Pod
+// Security `restricted` enforced on resclass-system, `privileged` on the node
+// agent's resclass-node — the apiserver admits the pods of every workload the
+// install runs (kustomize, and Helm with the values that change pod specs),
+// and refuses a privileged pod, and the node agent's own pod, in
+// resclass-system. Pod Security is enforced on pods, not on their
+// Deployments, so each workload's pod template is created as a pod
+// (server-side dry-run: admission runs, nothing is stored).
+func TestInstallPodSecurity(t *testing.T) {
+	ctx := context.Background()
+	kustomized, err := install.Kustomize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The Namespaces and ServiceAccounts for real: Pod Security reads the
+	// namespace's labels, and a pod's ServiceAccount must exist.
+	namespaces := applyNamespaces(t, kustomized)
+	apply := applier(t, nil)
+	for _, obj := range kustomized {
+		if obj.GetKind() == "ServiceAccount" {
+			if err := apply(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if namespaces[install.Namespace] != "restricted" || namespaces[install.NodeAgentNamespace] != "privileged" {
+		t.Fatalf("the install's Pod Security levels: %v, want %s restricted and %s privileged", namespaces, install.Namespace, install.NodeAgentNamespace)
+	}
+	// The release namespace of a Helm install is labelled by hand, as the
+	// chart's README and NOTES say: the same label as kustomize's.
+	withDistribution, err := install.HelmTemplate(ctx, map[string]any{"distribution": map[string]any{"enabled": true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range withDistribution {
+		if obj.GetKind() == "ServiceAccount" {
+			if err := apply(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	pods := map[string]corev1.Pod{}
+	add := func(render string, objs []*unstructured.Unstructured) {
+		for _, obj := range objs {
+			var tmpl corev1.PodTemplateSpec
+			switch obj.GetKind() {
+			case "Deployment", "DaemonSet":
+				m, _, err := unstructured.NestedMap(obj.Object, "spec", "template")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &tmpl); err != nil {
+					t.Fatalf("%s %s: %v", obj.GetKind(), obj.GetName(), err)
+				}
+			default:
+				continue
+			}
+			pods[fmt.Sprintf("%s: %s %s/%s", render, obj.GetKind(), obj.GetNamespace(), obj.GetName())] = corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{GenerateName: obj.GetName() + "-", Namespace: obj.GetNamespace(), Labels: tmpl.Labels},
+				Spec:       tmpl.Spec,
+			}
+		}
+	}
+	add("kustomize deploy/", kustomized)
+	add("helm distribution.enabled", withDistribution)
+	for name, values := range map[string]map[string]any{
+		"helm nodeAgent.privileged":         {"nodeAgent": map[string]any{"privileged": true}},
+		"helm cdi-cri, GPU operator driver": {"nodeAgent": map[string]any{"deviceListStrategy": "envvar,cdi-cri", "nvml": map[string]any{"driverRoot": "/run/nvidia/driver"}}},
+		"helm certManager":                  {"webhook": map[string]any{"certManagement": "certManager"}},
+	} {
+		objs, err := install.HelmTemplate(ctx, values)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		add(name, objs)
+	}
+	var workloads []string
+	for name := range pods {
+		workloads = append(workloads, name)
+	}
+	slices.Sort(workloads)
+	if len(workloads) < 10 {
+		t.Fatalf("found %d workloads, want every render's: %v", len(workloads), workloads)
+	}
+	create := func(ctx context.Context, pod corev1.Pod) error {
+		_, err := cluster.Client.CoreV1().Pods(pod.Namespace).Create(ctx, &pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	var agent *corev1.Pod
+	for _, name := range workloads {
+		pod := pods[name]
+		if err := create(ctx, pod); err != nil {
+			t.Errorf("%s, in a namespace enforcing %s: %v", name, namespaces[pod.Namespace], err)
+			continue
+		}
+		t.Logf("%s: admitted under Pod Security %s", name, namespaces[pod.Namespace])
+		if pod.Namespace == install.NodeAgentNamespace && agent == nil {
+			agent = &pod
+		}
+	}
+
+	// What restricted refuses in resclass-system: a privileged pod, and the
+	// node agent's pod (host paths, root), which is why it has a namespace of
+	// its own. The same privileged pod is admitted there.
+	privileged := corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-privileged-", Namespace: install.Namespace},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10",
+			SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}},
+	}
+	err = create(ctx, privileged)
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `violates PodSecurity "restricted:latest"`) || !strings.Contains(err.Error(), "privileged") {
+		t.Errorf("a privileged pod in %s: %v, want Forbidden by PodSecurity restricted:latest", install.Namespace, err)
+	} else {
+		t.Logf("a privileged pod in %s: %v", install.Namespace, err)
+	}
+	if agent == nil {
+		t.Fatal("no node agent pod rendered")
+	}
+	moved := *agent.DeepCopy()
+	moved.Namespace = install.Namespace
+	moved.Spec.ServiceAccountName = "resclass-scheduler" // one that exists there
+	err = create(ctx, moved)
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `violates PodSecurity "restricted:latest"`) || !strings.Contains(err.Error(), `"hostPath"`) {
+		t.Errorf("the node agent's pod in %s: %v, want Forbidden for its hostPath volumes", install.Namespace, err)
+	}
+	privileged.Namespace = install.NodeAgentNamespace
+	privileged.Spec.ServiceAccountName = "resclass-node-agent"
+	if err := create(ctx, privileged); err != nil {
+		t.Errorf("a privileged pod in %s (Pod Security privileged): %v", install.NodeAgentNamespace, err)
+	}
+}
+
+// applyNamespaces applies the Namespaces among objs for real, labels
+// included, and returns each one's enforced Pod Security level. The labels are
+// this test's field manager's and given back when the test ends: the other
+// tests do not expect them.
+func applyNamespaces(t *testing.T, objs []*unstructured.Unstructured) map[string]string {
+	t.Helper()
+	apply := applier(t, nil)
+	levels := map[string]string{}
+	for _, obj := range objs {
+		if obj.GetKind() != "Namespace" {
+			continue
+		}
+		levels[obj.GetName()] = obj.GetLabels()["pod-security.kubernetes.io/enforce"]
+		if err := apply(context.Background(), obj); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			bare := &unstructured.Unstructured{}
+			bare.SetAPIVersion("v1")
+			bare.SetKind("Namespace")
+			bare.SetName(obj.GetName())
+			if err := apply(context.Background(), bare); err != nil {
+				t.Errorf("giving back the labels of Namespace %s: %v", obj.GetName(), err)
+			}
+		})
+	}
+	return levels
 }

@@ -25,8 +25,12 @@ import (
 )
 
 const (
-	// Namespace is where resclass runs.
+	// Namespace is where resclass runs (Pod Security restricted), except
+	// the node agent.
 	Namespace = "resclass-system"
+	// NodeAgentNamespace is the node agent's own namespace (Pod Security
+	// privileged, for its host paths), in both renders.
+	NodeAgentNamespace = "resclass-node"
 	// ReleaseName is the Helm release name HelmTemplate renders.
 	ReleaseName = "resclass"
 	// Chart is the Helm chart, relative to the repository root.

@@ -84,8 +84,9 @@ func (c *Cluster) publishNodeDevices(ctx context.Context, node *corev1.Node, sta
 	return err
 }
 
-// NodeAgentServiceAccount is the node agent's identity in deploy/node-agent.
-const NodeAgentServiceAccount = "system:serviceaccount:resclass-system:resclass-node-agent"
+// NodeAgentServiceAccount is the node agent's identity in deploy/node-agent,
+// in its own namespace resclass-node.
+const NodeAgentServiceAccount = "system:serviceaccount:resclass-node:resclass-node-agent"
 
 // NodeAgentConfig is a client configuration with the node agent's identity as
 // deploy/node-agent gives it: its ServiceAccount, with a token bound to a pod on
@@ -95,7 +96,7 @@ func (c *Cluster) NodeAgentConfig(node string) *rest.Config {
 	cfg := rest.CopyConfig(c.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{
 		UserName: NodeAgentServiceAccount,
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"},
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:resclass-node", "system:authenticated"},
 	}
 	if node != "" {
 		cfg.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/node-name": {node}}

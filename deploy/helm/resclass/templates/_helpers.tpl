@@ -51,3 +51,11 @@ The ServiceAccount username of a component, as the apiserver spells it.
 {{- define "resclass.serviceAccountUser" -}}
 {{- printf "system:serviceaccount:%s:resclass-%s" (index . 0).Release.Namespace (index . 1) -}}
 {{- end }}
+
+{{/*
+The node agent's namespace: nodeAgent.namespace, or the release namespace
+when that is empty (docs/install.md, "Pod Security").
+*/}}
+{{- define "resclass.nodeAgentNamespace" -}}
+{{- .Values.nodeAgent.namespace | default .Release.Namespace -}}
+{{- end }}
