@@ -54,7 +54,7 @@ if [ "$(id -u)" != 0 ]; then
   echo "(not root: TestKubeletHandsOutAMockGPU is left out; it needs mknod)"
   skip=(-test.skip '^TestKubeletHandsOutAMockGPU$')
 fi
-./realgpu.test -test.v -test.count=1 "${skip[@]}" "$@"
+./realgpu.test -test.v -test.count=1 ${skip[@]+"${skip[@]}"} "$@"
 SCRIPT
 chmod +x "$dir/run.sh"
 
