@@ -37,7 +37,9 @@ var LibraryDirs = []string{
 // requiredSymbols are the NVML functions the agent calls, each with the older
 // name go-nvml falls back to where it has one. Every one is in NVML since
 // driver 450 (Ampere, MIG); a library without one is not a driver the agent
-// supports.
+// supports. TestRequiredSymbolsAreWhatGoNVMLCalls derives the list from the
+// sources (this package's calls, go-nvml's methods and versioned fallbacks)
+// and fails when the two differ either way.
 var requiredSymbols = [][]string{
 	{"nvmlInit_v2", "nvmlInit"},
 	{"nvmlShutdown"},
@@ -58,6 +60,9 @@ var requiredSymbols = [][]string{
 	{"nvmlDeviceGetGpuInstanceId"},
 	{"nvmlDeviceGetComputeInstanceId"},
 	{"nvmlDeviceGetGpuInstanceProfileInfo"},
+	{"nvmlDeviceGetGpuInstanceById"},
+	{"nvmlGpuInstanceGetInfo"},
+	{"nvmlDeviceGetAttributes_v2", "nvmlDeviceGetAttributes"},
 	{"nvmlDeviceGetIndex"},
 	{"nvmlDeviceGetMinorNumber"},
 	{"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2", "nvmlDeviceGetPciInfo"},
