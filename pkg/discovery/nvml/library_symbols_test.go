@@ -215,9 +215,7 @@ func (idx *goNVML) symbols(fn *ast.FuncDecl) []string {
 			return
 		}
 		seen[fn] = true
-		for _, c := range cOf(fn) {
-			out = append(out, c)
-		}
+		out = append(out, cOf(fn)...)
 		ast.Inspect(fn.Body, func(n ast.Node) bool {
 			switch n := n.(type) {
 			case *ast.CallExpr:
