@@ -660,6 +660,30 @@ func check(t *testing.T, objs []*unstructured.Unstructured) *objects {
 		}
 	}
 
+	// The pods webhook fails closed: it must not stand between resclass's
+	// own workloads and their pods (the webhook could not start, the agent
+	// could not roll out onto a new node while the webhook is down).
+	for _, o := range set.kind("ValidatingWebhookConfiguration") {
+		for _, wh := range typed[admissionregistrationv1.ValidatingWebhookConfiguration](t, o).Webhooks {
+			if !slices.ContainsFunc(wh.Rules, func(r admissionregistrationv1.RuleWithOperations) bool { return slices.Contains(r.Resources, "pods") }) {
+				continue
+			}
+			var excluded []string
+			if wh.NamespaceSelector != nil {
+				for _, e := range wh.NamespaceSelector.MatchExpressions {
+					if e.Key == "kubernetes.io/metadata.name" && e.Operator == metav1.LabelSelectorOpNotIn {
+						excluded = append(excluded, e.Values...)
+					}
+				}
+			}
+			for _, w := range workloads {
+				if !slices.Contains(excluded, w.namespace) {
+					t.Errorf("webhook %s guards pods in %s, where %s runs: exclude the namespace (namespaceSelector NotIn %v)", wh.Name, w.namespace, w.key, excluded)
+				}
+			}
+		}
+	}
+
 	if set.find("DaemonSet", agentNS, "resclass-node-agent") != nil {
 		checkNodeAgent(t, set)
 	}
