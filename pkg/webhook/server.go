@@ -168,11 +168,13 @@ func Run(ctx context.Context, o *Options) error {
 		ownNamespace: o.Namespace,
 	}})
 	server.Register(ResourceDistributionAuthorPath, &webhook.Admission{Handler: resourceDistributionAuthor{}})
-	server.Register(PodsPath, &webhook.Admission{Handler: &podPolicies{
+	pods := &podPolicies{
 		allowEmptyNamespaceSelector: o.AllowEmptyNamespaceSelector,
 		config:                      quotaFile.Current,
 		quotas:                      mgr.GetCache(),
-	}})
+	}
+	server.Register(PodsPath, &webhook.Admission{Handler: pods})
+	server.Register(WorkloadsPath, &webhook.Admission{Handler: &workloadPolicies{pods: pods}})
 
 	if o.CertManagement == CertManagementSelf {
 		if err := addCertRotator(mgr, o); err != nil {
