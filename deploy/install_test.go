@@ -318,6 +318,46 @@ func TestHelmChart(t *testing.T) {
 		}
 	})
 
+	t.Run("webhook admission options", func(t *testing.T) {
+		set := check(t, helmTemplate(t, map[string]any{"webhook": map[string]any{
+			"admission": map[string]any{
+				"pods":               map[string]any{"failurePolicy": "Ignore", "timeoutSeconds": 7},
+				"distributionAuthor": map[string]any{"failurePolicy": "Ignore", "timeoutSeconds": 9},
+			},
+			"excludedNamespaces": []any{"kube-system", "monitoring"},
+		}}))
+		vwc := typed[admissionregistrationv1.ValidatingWebhookConfiguration](t, set.get(t, "ValidatingWebhookConfiguration", "", "resclass-webhook"))
+		for _, wh := range vwc.Webhooks {
+			policy, timeout := admissionregistrationv1.Fail, map[string]int32{"resourceclasses.resclass.io": 5, "resourcedistributions.resclass.io": 10, "workloads.resclass.io": 3}[wh.Name]
+			switch wh.Name {
+			case "pods.resclass.io":
+				policy, timeout = admissionregistrationv1.Ignore, 7
+			case "workloads.resclass.io":
+				policy = admissionregistrationv1.Ignore
+			}
+			if *wh.FailurePolicy != policy || *wh.TimeoutSeconds != timeout {
+				t.Errorf("webhook %s: failurePolicy %s, timeoutSeconds %d, want %s, %d", wh.Name, *wh.FailurePolicy, *wh.TimeoutSeconds, policy, timeout)
+			}
+			if wh.NamespaceSelector != nil && !slices.Equal(wh.NamespaceSelector.MatchExpressions[0].Values, []string{ns, "kube-system", "monitoring"}) {
+				t.Errorf("webhook %s: excluded namespaces %v", wh.Name, wh.NamespaceSelector.MatchExpressions[0].Values)
+			}
+		}
+		mwc := typed[admissionregistrationv1.MutatingWebhookConfiguration](t, set.get(t, "MutatingWebhookConfiguration", "", "resclass-webhook"))
+		if wh := mwc.Webhooks[0]; *wh.FailurePolicy != admissionregistrationv1.Ignore || *wh.TimeoutSeconds != 9 {
+			t.Errorf("mutating webhook: failurePolicy %s, timeoutSeconds %d", *wh.FailurePolicy, *wh.TimeoutSeconds)
+		}
+		// The schema refuses what the apiserver would.
+		for _, bad := range []map[string]any{
+			{"admission": map[string]any{"pods": map[string]any{"failurePolicy": "Maybe", "timeoutSeconds": 3}}},
+			{"admission": map[string]any{"pods": map[string]any{"failurePolicy": "Fail", "timeoutSeconds": 31}}},
+			{"excludedNamespaces": []any{"Not_A_Namespace"}},
+		} {
+			if _, err := install.HelmTemplate(context.Background(), map[string]any{"webhook": bad}); err == nil {
+				t.Errorf("webhook values %v rendered", bad)
+			}
+		}
+	})
+
 	t.Run("scheduler options", func(t *testing.T) {
 		for _, strategy := range []string{"FirstFit", "BinPack", "Spread", "NUMAAligned"} {
 			set := check(t, helmTemplate(t, map[string]any{"scheduler": map[string]any{"strategy": strategy, "assignmentWrite": "PreBind"}}))

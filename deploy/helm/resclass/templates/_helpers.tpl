@@ -51,3 +51,11 @@ The ServiceAccount username of a component, as the apiserver spells it.
 {{- define "resclass.serviceAccountUser" -}}
 {{- printf "system:serviceaccount:%s:resclass-%s" (index . 0).Release.Namespace (index . 1) -}}
 {{- end }}
+
+{{/*
+The namespaces the pod and workload webhooks never see: the release's own
+(the webhook must be able to start to answer) and webhook.excludedNamespaces.
+*/}}
+{{- define "resclass.webhookExcludedNamespaces" -}}
+{{- prepend .Values.webhook.excludedNamespaces .Release.Namespace | uniq | toJson -}}
+{{- end }}
