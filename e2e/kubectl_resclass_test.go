@@ -15,6 +15,10 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/e2e/framework"
@@ -268,4 +272,52 @@ spec:
 			t.Errorf("capacity without rights: %v, want a refusal saying which role to bind:\n%s", err, out)
 		}
 	})
+}
+
+// TestShortNames: kubectl resolves each resclass short name to its kind and
+// no other resource the apiserver serves claims it; the short names dropped
+// for colliding stay taken by others (rc is ReplicationController's).
+func TestShortNames(t *testing.T) {
+	diagnoseOnFailure(t, cluster)
+	dc, err := discovery.NewDiscoveryClientForConfig(cluster.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, lists, err := dc.ServerGroupsAndResources()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners := map[string][]string{}
+	for _, l := range lists {
+		for _, r := range l.APIResources {
+			for _, s := range r.ShortNames {
+				owners[s] = append(owners[s], r.Name+"."+l.GroupVersion)
+			}
+		}
+	}
+	for short, want := range map[string]string{
+		"rsclass": "resourceclasses.resclass.io/v1alpha1",
+		"nodedev": "nodedevices.resclass.io/v1alpha1",
+		"rsdist":  "resourcedistributions.resclass.io/v1alpha1",
+		"rc":      "replicationcontrollers.v1",
+	} {
+		if !slices.Equal(owners[short], []string{want}) {
+			t.Errorf("short name %s is claimed by %v, want only %s", short, owners[short], want)
+		}
+	}
+	for _, dropped := range []string{"rd", "distributor", "rclass", "nd"} {
+		for _, o := range owners[dropped] {
+			if strings.Contains(o, "resclass.io") {
+				t.Errorf("%s still claims the short name %s", o, dropped)
+			}
+		}
+	}
+	// As kubectl expands them.
+	mapper := restmapper.NewShortcutExpander(restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), dc, nil)
+	for short, want := range map[string]string{"rsclass": "resourceclasses", "nodedev": "nodedevices", "rsdist": "resourcedistributions"} {
+		gvr, err := mapper.ResourceFor(schema.GroupVersionResource{Resource: short})
+		if err != nil || gvr.Group != v1alpha1.GroupName || gvr.Resource != want {
+			t.Errorf("kubectl get %s: %v, %v; want %s.%s", short, gvr, err, want, v1alpha1.GroupName)
+		}
+	}
 }
