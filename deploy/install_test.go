@@ -43,7 +43,7 @@ var (
 	clusterScoped = sets.New("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
 		"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 	namespaced = sets.New("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Secret", "Service",
-		"Deployment", "DaemonSet", "PodDisruptionBudget", "ResourceQuota", "Issuer", "Certificate")
+		"Deployment", "DaemonSet", "PodDisruptionBudget", "ResourceQuota", "Issuer", "Certificate", "PodMonitor")
 	// Objects that must live outside resclass-system, and why.
 	otherNamespace = map[string]string{
 		// The scheduler's delegated authentication reads
@@ -355,6 +355,62 @@ func TestHelmChart(t *testing.T) {
 			if _, err := install.HelmTemplate(context.Background(), map[string]any{"webhook": bad}); err == nil {
 				t.Errorf("webhook values %v rendered", bad)
 			}
+		}
+	})
+
+	t.Run("monitoring", func(t *testing.T) {
+		set := check(t, helmTemplate(t, map[string]any{
+			"monitoring":   map[string]any{"podMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "kps"}}},
+			"distribution": map[string]any{"enabled": true},
+		}))
+		for component, kind := range map[string]string{"node-agent": "DaemonSet", "scheduler": "Deployment", "webhook": "Deployment", "distribution": "Deployment"} {
+			pm := set.get(t, "PodMonitor", ns, "resclass-"+component)
+			if pm.GetLabels()["release"] != "kps" {
+				t.Errorf("PodMonitor %s: labels %v lack release=kps", component, pm.GetLabels())
+			}
+			sel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
+			spec := podSpec(t, set, kind, "resclass-"+component)
+			var pod map[string]string
+			if kind == "DaemonSet" {
+				pod = typed[appsv1.DaemonSet](t, set.get(t, kind, ns, "resclass-"+component)).Spec.Template.Labels
+			} else {
+				pod = typed[appsv1.Deployment](t, set.get(t, kind, ns, "resclass-"+component)).Spec.Template.Labels
+			}
+			for k, v := range sel {
+				if pod[k] != v {
+					t.Errorf("PodMonitor %s selects %v, the pods are labelled %v", component, sel, pod)
+				}
+			}
+			endpoints, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
+			if len(endpoints) != 1 {
+				t.Fatalf("PodMonitor %s: endpoints %v", component, endpoints)
+			}
+			ep := endpoints[0].(map[string]any)
+			if !slices.ContainsFunc(spec.Containers[0].Ports, func(p corev1.ContainerPort) bool { return p.Name == ep["port"] }) {
+				t.Errorf("PodMonitor %s scrapes port %v, which the container does not name", component, ep["port"])
+			}
+			if ep["scheme"] != "https" || ep["authorization"] == nil {
+				t.Errorf("PodMonitor %s: %v, want HTTPS with the scraper's token", component, ep)
+			}
+		}
+		// The scraper may GET /metrics and nothing else.
+		role := typed[rbacv1.ClusterRole](t, set.get(t, "ClusterRole", "", "resclass-metrics-scraper"))
+		if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].NonResourceURLs, []string{"/metrics"}) || !slices.Equal(role.Rules[0].Verbs, []string{"get"}) || len(role.Rules[0].Resources) != 0 {
+			t.Errorf("resclass-metrics-scraper: rules %+v, want GET /metrics only", role.Rules)
+		}
+		if sec := typed[corev1.Secret](t, set.get(t, "Secret", ns, "resclass-metrics-scraper-token")); sec.Type != corev1.SecretTypeServiceAccountToken ||
+			sec.Annotations[corev1.ServiceAccountNameKey] != "resclass-metrics-scraper" {
+			t.Errorf("the scraper's token Secret: %+v", sec)
+		}
+		// Plain HTTP when the agent serves it so.
+		set = check(t, helmTemplate(t, map[string]any{"monitoring": map[string]any{"podMonitor": map[string]any{"enabled": true}},
+			"nodeAgent": map[string]any{"metrics": map[string]any{"secure": false}}}))
+		endpoints, _, _ := unstructured.NestedSlice(set.get(t, "PodMonitor", ns, "resclass-node-agent").Object, "spec", "podMetricsEndpoints")
+		if ep := endpoints[0].(map[string]any); ep["scheme"] != "http" || ep["authorization"] != nil {
+			t.Errorf("node agent with plain HTTP metrics: %v", ep)
+		}
+		if set.find("PodMonitor", ns, "resclass-distribution") != nil {
+			t.Error("a PodMonitor for the distribution controller, which is off")
 		}
 	})
 
