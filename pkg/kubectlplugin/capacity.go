@@ -1,8 +1,6 @@
 package kubectlplugin
 
 import (
-	"fmt"
-	"io"
 	"maps"
 	"slices"
 
@@ -56,20 +54,20 @@ selected by two classes counts in both.`,
 				return err
 			}
 			caps := capacity(w, perNode)
-			return o.print(caps, func(w io.Writer) {
+			return o.print(caps, func(t *table) {
 				if perNode {
-					fmt.Fprintln(w, "CLASS\tNODE\tALLOCATABLE\tHELD\tFREE")
+					t.row("CLASS\tNODE\tALLOCATABLE\tHELD\tFREE")
 				} else {
-					fmt.Fprintln(w, "CLASS\tALLOCATABLE\tHELD\tFREE")
+					t.row("CLASS\tALLOCATABLE\tHELD\tFREE")
 				}
 				for _, c := range caps {
 					if !perNode {
-						fmt.Fprintf(w, "%s\t%d\t%d\t%d\n", c.Class, c.Allocatable, c.Held, c.Free)
+						t.row("%s\t%d\t%d\t%d", c.Class, c.Allocatable, c.Held, c.Free)
 						continue
 					}
-					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\n", c.Class, "(all)", c.Allocatable, c.Held, c.Free)
+					t.row("%s\t%s\t%d\t%d\t%d", c.Class, "(all)", c.Allocatable, c.Held, c.Free)
 					for _, n := range c.Nodes {
-						fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\n", c.Class, n.Node, n.Allocatable, n.Held, n.Free)
+						t.row("%s\t%s\t%d\t%d\t%d", c.Class, n.Node, n.Allocatable, n.Held, n.Free)
 					}
 				}
 			})

@@ -2,7 +2,6 @@ package kubectlplugin
 
 import (
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -93,21 +92,21 @@ func explain(s *resourceclasses.Snapshot, class, node string) (*Explanation, err
 	return e, nil
 }
 
-func (e *Explanation) table(w io.Writer) {
-	fmt.Fprintln(w, "NODE\tSELECTED\tHEALTHY\tFREE\tNOTE")
+func (e *Explanation) table(t *table) {
+	t.row("NODE\tSELECTED\tHEALTHY\tFREE\tNOTE")
 	for _, n := range e.Nodes {
 		note := ""
 		if n.Blocked > 0 {
 			note = fmt.Sprintf("%d held by pods whose assignment the scheduler does not believe", n.Blocked)
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\n", n.Node, n.Selected, n.Healthy, n.Free, note)
+		t.row("%s\t%d\t%d\t%d\t%s", n.Node, n.Selected, n.Healthy, n.Free, note)
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "NODE\tDEVICE\tKIND\tSTATE\tWHY")
+	t.row("")
+	t.row("NODE\tDEVICE\tKIND\tSTATE\tWHY")
 	for _, n := range e.Nodes {
 		for _, d := range n.Devices {
 			state, why := deviceState(d)
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Node, d.ID, d.Kind, state, why)
+			t.row("%s\t%s\t%s\t%s\t%s", n.Node, d.ID, d.Kind, state, why)
 		}
 	}
 }

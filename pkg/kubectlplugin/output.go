@@ -3,7 +3,6 @@ package kubectlplugin
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"text/tabwriter"
 
 	"sigs.k8s.io/yaml"
@@ -11,13 +10,16 @@ import (
 
 // print writes v as -o asks: the table by default, or v as JSON or YAML (the
 // structures' json names, which stay stable for scripts).
-func (o *options) print(v any, table func(w io.Writer)) error {
+func (o *options) print(v any, fill func(t *table)) error {
 	out := o.streams.Out
 	switch o.output {
 	case "":
-		tw := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
-		table(tw)
-		return tw.Flush()
+		t := &table{w: tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)}
+		fill(t)
+		if t.err != nil {
+			return t.err
+		}
+		return t.w.Flush()
 	case "json":
 		data, err := json.MarshalIndent(v, "", "  ")
 		if err != nil {
@@ -43,4 +45,17 @@ func (o *options) checkOutput() error {
 		return nil
 	}
 	return fmt.Errorf("--output %q: want json or yaml, or nothing for tables", o.output)
+}
+
+// table is tab-separated rows, aligned when flushed; the first write error
+// is kept and the rest skipped.
+type table struct {
+	w   *tabwriter.Writer
+	err error
+}
+
+func (t *table) row(format string, args ...any) {
+	if t.err == nil {
+		_, t.err = fmt.Fprintf(t.w, format+"\n", args...)
+	}
 }

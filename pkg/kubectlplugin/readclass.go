@@ -21,7 +21,7 @@ const maxClassFile = 1 << 20
 
 // readClassFile reads path ("-": in) with readClass.
 func readClassFile(path string, in io.Reader) (*v1alpha1.ResourceClass, error) {
-	var r io.Reader = in
+	r := in
 	if path != "-" {
 		f, err := os.Open(path)
 		if err != nil {

@@ -4,10 +4,10 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 	"github.com/resclass/resclass/pkg/selector"
-
-	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 const bigGPUs = `apiVersion: resclass.io/v1alpha1

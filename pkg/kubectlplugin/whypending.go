@@ -3,7 +3,6 @@ package kubectlplugin
 import (
 	"context"
 	"fmt"
-	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -217,31 +216,31 @@ func events(ctx context.Context, c *clients, pod *corev1.Pod) ([]Event, error) {
 	return out, nil
 }
 
-func (p *Pending) table(w io.Writer) {
-	fmt.Fprintf(w, "Pod:\t%s\n", p.Pod)
-	fmt.Fprintf(w, "Scheduler:\t%s\n", p.Scheduler)
+func (p *Pending) table(t *table) {
+	t.row("Pod:\t%s", p.Pod)
+	t.row("Scheduler:\t%s", p.Scheduler)
 	if p.Node != "" {
-		fmt.Fprintf(w, "Node:\t%s\n", p.Node)
+		t.row("Node:\t%s", p.Node)
 	}
 	if len(p.Requests) > 0 {
 		var r []string
 		for _, class := range slices.Sorted(maps.Keys(p.Requests)) {
 			r = append(r, fmt.Sprintf("%s=%d", class, p.Requests[class]))
 		}
-		fmt.Fprintf(w, "Requests:\t%s\n", strings.Join(r, ", "))
+		t.row("Requests:\t%s", strings.Join(r, ", "))
 	}
 	if p.Refused != "" {
-		fmt.Fprintf(w, "Refused:\t%s (on every node)\n", p.Refused)
+		t.row("Refused:\t%s (on every node)", p.Refused)
 	}
 	for _, n := range p.Notes {
-		fmt.Fprintf(w, "Note:\t%s\n", n)
+		t.row("Note:\t%s", n)
 	}
 	if p.NodesUnread {
-		fmt.Fprintf(w, "Note:\tNodes cannot be read, so the pod's node selector is not applied below\n")
+		t.row("Note:\tNodes cannot be read, so the pod's node selector is not applied below")
 	}
 	if len(p.Nodes) > 0 {
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "NODE\tFITS\tFREE\tREASON")
+		t.row("")
+		t.row("NODE\tFITS\tFREE\tREASON")
 		for _, n := range p.Nodes {
 			fits := "no"
 			if n.Fits {
@@ -254,16 +253,16 @@ func (p *Pending) table(w io.Writer) {
 					reason += "; and: " + n.Reason
 				}
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", n.Node, fits, n.Free, reason)
+			t.row("%s\t%s\t%s\t%s", n.Node, fits, n.Free, reason)
 		}
 	}
-	fmt.Fprintln(w)
+	t.row("")
 	if len(p.Events) == 0 {
-		fmt.Fprintln(w, "Events:\t<none>")
+		t.row("Events:\t<none>")
 		return
 	}
-	fmt.Fprintln(w, "LAST SEEN\tTYPE\tREASON\tOBJECT\tMESSAGE")
+	t.row("LAST SEEN\tTYPE\tREASON\tOBJECT\tMESSAGE")
 	for _, e := range p.Events {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", e.Last.UTC().Format(time.RFC3339), e.Type, e.Reason, e.Object, e.Message)
+		t.row("%s\t%s\t%s\t%s\t%s", e.Last.UTC().Format(time.RFC3339), e.Type, e.Reason, e.Object, e.Message)
 	}
 }

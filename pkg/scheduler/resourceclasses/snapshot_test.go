@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
-	fwk "k8s.io/kube-scheduler/framework"
 )
 
 func snapshotOf(nds []*v1alpha1.NodeDevices, classes []*v1alpha1.ResourceClass, pods ...*corev1.Pod) *Snapshot {
