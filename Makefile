@@ -6,7 +6,7 @@
 #   make generate   deepcopy, CRDs and pkg/client from pkg/apis (controller-gen, code-generator), proto/ (protoc)
 #   make verify     fails when generated files, go.mod or formatting are stale
 #   make lint       gofmt, go vet, golangci-lint
-#   make build      the three binaries into bin/
+#   make build      the three binaries and the kubectl plugin (kubectl-resclass) into bin/
 #   make gpu-bundle the node agent and the real-GPU tests, for a GPU machine without Go
 
 SHELL := /usr/bin/env bash

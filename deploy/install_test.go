@@ -48,7 +48,7 @@ var (
 	clusterScoped = sets.New("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
 		"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 	namespaced = sets.New("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Secret", "Service",
-		"Deployment", "DaemonSet", "PodDisruptionBudget", "ResourceQuota", "Issuer", "Certificate")
+		"Deployment", "DaemonSet", "PodDisruptionBudget", "ResourceQuota", "Issuer", "Certificate", "PodMonitor")
 	// Objects that must live outside resclass-system, and why.
 	otherNamespace = map[string]string{
 		// The scheduler's delegated authentication reads
@@ -334,6 +334,107 @@ func TestHelmChart(t *testing.T) {
 		}
 		if d := typed[appsv1.Deployment](t, set.get(t, "Deployment", ns, "resclass-webhook")); *d.Spec.Replicas != 3 {
 			t.Errorf("replicas %d", *d.Spec.Replicas)
+		}
+	})
+
+	t.Run("webhook admission options", func(t *testing.T) {
+		set := check(t, helmTemplate(t, map[string]any{"webhook": map[string]any{
+			"admission": map[string]any{
+				"pods":               map[string]any{"failurePolicy": "Ignore", "timeoutSeconds": 7},
+				"distributionAuthor": map[string]any{"failurePolicy": "Ignore", "timeoutSeconds": 9},
+			},
+			"excludedNamespaces": []any{"kube-system", "monitoring"},
+		}}))
+		vwc := typed[admissionregistrationv1.ValidatingWebhookConfiguration](t, set.get(t, "ValidatingWebhookConfiguration", "", "resclass-webhook"))
+		for _, wh := range vwc.Webhooks {
+			policy, timeout := admissionregistrationv1.Fail, map[string]int32{"resourceclasses.resclass.io": 5, "resourcedistributions.resclass.io": 10, "workloads.resclass.io": 3}[wh.Name]
+			switch wh.Name {
+			case "pods.resclass.io":
+				policy, timeout = admissionregistrationv1.Ignore, 7
+			case "workloads.resclass.io":
+				policy = admissionregistrationv1.Ignore
+			}
+			if *wh.FailurePolicy != policy || *wh.TimeoutSeconds != timeout {
+				t.Errorf("webhook %s: failurePolicy %s, timeoutSeconds %d, want %s, %d", wh.Name, *wh.FailurePolicy, *wh.TimeoutSeconds, policy, timeout)
+			}
+			if wh.NamespaceSelector != nil && !slices.Equal(wh.NamespaceSelector.MatchExpressions[0].Values, []string{ns, agentNS, "kube-system", "monitoring"}) {
+				t.Errorf("webhook %s: excluded namespaces %v", wh.Name, wh.NamespaceSelector.MatchExpressions[0].Values)
+			}
+		}
+		mwc := typed[admissionregistrationv1.MutatingWebhookConfiguration](t, set.get(t, "MutatingWebhookConfiguration", "", "resclass-webhook"))
+		if wh := mwc.Webhooks[0]; *wh.FailurePolicy != admissionregistrationv1.Ignore || *wh.TimeoutSeconds != 9 {
+			t.Errorf("mutating webhook: failurePolicy %s, timeoutSeconds %d", *wh.FailurePolicy, *wh.TimeoutSeconds)
+		}
+		// The schema refuses what the apiserver would.
+		for _, bad := range []map[string]any{
+			{"admission": map[string]any{"pods": map[string]any{"failurePolicy": "Maybe", "timeoutSeconds": 3}}},
+			{"admission": map[string]any{"pods": map[string]any{"failurePolicy": "Fail", "timeoutSeconds": 31}}},
+			{"excludedNamespaces": []any{"Not_A_Namespace"}},
+		} {
+			if _, err := install.HelmTemplate(context.Background(), map[string]any{"webhook": bad}); err == nil {
+				t.Errorf("webhook values %v rendered", bad)
+			}
+		}
+	})
+
+	t.Run("monitoring", func(t *testing.T) {
+		set := check(t, helmTemplate(t, map[string]any{
+			"monitoring":   map[string]any{"podMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "kps"}}},
+			"distribution": map[string]any{"enabled": true},
+		}))
+		for component, kind := range map[string]string{"node-agent": "DaemonSet", "scheduler": "Deployment", "webhook": "Deployment", "distribution": "Deployment"} {
+			pm := set.get(t, "PodMonitor", ns, "resclass-"+component)
+			if pm.GetLabels()["release"] != "kps" {
+				t.Errorf("PodMonitor %s: labels %v lack release=kps", component, pm.GetLabels())
+			}
+			sel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
+			spec := podSpec(t, set, kind, "resclass-"+component)
+			var pod map[string]string
+			if kind == "DaemonSet" {
+				// The agent lives in its own namespace; its PodMonitor,
+				// beside the scraper's token, selects it there.
+				if got, _, _ := unstructured.NestedStringSlice(pm.Object, "spec", "namespaceSelector", "matchNames"); !slices.Equal(got, []string{agentNS}) {
+					t.Errorf("PodMonitor node-agent: namespaceSelector %v, want the agent's namespace", got)
+				}
+				pod = typed[appsv1.DaemonSet](t, set.get(t, kind, agentNS, "resclass-"+component)).Spec.Template.Labels
+			} else {
+				pod = typed[appsv1.Deployment](t, set.get(t, kind, ns, "resclass-"+component)).Spec.Template.Labels
+			}
+			for k, v := range sel {
+				if pod[k] != v {
+					t.Errorf("PodMonitor %s selects %v, the pods are labelled %v", component, sel, pod)
+				}
+			}
+			endpoints, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
+			if len(endpoints) != 1 {
+				t.Fatalf("PodMonitor %s: endpoints %v", component, endpoints)
+			}
+			ep := endpoints[0].(map[string]any)
+			if !slices.ContainsFunc(spec.Containers[0].Ports, func(p corev1.ContainerPort) bool { return p.Name == ep["port"] }) {
+				t.Errorf("PodMonitor %s scrapes port %v, which the container does not name", component, ep["port"])
+			}
+			if ep["scheme"] != "https" || ep["authorization"] == nil {
+				t.Errorf("PodMonitor %s: %v, want HTTPS with the scraper's token", component, ep)
+			}
+		}
+		// The scraper may GET /metrics and nothing else.
+		role := typed[rbacv1.ClusterRole](t, set.get(t, "ClusterRole", "", "resclass-metrics-scraper"))
+		if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].NonResourceURLs, []string{"/metrics"}) || !slices.Equal(role.Rules[0].Verbs, []string{"get"}) || len(role.Rules[0].Resources) != 0 {
+			t.Errorf("resclass-metrics-scraper: rules %+v, want GET /metrics only", role.Rules)
+		}
+		if sec := typed[corev1.Secret](t, set.get(t, "Secret", ns, "resclass-metrics-scraper-token")); sec.Type != corev1.SecretTypeServiceAccountToken ||
+			sec.Annotations[corev1.ServiceAccountNameKey] != "resclass-metrics-scraper" {
+			t.Errorf("the scraper's token Secret: %+v", sec)
+		}
+		// Plain HTTP when the agent serves it so.
+		set = check(t, helmTemplate(t, map[string]any{"monitoring": map[string]any{"podMonitor": map[string]any{"enabled": true}},
+			"nodeAgent": map[string]any{"metrics": map[string]any{"secure": false}}}))
+		endpoints, _, _ := unstructured.NestedSlice(set.get(t, "PodMonitor", ns, "resclass-node-agent").Object, "spec", "podMetricsEndpoints")
+		if ep := endpoints[0].(map[string]any); ep["scheme"] != "http" || ep["authorization"] != nil {
+			t.Errorf("node agent with plain HTTP metrics: %v", ep)
+		}
+		if set.find("PodMonitor", ns, "resclass-distribution") != nil {
+			t.Error("a PodMonitor for the distribution controller, which is off")
 		}
 	})
 

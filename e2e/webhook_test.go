@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -90,6 +91,73 @@ func TestWebhookPolicies(t *testing.T) {
 		}})); err != nil {
 			t.Errorf("the seed's allowed namespaceSelector: %v", err)
 		}
+	})
+
+	t.Run("workloads/the pod policies on templates, at apply time, naming the template's field", func(t *testing.T) {
+		ns := newNamespace(t, ctx, webhookLabel)
+		deployment := func(selector string) []byte {
+			return []byte(fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: %s
+  labels: {e2e-resclass-webhook: "on"}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+          - topologyKey: kubernetes.io/hostname
+            labelSelector: {matchLabels: {app: web}}
+            namespaceSelector: %s
+      containers: [{name: c, image: registry.k8s.io/pause:3.10}]
+`, ns, selector))
+		}
+		// kubectl apply --server-side of the Deployment: refused by the
+		// webhook, before any ReplicaSet or pod exists.
+		_, err := cluster.ApplyManifestData(ctx, "web.yaml", deployment("{}"))
+		wantDenied(t, err, `admission webhook "workloads.resclass.io" denied the request`,
+			"spec.template.spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector",
+			"empty namespaceSelector selects every namespace")
+		// Selecting what it means, it reaches other namespaces: its pods need
+		// a quota covering CrossNamespacePodAffinity, which the namespace
+		// lacks until it is created.
+		_, err = cluster.ApplyManifestData(ctx, "web.yaml", deployment("{matchLabels: {team: web}}"))
+		wantDenied(t, err, "spec.template: every pod of this Deployment would be refused",
+			"insufficient quota to match these scopes: [{CrossNamespacePodAffinity Exists []}]")
+		quotaFor(t, ctx, ns, "cross-ns", corev1.ResourceList{corev1.ResourcePods: resource.MustParse("10")},
+			corev1.ScopedResourceSelectorRequirement{ScopeName: corev1.ResourceQuotaScopeCrossNamespacePodAffinity, Operator: corev1.ScopeSelectorOpExists})
+		// Then it applies; changing its template to {} is refused.
+		if _, err := cluster.ApplyManifestData(ctx, "web.yaml", deployment("{matchLabels: {team: web}}")); err != nil {
+			t.Fatalf("a Deployment with a namespaceSelector that names namespaces: %v", err)
+		}
+		_, err = cluster.ApplyManifestData(ctx, "web.yaml", deployment("{}"))
+		wantDenied(t, err, "spec.template.spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector")
+
+		// A CronJob whose pods' priority class no quota of the namespace
+		// covers: its template is under jobTemplate.
+		_, err = cluster.ApplyManifestData(ctx, "nightly.yaml", []byte(fmt.Sprintf(`apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: nightly
+  namespace: %s
+  labels: {e2e-resclass-webhook: "on"}
+spec:
+  schedule: "0 3 * * *"
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          priorityClassName: cluster-services
+          restartPolicy: Never
+          containers: [{name: c, image: registry.k8s.io/pause:3.10}]
+`, ns)))
+		wantDenied(t, err, `admission webhook "workloads.resclass.io" denied the request`,
+			"spec.jobTemplate.spec.template: every pod of this CronJob would be refused",
+			"insufficient quota to match these scopes: [{PriorityClass In [cluster-services]}]")
 	})
 
 	crossNS := withAffinity(&corev1.Affinity{PodAffinity: &corev1.PodAffinity{

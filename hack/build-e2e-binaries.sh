@@ -25,6 +25,7 @@ main_module=(
   "kubelet|k8s.io/kubernetes/cmd/kubelet"
   "scheduler|./cmd/scheduler"
   "webhook|./cmd/webhook"
+  "kubectl-resclass|./cmd/kubectl-resclass"
   "e2e-node|./e2e/cmd/e2e-node"
 )
 names=() pkgs=()

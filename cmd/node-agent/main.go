@@ -7,6 +7,9 @@ import (
 	"os"
 
 	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // --logging-format=json
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go's request metrics on /metrics
+	_ "k8s.io/component-base/metrics/prometheus/version"  // kubernetes_build_info on /metrics
 
 	"github.com/resclass/resclass/pkg/nodeagent"
 )

@@ -169,6 +169,11 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		return err
 	}
 
+	p.section("11. kubectl resclass: the questions an operator asks")
+	if err := operatorQuestions(ctx, p, cluster, opts.root); err != nil {
+		return err
+	}
+
 	p.section("Done")
 	if opts.keep {
 		p.line("The cluster stays up until you press Ctrl-C. Try:")
@@ -178,6 +183,8 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		p.line("  kubectl -n demo get pods -o wide")
 		p.line("  kubectl -n demo describe pod train-3")
 		p.line("  kubectl get resourcedistributions; kubectl -n web get configmap ml-settings -o yaml")
+		p.line("  export PATH=%s:$PATH   # kubectl-resclass, the plugin", filepath.Join(opts.root, "_output", "bin"))
+		p.line("  kubectl resclass capacity --nodes; kubectl resclass why-pending train-big -n demo")
 		if p.err != nil {
 			return p.err
 		}

@@ -43,6 +43,13 @@ func TestDemo(t *testing.T) {
 		"ml-settings  ConfigMap  ml-settings  2        2",
 		`Synced=False (Conflict): Secret "registry" exists in 1 target namespace(s) and is not this distribution's; it is left untouched: ml-serve`,
 		`user "dana" may not create secrets in 2 target namespace(s): ml-serve, web`,
+		// kubectl resclass
+		"$ kubectl resclass capacity",
+		"Insufficient free devices of class nvidia.high.mem",
+		"Requests:   nvidia.high.mem=16",
+		"FailedScheduling",
+		`resourceSelector[0]: kind is "nic", not In nvidia-gpu`,
+		"speed is 100Gbps, not GtEq 200Gbps",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("demo output lacks %q", want)

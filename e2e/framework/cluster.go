@@ -37,6 +37,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/deploy/crds"
+	"github.com/resclass/resclass/deploy/roles"
 	deployscheduler "github.com/resclass/resclass/deploy/scheduler"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 )
@@ -261,7 +262,12 @@ func (c *Cluster) installCRDs(ctx context.Context) error {
 			return fmt.Errorf("CRD %s not established: %w", crd.Name, err)
 		}
 	}
-	c.progress("installed %d resclass CRDs", len(all))
+	// The ClusterRoles that fold resclass's kinds into view, edit and admin,
+	// as the install ships them (the aggregation controller below fills them in).
+	if _, err := c.ApplyManifestData(ctx, "deploy/roles/aggregated.yaml", roles.Aggregated); err != nil {
+		return err
+	}
+	c.progress("installed %d resclass CRDs and the aggregated roles", len(all))
 	return nil
 }
 
@@ -282,6 +288,8 @@ var controllers = []string{
 	// PodDisruptionBudget status, which preemption reads to spare protected
 	// pods.
 	"disruption-controller",
+	// Folds resclass-view/-edit (deploy/roles) into view, edit and admin.
+	"clusterrole-aggregation-controller",
 }
 
 func (c *Cluster) startControllerManager(ctx context.Context) error {

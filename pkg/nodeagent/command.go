@@ -1,6 +1,6 @@
 // Package nodeagent is the resclass node agent: it discovers the node's devices,
-// watches their health and publishes them as the node's NodeDevices object and
-// labels; serving the kubelet device-plugin API lands with its issue.
+// watches their health, publishes them as the node's NodeDevices object and
+// labels, and serves the kubelet device-plugin API per ResourceClass.
 package nodeagent
 
 import (
@@ -14,6 +14,9 @@ import (
 
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/component-base/featuregate"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -31,6 +34,11 @@ func addLibraryFlags(cmd *cobra.Command, l *nvmldiscovery.Library) {
 // NewCommand returns the node-agent command.
 func NewCommand() *cobra.Command {
 	o := serveOptions{}
+	logging := logsapi.NewLoggingConfiguration()
+	// The logging feature gates (LoggingAlphaOptions, LoggingBetaOptions,
+	// ...), which the --log-* flags' help names, as upstream components have.
+	gates := featuregate.NewFeatureGate()
+	utilruntime.Must(logsapi.AddFeatureGates(gates))
 	cmd := &cobra.Command{
 		Use:   "node-agent",
 		Short: "Discover this node's devices and serve them to the kubelet per resource class",
@@ -50,10 +58,17 @@ wrote into the pod's resclass.io/assignment, naming GPUs as
 without a cluster; "node-agent status" reads a running agent.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
+		// The logging flags (--logging-format=json, -v, ...) apply to the
+		// subcommands too, as upstream components apply them.
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			return logsapi.ValidateAndApply(logging, gates)
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return o.run(cmd.Context())
 		},
 	}
+	logsapi.AddFlags(logging, cmd.PersistentFlags())
+	gates.AddFlag(cmd.PersistentFlags())
 	o.addFlags(cmd)
 	cmd.AddCommand(newDiscoverCommand())
 	cmd.AddCommand(newStatusCommand())

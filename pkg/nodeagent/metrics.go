@@ -2,14 +2,14 @@ package nodeagent
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/handoff"
 )
 
-// metrics are the agent's Prometheus metrics, in a registry of its own (plus the
-// Go and process collectors), served on --metrics-bind-address.
+// metrics are the agent's Prometheus metrics, in a registry of its own, served
+// on --metrics-bind-address together with component-base's legacy registry
+// (serveMetrics), which holds the Go and process collectors.
 type metrics struct {
 	registry    *prometheus.Registry
 	devices     *prometheus.GaugeVec
@@ -58,8 +58,7 @@ func newMetrics() *metrics {
 		Help: "Writes of the CDI spec of the node's GPUs (with a CDI --device-list-strategy), by result: written, error.",
 	}, []string{"result"})
 	m.handoff = handoff.NewMetrics(m.registry)
-	m.registry.MustRegister(m.cdiWrites, m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.registry.MustRegister(m.cdiWrites, m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery)
 	return m
 }
 

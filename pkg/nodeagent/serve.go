@@ -15,11 +15,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	certutil "k8s.io/client-go/util/cert"
+	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -72,7 +74,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.pluginDir, "device-plugin-dir", pluginapi.DevicePluginPath, "the kubelet's device-plugin directory: one endpoint (rc-<class>.sock) per ResourceClass that selects a device of this node is served and registered there; \"\" serves none (inventory only)")
 	f.IntVar(&o.poolSlots, "hugepage-pool-slots", 110, "how many containers may draw from one hugepage pool at once: the slot devices each pool is to the kubelet (docs/hugepages.md); raise it with the kubelet's maxPods")
 	f.DurationVar(&o.waitForPod, "pod-wait", 3*time.Second, "how long a kubelet Allocate or GetPreferredAllocation call waits for the agent's pod cache to show the pod it is about before answering without it")
-	f.StringVar(&o.introspection, "introspection-socket", introspection.DefaultIntrospectionSocket, "unix socket (mode 0600) of the agent's own gRPC API, which `node-agent status` reads: devices with their classes, allocations and refusals, health changes; \"\" serves none")
+	f.StringVar(&o.introspection, "introspection-socket", introspection.DefaultIntrospectionSocket, "`path` of the unix socket (mode 0600) of the agent's own gRPC API, which \"node-agent status\" reads: devices with their classes, allocations and refusals, health changes; \"\" serves none")
 	f.StringVar(&o.metricsAddress, "metrics-bind-address", ":9420", "address of the /metrics, /healthz and /readyz endpoint; \"0\" turns it off")
 
 	// Robustness: a late or wrong NVML library, and shutdown.
@@ -156,7 +158,11 @@ func (o *serveOptions) run(ctx context.Context) error {
 // the inventory and health of the node are no one else's business.
 func serveMetrics(ctx context.Context, address string, m *metrics, a *Agent, access kubernetes.Interface) (*http.Server, error) {
 	logger := klog.FromContext(ctx)
-	metricsHandler := promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+	// The agent's own metrics, and component-base's registry as upstream
+	// components serve it: the Go and process collectors, and, through
+	// cmd/node-agent's imports, client-go's request metrics and
+	// kubernetes_build_info.
+	metricsHandler := promhttp.HandlerFor(prometheus.Gatherers{m.registry, legacyregistry.DefaultGatherer}, promhttp.HandlerOpts{})
 	var tlsConfig *tls.Config
 	if access != nil {
 		metricsHandler = newMetricsAuth(access, metricsHandler)

@@ -77,13 +77,14 @@ func fuzzHandlers(tb testing.TB) map[string]http.Handler {
 	distributions, _ := distributionEnv(tb, map[string]bool{"create a": true, "delete a": true})
 	return map[string]http.Handler{
 		PodsPath:                       &webhook.Admission{Handler: pods, RecoverPanic: ptr.To(false)},
+		WorkloadsPath:                  &webhook.Admission{Handler: &workloadPolicies{pods: pods}, RecoverPanic: ptr.To(false)},
 		ResourceClassesPath:            &webhook.Admission{Handler: &resourceClasses{}, RecoverPanic: ptr.To(false)},
 		ResourceDistributionsPath:      &webhook.Admission{Handler: distributions, RecoverPanic: ptr.To(false)},
 		ResourceDistributionAuthorPath: &webhook.Admission{Handler: resourceDistributionAuthor{}, RecoverPanic: ptr.To(false)},
 	}
 }
 
-// FuzzAdmissionReview posts arbitrary bodies to both webhooks over their
+// FuzzAdmissionReview posts arbitrary bodies to every webhook over their
 // http.Handler, as the apiserver would, and checks what any caller may rely
 // on: no panic; an AdmissionReview with a response for every request; the
 // request's UID echoed (the apiserver rejects a response without it); no
@@ -109,6 +110,18 @@ func FuzzAdmissionReview(f *testing.F) {
 		newDistribution(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"pull"}}`, v1alpha1.ResourceDistributionTargets{})).AdmissionRequest
 	distDelete := distributionRequest(f, admissionv1.Delete, withCopies(newDistribution(pullSecret, ab), "a", "b"), nil).AdmissionRequest
 
+	var workloads []admissionv1.AdmissionRequest
+	for i, w := range withTemplate(newPod(priority("cluster-services"), affinity(requiredAffinity(affinityTerm(teamSelector))))) {
+		var old runtime.Object
+		op := admissionv1.Create
+		if i%2 == 1 {
+			op, old = admissionv1.Update, withTemplate(newPod())[i].obj
+		}
+		workloads = append(workloads, workloadRequest(f, op, w.obj, old).AdmissionRequest)
+	}
+	for i := range workloads {
+		f.Add(review(f, "admission.k8s.io/v1", &workloads[i]))
+	}
 	for _, seed := range [][]byte{
 		review(f, "admission.k8s.io/v1", &podCreate),
 		review(f, "admission.k8s.io/v1", &classCreate),

@@ -49,9 +49,22 @@ func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admissi
 		denials.WithLabelValues(PodsPath, reasonBadRequest).Inc()
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the pod: %w", err))
 	}
+	// The pod's namespace may be unset in a create; the request's is authoritative.
+	return p.check(ctx, PodsPath, req.Namespace, pod, "", nil)
+}
+
+// check applies both policies to pod in namespace ns: a pod being created,
+// or the pod a workload's template makes (workloads.go). For a template,
+// owner names the workload's kind ("Deployment") and template is where the
+// template is in it, so that a denial names the field to fix.
+func (p *podPolicies) check(ctx context.Context, path, ns string, pod *corev1.Pod, owner string, template *field.Path) admission.Response {
+	specPath := field.NewPath("spec")
+	if template != nil {
+		specPath = template.Child("spec")
+	}
 	if !p.allowEmptyNamespaceSelector {
-		if errs := EmptyNamespaceSelectors(&pod.Spec, field.NewPath("spec")); len(errs) > 0 {
-			denials.WithLabelValues(PodsPath, reasonEmptyNamespaceSelector).Inc()
+		if errs := EmptyNamespaceSelectors(&pod.Spec, specPath); len(errs) > 0 {
+			denials.WithLabelValues(path, reasonEmptyNamespaceSelector).Inc()
 			return admission.Denied(errs.ToAggregate().Error())
 		}
 	}
@@ -59,11 +72,9 @@ func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admissi
 	if cfg.Empty() {
 		return admission.Allowed("")
 	}
-	// The pod's namespace may be unset in a create; the request's is authoritative.
-	ns := req.Namespace
 	var list corev1.ResourceQuotaList
 	if err := p.quotas.List(ctx, &list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
-		return internalError(ctx, PodsPath, fmt.Errorf("reading the ResourceQuotas of namespace %q: %w", ns, err))
+		return internalError(ctx, path, fmt.Errorf("reading the ResourceQuotas of namespace %q: %w", ns, err))
 	}
 	quotas := make([]*corev1.ResourceQuota, len(list.Items))
 	for i := range list.Items {
@@ -71,10 +82,14 @@ func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	denial, err := cfg.Check(pod, quotas)
 	if err != nil {
-		return internalError(ctx, PodsPath, err)
+		return internalError(ctx, path, err)
 	}
 	if denial != nil {
-		denials.WithLabelValues(PodsPath, denial.Reason).Inc()
+		denials.WithLabelValues(path, denial.Reason).Inc()
+		if owner != "" {
+			return admission.Denied(fmt.Sprintf("%s: every pod of this %s would be refused: %s (namespace %q needs a ResourceQuota whose scopes cover its pods; see docs/webhook.md)",
+				template, owner, denial.Message, ns))
+		}
 		return admission.Denied(fmt.Sprintf("%s (namespace %q needs a ResourceQuota whose scopes cover the pod; see docs/webhook.md)", denial.Message, ns))
 	}
 	return admission.Allowed("")

@@ -22,11 +22,13 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"k8s.io/component-base/term"
@@ -49,6 +51,9 @@ import (
 func NewCommand() *cobra.Command {
 	o := NewOptions()
 	logging := logsapi.NewLoggingConfiguration()
+	// The logging feature gates, which the --log-* flags' help names.
+	gates := featuregate.NewFeatureGate()
+	utilruntime.Must(logsapi.AddFeatureGates(gates))
 	cmd := &cobra.Command{
 		Use:   "webhook",
 		Short: "Serve resclass's admission webhooks, or run the ResourceDistribution controller",
@@ -71,6 +76,10 @@ func NewCommand() *cobra.Command {
                              --quota-config (PriorityClass, CrossNamespacePodAffinity,
                              ...) or consuming a limited resource needs a covering
                              ResourceQuota in its namespace.
+  /validate-workloads        the same two policies on the pod template of a
+                             Deployment, StatefulSet, DaemonSet, ReplicaSet, Job,
+                             CronJob or ReplicationController, when it is created
+                             or its template changes.
 
 It bootstraps and rotates its own TLS certificate (--cert-management=self) or
 serves one cert-manager issues (--cert-management=external). Every replica
@@ -83,7 +92,7 @@ could (docs/distribution.md). Deploy it apart (deploy/distribution): it is
 the identity that writes Secrets in other namespaces.`,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := logsapi.ValidateAndApply(logging, nil); err != nil {
+			if err := logsapi.ValidateAndApply(logging, gates); err != nil {
 				return err
 			}
 			if err := o.Validate(); err != nil {
@@ -95,6 +104,7 @@ the identity that writes Secrets in other namespaces.`,
 	fss := cliflag.NamedFlagSets{}
 	o.AddFlags(fss.FlagSet("webhook"))
 	logsapi.AddFlags(logging, fss.FlagSet("logging"))
+	gates.AddFlag(fss.FlagSet("logging"))
 	for _, fs := range fss.FlagSets {
 		cmd.Flags().AddFlagSet(fs)
 	}
@@ -168,11 +178,13 @@ func Run(ctx context.Context, o *Options) error {
 		ownNamespace: o.Namespace,
 	}})
 	server.Register(ResourceDistributionAuthorPath, &webhook.Admission{Handler: resourceDistributionAuthor{}})
-	server.Register(PodsPath, &webhook.Admission{Handler: &podPolicies{
+	pods := &podPolicies{
 		allowEmptyNamespaceSelector: o.AllowEmptyNamespaceSelector,
 		config:                      quotaFile.Current,
 		quotas:                      mgr.GetCache(),
-	}})
+	}
+	server.Register(PodsPath, &webhook.Admission{Handler: pods})
+	server.Register(WorkloadsPath, &webhook.Admission{Handler: &workloadPolicies{pods: pods}})
 
 	if o.CertManagement == CertManagementSelf {
 		if err := addCertRotator(mgr, o); err != nil {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/sets"
+
 	"github.com/resclass/resclass/pkg/scheduler/matching"
 )
 
@@ -24,6 +26,38 @@ type placement struct {
 type unfit struct {
 	reason       string
 	unresolvable bool
+}
+
+// eligible is PreFilter's decision: every class d requests exists (else the
+// set is nil), and the nodes where each of them selects a device (nodesFor),
+// not none (else the set is empty).
+func (c *cache) eligible(d *demand) (sets.Set[string], *unfit) {
+	c.mu.RLock()
+	for _, class := range d.classes {
+		if c.classes[class] == nil {
+			c.mu.RUnlock()
+			return nil, &unfit{unresolvable: true, reason: fmt.Sprintf("ResourceClass %q does not exist", class)}
+		}
+	}
+	c.mu.RUnlock()
+	eligible := c.nodesFor(d.classes)
+	if eligible.Len() == 0 {
+		return eligible, &unfit{unresolvable: true, reason: "no node has devices of class " + strings.Join(d.classes, ", ")}
+	}
+	return eligible, nil
+}
+
+// filter is Filter's decision for d on n: nil when its class requests fit the
+// node's free devices now. The caller holds c.mu.
+func (c *cache) filter(n *nodeState, d *demand, s Strategy) *unfit {
+	if fits, _, _, handled := c.quick(n, d); handled {
+		if !fits {
+			return &unfit{reason: "Insufficient free devices of class " + d.classes[0]}
+		}
+		return nil
+	}
+	_, u := c.place(n, d, s)
+	return u
 }
 
 // place chooses pod's devices on node n with strategy s. The caller holds c.mu.

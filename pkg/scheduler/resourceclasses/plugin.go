@@ -312,19 +312,11 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	p.waiting[pod.UID] = pod
 	p.mu.Unlock()
 
-	p.cache.mu.RLock()
-	for _, class := range d.classes {
-		if p.cache.classes[class] == nil {
-			p.cache.mu.RUnlock()
-			return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("ResourceClass %q does not exist", class))
-		}
+	eligible, u := p.cache.eligible(d)
+	if u != nil {
+		return nil, unfitStatus(u)
 	}
-	p.cache.mu.RUnlock()
 	cs.Write(stateKey, &state{demand: d})
-	eligible := p.cache.nodesFor(d.classes)
-	if eligible.Len() == 0 {
-		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "no node has devices of class "+strings.Join(d.classes, ", "))
-	}
 	if eligible.Len() >= len(nodes) {
 		return nil, nil // no narrowing worth reporting: Filter decides per node
 	}
@@ -345,13 +337,7 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	defer p.cache.mu.RUnlock()
 	name := ni.Node().Name
 	n := p.cache.viewOf(name, p.cache.nodes[name], s.views[name])
-	if fits, _, _, handled := p.cache.quick(n, s.demand); handled {
-		if !fits {
-			return fwk.NewStatus(fwk.Unschedulable, "Insufficient free devices of class "+s.demand.classes[0])
-		}
-		return nil
-	}
-	if _, u := p.cache.place(n, s.demand, p.args.Strategy); u != nil {
+	if u := p.cache.filter(n, s.demand, p.args.Strategy); u != nil {
 		return unfitStatus(u)
 	}
 	return nil

@@ -59,3 +59,13 @@ when that is empty (docs/install.md, "Pod Security").
 {{- define "resclass.nodeAgentNamespace" -}}
 {{- .Values.nodeAgent.namespace | default .Release.Namespace -}}
 {{- end }}
+
+{{/*
+The namespaces the pod and workload webhooks never see: the release's own
+(the webhook must be able to start to answer), the node agent's (its
+DaemonSet must roll out on new nodes while the webhook is down) and
+webhook.excludedNamespaces.
+*/}}
+{{- define "resclass.webhookExcludedNamespaces" -}}
+{{- concat (list .Release.Namespace (include "resclass.nodeAgentNamespace" .)) .Values.webhook.excludedNamespaces | uniq | toJson -}}
+{{- end }}

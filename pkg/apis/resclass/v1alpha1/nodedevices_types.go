@@ -12,7 +12,7 @@ import (
 // +genclient
 // +genclient:nonNamespaced
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster,shortName=nd,categories=resclass
+// +kubebuilder:resource:scope=Cluster,shortName=nodedev,categories=resclass
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="GPUs",type=integer,JSONPath=`.status.summary.gpus`
 // +kubebuilder:printcolumn:name="NICs",type=integer,JSONPath=`.status.summary.nics`

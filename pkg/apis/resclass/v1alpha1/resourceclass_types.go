@@ -20,7 +20,7 @@ const ResourceNamePrefix = "class.resclass.io/"
 // +genclient
 // +genclient:nonNamespaced
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster,shortName=rc;rclass,categories=resclass
+// +kubebuilder:resource:scope=Cluster,shortName=rsclass,categories=resclass
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Allocatable",type=string,JSONPath=`.status.allocatable`,description="Healthy devices in the cluster that the class selects"
 // +kubebuilder:printcolumn:name="Requested",type=string,JSONPath=`.status.requested`,description="Of those, devices held by pods, whichever class they were taken through"

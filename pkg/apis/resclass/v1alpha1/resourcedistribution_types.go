@@ -31,7 +31,7 @@ const AnnotationAuthor = "resclass.io/spec-author"
 // +genclient
 // +genclient:nonNamespaced
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster,shortName=distributor;rd,categories=resclass
+// +kubebuilder:resource:scope=Cluster,shortName=rsdist,categories=resclass
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=`.spec.resource.kind`
 // +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resource.metadata.name`

@@ -1,0 +1,94 @@
+package kubectlplugin
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/spf13/cobra"
+)
+
+// ClassCapacity is one class's devices, cluster-wide and per node, as the
+// scheduler writes them into the class's status: allocatable (healthy
+// devices it selects that may be given out), held (of those, the ones a new
+// pod of the class cannot get) and free (what it can). A device counts in
+// every class that selects it.
+type ClassCapacity struct {
+	Class       string         `json:"class"`
+	Allocatable int64          `json:"allocatable"`
+	Held        int64          `json:"held"`
+	Free        int64          `json:"free"`
+	Nodes       []NodeCapacity `json:"nodes,omitempty"`
+}
+
+// NodeCapacity is a class's devices on one node.
+type NodeCapacity struct {
+	Node        string `json:"node"`
+	Allocatable int64  `json:"allocatable"`
+	Held        int64  `json:"held"`
+	Free        int64  `json:"free"`
+}
+
+func (o *options) capacityCommand() *cobra.Command {
+	var perNode bool
+	cmd := &cobra.Command{
+		Use:   "capacity [--nodes]",
+		Short: "Every class: devices allocatable, held and free, cluster-wide or per node",
+		Long: `capacity counts, per class, the healthy devices it selects that may be given out
+(ALLOCATABLE), those a new pod of the class cannot get because pods hold them,
+through any class (HELD), and the rest (FREE): the figures the scheduler writes
+into each ResourceClass's status, computed now from the same cache. A device
+selected by two classes counts in both.`,
+		Example: `  kubectl resclass capacity
+  kubectl resclass capacity --nodes -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.checkOutput(); err != nil {
+				return err
+			}
+			c, err := o.clients()
+			if err != nil {
+				return err
+			}
+			w, err := c.load(cmd.Context())
+			if err != nil {
+				return err
+			}
+			caps := capacity(w, perNode)
+			return o.print(caps, func(t *table) {
+				if perNode {
+					t.row("CLASS\tNODE\tALLOCATABLE\tHELD\tFREE")
+				} else {
+					t.row("CLASS\tALLOCATABLE\tHELD\tFREE")
+				}
+				for _, c := range caps {
+					if !perNode {
+						t.row("%s\t%d\t%d\t%d", c.Class, c.Allocatable, c.Held, c.Free)
+						continue
+					}
+					t.row("%s\t%s\t%d\t%d\t%d", c.Class, "(all)", c.Allocatable, c.Held, c.Free)
+					for _, n := range c.Nodes {
+						t.row("%s\t%s\t%d\t%d\t%d", c.Class, n.Node, n.Allocatable, n.Held, n.Free)
+					}
+				}
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&perNode, "nodes", false, "Also per node.")
+	return cmd
+}
+
+func capacity(w *world, perNode bool) []ClassCapacity {
+	status := w.snapshot().Status()
+	out := []ClassCapacity{}
+	for _, class := range slices.Sorted(maps.Keys(status)) {
+		s := status[class]
+		c := ClassCapacity{Class: class, Allocatable: s.Allocatable.Value(), Held: s.Requested.Value(), Free: s.Available.Value()}
+		if perNode {
+			for _, n := range s.Nodes {
+				c.Nodes = append(c.Nodes, NodeCapacity{Node: n.Name, Allocatable: n.Allocatable, Held: n.Requested, Free: n.Allocatable - n.Requested})
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}

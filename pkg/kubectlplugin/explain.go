@@ -1,0 +1,183 @@
+package kubectlplugin
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/scheduler/resourceclasses"
+)
+
+// Explanation is explain's and preview's answer for one class.
+type Explanation struct {
+	Class string            `json:"class"`
+	Nodes []NodeExplanation `json:"nodes"`
+}
+
+// NodeExplanation is one node's devices as the class sees them.
+type NodeExplanation struct {
+	Node string `json:"node"`
+	// Selected, Healthy and Free count the devices the class selects, those
+	// of them that are healthy, and those a new pod of the class could get.
+	Selected int `json:"selected"`
+	Healthy  int `json:"healthy"`
+	Free     int `json:"free"`
+	// Blocked: devices of the class held by pods whose assignment the
+	// scheduler does not believe, which ones unknown.
+	Blocked int                              `json:"blocked,omitempty"`
+	Devices []resourceclasses.SnapshotDevice `json:"devices"`
+}
+
+func (o *options) explainCommand() *cobra.Command {
+	var node string
+	cmd := &cobra.Command{
+		Use:   "explain CLASS [--node NODE]",
+		Short: "Per node: the devices a class selects, healthy, free, and why the others are not selected",
+		Example: `  kubectl resclass explain nvidia.high.mem
+  kubectl resclass explain nvidia.high.mem --node gpu-node-1 -o yaml`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.checkOutput(); err != nil {
+				return err
+			}
+			c, err := o.clients()
+			if err != nil {
+				return err
+			}
+			w, err := c.load(cmd.Context())
+			if err != nil {
+				return err
+			}
+			e, err := explain(w.snapshot(), args[0], node)
+			if err != nil {
+				return err
+			}
+			return o.print(e, e.table)
+		},
+	}
+	cmd.Flags().StringVar(&node, "node", "", "Only this node (its NodeDevices object's name, the node's name).")
+	return cmd
+}
+
+// explain collects class's view of every node (or only node).
+func explain(s *resourceclasses.Snapshot, class, node string) (*Explanation, error) {
+	nodes, ok := s.Devices(class)
+	if !ok {
+		return nil, fmt.Errorf("ResourceClass %q not found", class)
+	}
+	e := &Explanation{Class: class, Nodes: []NodeExplanation{}}
+	for _, n := range nodes {
+		if node != "" && n.Node != node {
+			continue
+		}
+		ne := NodeExplanation{Node: n.Node, Blocked: n.Blocked, Devices: n.Devices}
+		for _, d := range n.Devices {
+			if d.Selected {
+				ne.Selected++
+				if d.Healthy {
+					ne.Healthy++
+				}
+			}
+			if d.Free {
+				ne.Free++
+			}
+		}
+		e.Nodes = append(e.Nodes, ne)
+	}
+	if node != "" && len(e.Nodes) == 0 {
+		return nil, fmt.Errorf("node %q publishes no devices (no NodeDevices object of that name)", node)
+	}
+	return e, nil
+}
+
+func (e *Explanation) table(t *table) {
+	t.row("NODE\tSELECTED\tHEALTHY\tFREE\tNOTE")
+	for _, n := range e.Nodes {
+		note := ""
+		if n.Blocked > 0 {
+			note = fmt.Sprintf("%d held by pods whose assignment the scheduler does not believe", n.Blocked)
+		}
+		t.row("%s\t%d\t%d\t%d\t%s", n.Node, n.Selected, n.Healthy, n.Free, note)
+	}
+	t.row("")
+	t.row("NODE\tDEVICE\tKIND\tSTATE\tWHY")
+	for _, n := range e.Nodes {
+		for _, d := range n.Devices {
+			state, why := deviceState(d)
+			t.row("%s\t%s\t%s\t%s\t%s", n.Node, d.ID, d.Kind, state, why)
+		}
+	}
+}
+
+// deviceState is a device's one-word state for class and what explains it.
+func deviceState(d resourceclasses.SnapshotDevice) (state, why string) {
+	switch {
+	case !d.Selected:
+		return "not-selected", strings.Join(d.NotSelected, "; ")
+	case !d.Healthy:
+		return "unhealthy", "the node agent reports it unhealthy"
+	case d.Unusable != "":
+		return "unusable", d.Unusable
+	case len(d.HeldBy) > 0 && !d.Free:
+		return "held", "by " + strings.Join(d.HeldBy, ", ")
+	case !d.Free:
+		return "full", "a hugepage pool without free pages"
+	}
+	return "free", ""
+}
+
+func (o *options) previewCommand() *cobra.Command {
+	var file string
+	var node string
+	cmd := &cobra.Command{
+		Use:   "preview -f class.yaml [--node NODE]",
+		Short: "What a ResourceClass not yet created would select, per node, and why not the other devices",
+		Long: `preview reads one ResourceClass from a file ("-" for standard input), checks its
+selectors as the webhook does, and answers as explain would once it exists. A
+class of the same name that exists is replaced in the answer, not in the
+cluster: preview writes nothing.`,
+		Example: `  kubectl resclass preview -f big-gpus.yaml
+  kubectl resclass preview -f - <<<'{"apiVersion":"resclass.io/v1alpha1","kind":"ResourceClass","metadata":{"name":"a100"},"spec":{"resourceSelector":[{"matchExpressions":[{"key":"model","operator":"In","values":["A100-SXM4-40GB"]}]}]}}'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.checkOutput(); err != nil {
+				return err
+			}
+			rc, err := readClassFile(file, o.streams.In)
+			if err != nil {
+				return err
+			}
+			c, err := o.clients()
+			if err != nil {
+				return err
+			}
+			w, err := c.load(cmd.Context())
+			if err != nil {
+				return err
+			}
+			w.classes = withClass(w.classes, rc)
+			e, err := explain(w.snapshot(), rc.Name, node)
+			if err != nil {
+				return err
+			}
+			return o.print(e, e.table)
+		},
+	}
+	cmd.Flags().StringVarP(&file, "filename", "f", "", "The ResourceClass, as YAML or JSON; - reads standard input.")
+	cmd.Flags().StringVar(&node, "node", "", "Only this node.")
+	_ = cmd.MarkFlagRequired("filename")
+	return cmd
+}
+
+// withClass is classes with rc in place of a class of the same name.
+func withClass(classes []v1alpha1.ResourceClass, rc *v1alpha1.ResourceClass) []v1alpha1.ResourceClass {
+	out := make([]v1alpha1.ResourceClass, 0, len(classes)+1)
+	for _, c := range classes {
+		if c.Name != rc.Name {
+			out = append(out, c)
+		}
+	}
+	return append(out, *rc)
+}

@@ -1,0 +1,184 @@
+package resourceclasses
+
+import (
+	"errors"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// Snapshot is the plugin's device cache built once from listed objects, so
+// that a tool (kubectl resclass) answers with the scheduler's own decisions:
+// which devices a class selects and why not, which are held, whether a pod's
+// class requests fit a node (PreFilter and Filter), and class status. It is
+// built as after a scheduler restart, from the pods' annotations alone; it
+// runs no informer and writes nothing. It is not safe for concurrent use.
+type Snapshot struct{ c *cache }
+
+// NewSnapshot builds the cache from classes, every node's devices and the
+// pods (the scheduler's own view: every pod of every namespace).
+func NewSnapshot(classes []v1alpha1.ResourceClass, nodes []v1alpha1.NodeDevices, pods []corev1.Pod) *Snapshot {
+	c := newCache()
+	for i := range classes {
+		c.setClass(&classes[i])
+	}
+	for i := range nodes {
+		c.setNodeDevices(&nodes[i])
+	}
+	for i := range pods {
+		if h := holdingFromPod(&pods[i]); h != nil {
+			c.hold(h)
+		}
+	}
+	return &Snapshot{c: c}
+}
+
+// SnapshotDevice is one published device as a class sees it.
+type SnapshotDevice struct {
+	ID   string `json:"id"`
+	Kind string `json:"kind"`
+	// Selected: the class selects the device (the scheduler's matches).
+	Selected bool `json:"selected"`
+	// NotSelected says why not, per selector, in selector.Explain's words;
+	// for a device whose attributes cannot be read, what is wrong with them.
+	NotSelected []string `json:"notSelected,omitempty"`
+	Healthy     bool     `json:"healthy"`
+	// Unusable is why the scheduler gives the device to no pod, when it says
+	// so: a GPU in MIG mode (its MIG devices are given instead).
+	Unusable string `json:"unusable,omitempty"`
+	// HeldBy are the pods (namespace/name) the scheduler counts as holding it.
+	HeldBy []string `json:"heldBy,omitempty"`
+	// Free: a new pod of the class could get it now (a hugepage pool: it has
+	// free pages left).
+	Free bool `json:"free"`
+}
+
+// SnapshotNode is one node's devices as a class sees them.
+type SnapshotNode struct {
+	Node    string           `json:"node"`
+	Devices []SnapshotDevice `json:"devices"`
+	// Blocked is how many devices of the class pods hold whose assignment the
+	// scheduler does not believe, which ones unknown.
+	Blocked int `json:"blocked,omitempty"`
+}
+
+// Devices lists every node's devices, by node name, with class's verdict on
+// each. ok is false when the snapshot has no class of that name.
+func (s *Snapshot) Devices(class string) (nodes []SnapshotNode, ok bool) {
+	c := s.c
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	cl := c.classes[class]
+	if cl == nil {
+		return nil, false
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.nodes)) {
+		n := c.nodes[name]
+		heldBy := map[string][]string{}
+		for _, h := range c.byNode[name] {
+			if !h.trusted || h.ref == nil {
+				continue
+			}
+			seen := map[string]bool{}
+			for _, ids := range h.devices {
+				for _, id := range ids {
+					if !seen[id] {
+						seen[id] = true
+						heldBy[id] = append(heldBy[id], h.ref.Namespace+"/"+h.ref.Name)
+					}
+				}
+			}
+		}
+		out := SnapshotNode{Node: name, Blocked: n.blocked[class]}
+		invalid := map[string]string{}
+		for _, d := range n.invalid {
+			invalid[d.id] = d.reason
+		}
+		for i, d := range n.devices {
+			v := SnapshotDevice{ID: d.id, Kind: d.sel.Kind, Selected: slices.Contains(n.matches[class], i), Healthy: d.healthy}
+			switch {
+			case d.invalid:
+				v.NotSelected = []string{"its attributes cannot be read, so no class selects it: " + invalid[d.id]}
+			case cl.compiled == nil:
+				v.NotSelected = []string{"the class does not compile, so it selects no device"}
+			case !v.Selected:
+				_, v.NotSelected = cl.compiled.Explain(d.sel)
+			}
+			if d.excluded && !d.invalid {
+				v.Unusable = "a GPU in MIG mode is given out as its MIG devices"
+			}
+			v.HeldBy = heldBy[d.id]
+			slices.Sort(v.HeldBy)
+			if d.pool != nil {
+				v.Free = v.Selected && d.healthy && !d.excluded && d.pool.freeBytes() > 0
+			} else {
+				v.Free = v.Selected && d.healthy && !d.excluded && d.holders == 0
+			}
+			out.Devices = append(out.Devices, v)
+		}
+		nodes = append(nodes, out)
+	}
+	return nodes, true
+}
+
+// Status is every class's status as the scheduler writes it (classStatus):
+// allocatable, requested (what a new pod cannot get) and available, per node.
+func (s *Snapshot) Status() map[string]v1alpha1.ResourceClassStatus {
+	return s.c.classStatus()
+}
+
+// NodeFit is the plugin's answer for a pod on one node.
+type NodeFit struct {
+	Node string `json:"node"`
+	Fits bool   `json:"fits"`
+	// Reason is why not, in the words of the scheduler's FailedScheduling.
+	Reason string `json:"reason,omitempty"`
+	// Unresolvable: no change to the node's devices would help (the pod must
+	// change); preemption does not try the node.
+	Unresolvable bool `json:"unresolvable,omitempty"`
+}
+
+// Fit runs the plugin's PreFilter and Filter for pod against every node that
+// publishes devices, sorted by name. draws are the devices per class the pod
+// takes fresh (nil: the pod requests no class, and the plugin skips it). err
+// is PreFilter's refusal of the pod itself, before any node: requests it
+// cannot read or a class that does not exist. Devices kept for pods
+// nominated by preemption are not counted: they live in the scheduler's
+// queue, not in any object.
+func (s *Snapshot) Fit(pod *corev1.Pod) (draws map[string]int, fits []NodeFit, err error) {
+	d, err := podDemand(pod)
+	if err != nil || d == nil {
+		return nil, nil, err
+	}
+	c := s.c
+	eligible, u := c.eligible(d)
+	if u != nil && eligible == nil {
+		return maps.Clone(d.draws), nil, errors.New(u.reason)
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, name := range slices.Sorted(maps.Keys(c.nodes)) {
+		n := c.nodes[name]
+		f := NodeFit{Node: name}
+		if !eligible.Has(name) {
+			var none []string
+			for _, class := range d.classes {
+				if len(n.matches[class]) == 0 {
+					none = append(none, class)
+				}
+			}
+			f.Unresolvable = true
+			f.Reason = "no device of class " + strings.Join(none, ", ") + " on the node (PreFilter leaves it out)"
+		} else if u := c.filter(n, d, FirstFit); u != nil {
+			f.Reason, f.Unresolvable = u.reason, u.unresolvable
+		} else {
+			f.Fits = true
+		}
+		fits = append(fits, f)
+	}
+	return maps.Clone(d.draws), fits, nil
+}
