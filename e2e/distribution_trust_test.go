@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -193,26 +194,77 @@ func TestResourceDistributionTrust(t *testing.T) {
 		wantDenied(t, fmt.Errorf("%s", withSecret), "may not create secrets in 1 target namespace(s): "+holds)
 	})
 
-	t.Run("the webhook's ServiceAccount cannot read or write a Secret", func(t *testing.T) {
+	t.Run("the webhook's ServiceAccount cannot read or write any Secret, its TLS Secret included", func(t *testing.T) {
 		d := d.with(t)
 		ns := d.ns(nil)
 		target := d.foreignSecret(ns, "not-the-webhooks")
-		wh, err := kubernetes.NewForConfig(impersonating("system:serviceaccount:resclass-system:resclass-webhook", serviceAccountGroups...))
+		tls, err := cluster.Client.CoreV1().Secrets("resclass-system").Get(ctx, "resclass-webhook-tls", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
+		wh, err := kubernetes.NewForConfig(impersonating(framework.WebhookUser, serviceAccountGroups...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		byName := metav1.ListOptions{FieldSelector: "metadata.name=resclass-webhook-tls"}
 		for what, err := range map[string]error{
-			"get":                       ignoreResult(wh.CoreV1().Secrets(ns).Get(ctx, target.Name, metav1.GetOptions{})),
-			"list cluster-wide":         ignoreResult(wh.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})),
-			"list in the namespace":     ignoreResult(wh.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})),
-			"create":                    ignoreResult(wh.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
-			"update":                    ignoreResult(wh.CoreV1().Secrets(ns).Update(ctx, target, metav1.UpdateOptions{})),
-			"delete":                    wh.CoreV1().Secrets(ns).Delete(ctx, target.Name, metav1.DeleteOptions{}),
-			"create in resclass-system": ignoreResult(wh.CoreV1().Secrets("resclass-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
-			"get a ConfigMap":           ignoreResult(wh.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})),
+			"get":                               ignoreResult(wh.CoreV1().Secrets(ns).Get(ctx, target.Name, metav1.GetOptions{})),
+			"list cluster-wide":                 ignoreResult(wh.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})),
+			"list in the namespace":             ignoreResult(wh.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})),
+			"create":                            ignoreResult(wh.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
+			"update":                            ignoreResult(wh.CoreV1().Secrets(ns).Update(ctx, target, metav1.UpdateOptions{})),
+			"delete":                            wh.CoreV1().Secrets(ns).Delete(ctx, target.Name, metav1.DeleteOptions{}),
+			"create in resclass-system":         ignoreResult(wh.CoreV1().Secrets("resclass-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
+			"get its TLS Secret":                ignoreResult(wh.CoreV1().Secrets("resclass-system").Get(ctx, tls.Name, metav1.GetOptions{})),
+			"list its TLS Secret by name":       ignoreResult(wh.CoreV1().Secrets("resclass-system").List(ctx, byName)),
+			"watch its TLS Secret by name":      ignoreResult(wh.CoreV1().Secrets("resclass-system").Watch(ctx, byName)),
+			"list resclass-system":              ignoreResult(wh.CoreV1().Secrets("resclass-system").List(ctx, metav1.ListOptions{})),
+			"update its TLS Secret":             ignoreResult(wh.CoreV1().Secrets("resclass-system").Update(ctx, tls, metav1.UpdateOptions{})),
+			"get a ConfigMap":                   ignoreResult(wh.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})),
+			"get its webhook configuration":     ignoreResult(wh.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, "resclass-webhook", metav1.GetOptions{})),
+			"create a Lease in resclass-system": ignoreResult(wh.CoordinationV1().Leases("resclass-system").Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
 		} {
 			if !apierrors.IsForbidden(err) {
 				t.Errorf("the webhook's ServiceAccount, %s: %v, want Forbidden", what, err)
+			}
+		}
+	})
+
+	t.Run("the cert rotator's ServiceAccount reaches its TLS Secret and no other", func(t *testing.T) {
+		d := d.with(t)
+		ns := d.ns(nil)
+		foreign := d.foreignSecret(ns, "not-the-rotators")
+		neighbour, err := cluster.Client.CoreV1().Secrets("resclass-system").Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-neighbour-"}, StringData: map[string]string{"k": "v"}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cluster.Client.CoreV1().Secrets("resclass-system").Delete(context.Background(), neighbour.Name, metav1.DeleteOptions{})
+		})
+		rot, err := kubernetes.NewForConfig(impersonating(framework.CertRotatorUser, serviceAccountGroups...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What it needs works (its cache lists and watches by name).
+		if _, err := rot.CoreV1().Secrets("resclass-system").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=resclass-webhook-tls"}); err != nil {
+			t.Errorf("the rotator listing its TLS Secret by name: %v", err)
+		}
+		for what, err := range map[string]error{
+			"get a Secret in its namespace":    ignoreResult(rot.CoreV1().Secrets("resclass-system").Get(ctx, neighbour.Name, metav1.GetOptions{})),
+			"update a Secret in its namespace": ignoreResult(rot.CoreV1().Secrets("resclass-system").Update(ctx, neighbour, metav1.UpdateOptions{})),
+			"delete a Secret in its namespace": rot.CoreV1().Secrets("resclass-system").Delete(ctx, neighbour.Name, metav1.DeleteOptions{}),
+			"list its namespace":               ignoreResult(rot.CoreV1().Secrets("resclass-system").List(ctx, metav1.ListOptions{})),
+			"create in its namespace":          ignoreResult(rot.CoreV1().Secrets("resclass-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
+			"delete its TLS Secret":            rot.CoreV1().Secrets("resclass-system").Delete(ctx, "resclass-webhook-tls", metav1.DeleteOptions{}),
+			"get elsewhere":                    ignoreResult(rot.CoreV1().Secrets(ns).Get(ctx, foreign.Name, metav1.GetOptions{})),
+			"update elsewhere":                 ignoreResult(rot.CoreV1().Secrets(ns).Update(ctx, foreign, metav1.UpdateOptions{})),
+			"list cluster-wide":                ignoreResult(rot.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})),
+			"list another by name":             ignoreResult(rot.CoreV1().Secrets("resclass-system").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + neighbour.Name})),
+			"get a ConfigMap":                  ignoreResult(rot.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})),
+		} {
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("the cert rotator's ServiceAccount, %s: %v, want Forbidden", what, err)
 			}
 		}
 	})
