@@ -27,6 +27,16 @@ import (
 // resclass-system.
 var serviceAccountGroups = []string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"}
 
+// wantUnauthorized checks that status.unauthorizedNamespaces names ns, alone,
+// with verb and a reason saying reason.
+func wantUnauthorized(t *testing.T, rd *v1alpha1.ResourceDistribution, ns, verb, reason string) {
+	t.Helper()
+	got := rd.Status.UnauthorizedNamespaces
+	if rd.Status.Unauthorized != 1 || len(got) != 1 || got[0].Name != ns || got[0].Verb != verb || !strings.Contains(got[0].Reason, reason) {
+		t.Errorf("status.unauthorized %d, unauthorizedNamespaces %+v; want 1: %s, %s, %q", rd.Status.Unauthorized, got, ns, verb, reason)
+	}
+}
+
 // TestResourceDistributionTrust: a distribution writes only where its author
 // could, for the whole life of a copy, and the two resclass identities
 // involved can do no more than their part — proved with impersonated users
@@ -111,6 +121,7 @@ func TestResourceDistributionTrust(t *testing.T) {
 		if got.Status.Succeeded != 2 || got.Status.Desired != 3 {
 			t.Errorf("succeeded %d of %d, want 2 of 3", got.Status.Succeeded, got.Status.Desired)
 		}
+		wantUnauthorized(t, got, c, "create", "may not create secrets in this namespace, so no copy is made there")
 		waitEventOn(t, ctx, "default", "ResourceDistribution", rd.Name, distpkg.ReasonForbidden, c)
 		d.wantCopies("later", []string{a, b}, []string{c})
 	})
@@ -136,7 +147,8 @@ func TestResourceDistributionTrust(t *testing.T) {
 		if _, err := alice.ResclassV1alpha1().ResourceDistributions().Update(ctx, current, metav1.UpdateOptions{}); err != nil {
 			t.Fatalf("the edit (admitted with a warning): %v", err)
 		}
-		waitForbidden(t, rd.Name, "update secrets in 1 namespace(s): "+b)
+		got := waitForbidden(t, rd.Name, "update secrets in 1 namespace(s): "+b)
+		wantUnauthorized(t, got, b, "update", "may not update secrets in this namespace, so the copy there keeps its old content")
 		poll(t, ctx, 30*time.Second, "a's copy carries v2", func(ctx context.Context) (bool, error) {
 			s, err := cluster.Client.CoreV1().Secrets(a).Get(ctx, "rotated", metav1.GetOptions{})
 			return err == nil && string(s.Data["token"]) == "v2", nil

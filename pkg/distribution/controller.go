@@ -199,6 +199,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	status := rd.Status.DeepCopy()
 	status.ObservedGeneration = rd.Generation
+	// Computed again below; a spec that is invalid or has no author asks no
+	// SubjectAccessReview, and an old list would describe another spec.
+	status.Unauthorized, status.UnauthorizedNamespaces = 0, nil
 
 	spec := field.NewPath("spec")
 	res, errs := ParseResource(rd.Spec.Resource, spec.Child("resource"))
@@ -320,6 +323,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 
 	slices.Sort(conflicts)
 	newConflicts := !slices.Equal(conflicts, namespaceNames(status.ConflictingNamespaces))
+	status.Unauthorized, status.UnauthorizedNamespaces = unauthorizedNamespaces(author, res, forbidden)
 	status.Desired = int32(len(desired))
 	status.Succeeded = int32(succeeded)
 	status.DistributedResources = distributed
@@ -332,7 +336,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	var conflictMsg, forbiddenMsg string
 	if len(conflicts) > 0 {
 		conflictMsg = fmt.Sprintf("%s %q exists in %d target namespace(s) and is not this distribution's; it is left untouched: %s",
-			res.Kind, res.Name, len(conflicts), strings.Join(conflicts, ", "))
+			res.Kind, res.Name, len(conflicts), nameList(conflicts))
 		problems = append(problems, "Name Conflict. "+conflictMsg)
 		if newConflicts {
 			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonConflict, "Distribute", "%s", conflictMsg)
@@ -394,10 +398,58 @@ func forbiddenMessage(author Author, res *Resource, forbidden map[string][]strin
 			continue
 		}
 		slices.Sort(nss)
-		parts = append(parts, fmt.Sprintf("%s %s in %d namespace(s): %s", verb, res.APIResource(), len(nss), strings.Join(nss, ", ")))
+		parts = append(parts, fmt.Sprintf("%s %s in %d namespace(s): %s", verb, res.APIResource(), len(nss), nameList(nss)))
 	}
 	return fmt.Sprintf("the author %s may not %s; those writes are not made (a distribution writes a copy only where its author could write it)",
 		author, strings.Join(parts, "; may not "))
+}
+
+// messageNames bounds the namespaces a condition message, an Event or the
+// description names: a distribution over thousands of namespaces would
+// otherwise write a message past the 32768 bytes a condition may hold.
+// status.unauthorizedNamespaces and status.conflictingNamespaces list them.
+const messageNames = 20
+
+// nameList joins sorted names, the first messageNames of them, saying how
+// many more there are.
+func nameList(names []string) string {
+	if len(names) <= messageNames {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:messageNames], ", "), len(names)-messageNames)
+}
+
+// unauthorizedNamespaces is status.unauthorized and
+// status.unauthorizedNamespaces: how many namespaces the author may not write
+// in, and the first v1alpha1.MaxUnauthorizedNamespaces of them by name, each
+// with the verb refused and what it means for the copy there.
+func unauthorizedNamespaces(author Author, res *Resource, forbidden map[string][]string) (int32, []v1alpha1.ResourceDistributionUnauthorizedNamespace) {
+	var all []v1alpha1.ResourceDistributionUnauthorizedNamespace
+	for verb, nss := range forbidden {
+		consequence := map[string]string{
+			VerbCreate: "no copy is made there",
+			VerbUpdate: "the copy there keeps its old content",
+			VerbDelete: "the copy there stays",
+		}[verb]
+		reason := fmt.Sprintf("the author %s may not %s %s in this namespace, so %s", author, verb, res.APIResource(), consequence)
+		if len(reason) > 1024 {
+			reason = reason[:1021] + "..."
+		}
+		for _, ns := range nss {
+			all = append(all, v1alpha1.ResourceDistributionUnauthorizedNamespace{Name: ns, Verb: verb, Reason: reason})
+		}
+	}
+	if len(all) == 0 {
+		return 0, nil
+	}
+	slices.SortFunc(all, func(a, b v1alpha1.ResourceDistributionUnauthorizedNamespace) int {
+		return strings.Compare(a.Name, b.Name)
+	})
+	total := int32(len(all))
+	if len(all) > v1alpha1.MaxUnauthorizedNamespaces {
+		all = all[:v1alpha1.MaxUnauthorizedNamespaces]
+	}
+	return total, all
 }
 
 // ownedCopies returns this distribution's copies by namespace, from the cache
@@ -522,7 +574,8 @@ func statusEqual(a, b *v1alpha1.ResourceDistributionStatus) bool {
 	return sameCondition(ConditionSynced) && sameCondition(ConditionAuthorized) && a.ObservedGeneration == b.ObservedGeneration && a.Description == b.Description &&
 		a.Desired == b.Desired && a.Succeeded == b.Succeeded &&
 		maps.Equal(a.DistributedResources, b.DistributedResources) &&
-		slices.Equal(a.ConflictingNamespaces, b.ConflictingNamespaces)
+		slices.Equal(a.ConflictingNamespaces, b.ConflictingNamespaces) &&
+		a.Unauthorized == b.Unauthorized && slices.Equal(a.UnauthorizedNamespaces, b.UnauthorizedNamespaces)
 }
 
 func setCondition(status *v1alpha1.ResourceDistributionStatus, typ string, generation int64, s metav1.ConditionStatus, reason, msg string) {
