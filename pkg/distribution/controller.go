@@ -219,7 +219,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// Written while the webhook was not in the path (or before resclass
 		// recorded authors): nobody vouches for the spec, so nothing is
 		// written for it.
-		msg := fmt.Sprintf("%v (annotation %s); nothing is written until the spec is written again through resclass's admission webhook, which records its author",
+		msg := fmt.Sprintf("%v (annotation %s): the distribution was stored without resclass's admission webhook (created before the webhook recorded authors, or while it was not called), so nobody vouches for its spec. "+
+			"No copy is created, updated or deleted for it until someone allowed to write its copies changes its spec through the webhook, which records them as the author (docs/distribution.md, \"Upgrading\")",
 			err, v1alpha1.AnnotationAuthor)
 		if c := meta.FindStatusCondition(status.Conditions, ConditionAuthorized); c == nil || c.Message != msg {
 			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonNoAuthor, "Authorize", "%s", msg)
