@@ -222,7 +222,9 @@ func runCertRotator(ctx context.Context, o *Options, cfg *rest.Config, scheme *r
 			return nil
 		}
 		_, err := r.Reconcile(ctrl.LoggerInto(ctx, log), reconcile.Request{NamespacedName: r.secret})
-		if err != nil {
+		// A conflict is the controller's own first reconcile having written
+		// first: its certificate stands.
+		if err != nil && !apierrors.IsConflict(err) {
 			log.Error(err, "first check of the TLS Secret failed; retried on the next event or within the hour")
 		}
 		return nil
