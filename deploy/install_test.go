@@ -248,28 +248,38 @@ func TestHelmChart(t *testing.T) {
 	// The webhook's identity may touch no Secret or ConfigMap outside its
 	// namespace, and in it write only its TLS Secret: the controller's
 	// rights are not the webhook's.
-	t.Run("the webhook's RBAC holds no Secret rights beyond its own", func(t *testing.T) {
+	t.Run("the webhook's RBAC holds no Secret rights, the rotator's only its Secret", func(t *testing.T) {
 		objs, err := install.Kustomize()
 		if err != nil {
 			t.Fatal(err)
 		}
 		set := check(t, objs)
-		cr := typed[rbacv1.ClusterRole](t, set.get(t, "ClusterRole", "", "resclass-webhook"))
-		for _, r := range cr.Rules {
-			if slices.Contains(r.Resources, "secrets") || slices.Contains(r.Resources, "configmaps") || slices.Contains(r.Resources, "*") {
-				t.Errorf("ClusterRole resclass-webhook grants %v on %v", r.Verbs, r.Resources)
+		for _, name := range []string{"resclass-webhook", "resclass-webhook-certs"} {
+			cr := typed[rbacv1.ClusterRole](t, set.get(t, "ClusterRole", "", name))
+			for _, r := range cr.Rules {
+				if slices.Contains(r.Resources, "secrets") || slices.Contains(r.Resources, "configmaps") || slices.Contains(r.Resources, "*") {
+					t.Errorf("ClusterRole %s grants %v on %v", name, r.Verbs, r.Resources)
+				}
+				if slices.Contains(r.Resources, "validatingwebhookconfigurations") && (name == "resclass-webhook" || !slices.Equal(r.ResourceNames, []string{"resclass-webhook"})) {
+					t.Errorf("ClusterRole %s: %v on webhook configurations %v", name, r.Verbs, r.ResourceNames)
+				}
 			}
 		}
-		role := typed[rbacv1.Role](t, set.get(t, "Role", ns, "resclass-webhook"))
-		for _, r := range role.Rules {
-			named := len(r.ResourceNames) > 0
-			for _, v := range r.Verbs {
-				write := v != "get" && v != "list" && v != "watch"
-				switch {
-				case slices.Contains(r.Resources, "secrets") && write && !slices.Equal(r.ResourceNames, []string{"resclass-webhook-tls"}):
-					t.Errorf("Role resclass-webhook: %s secrets %v", v, r.ResourceNames)
-				case slices.Contains(r.Resources, "leases") && v != "create" && !named:
-					t.Errorf("Role resclass-webhook: %s on every Lease", v)
+		// The webhook serves the Secret the kubelet mounts: no Role in its
+		// namespace at all (no Secret, no Lease).
+		if set.find("Role", ns, "resclass-webhook") != nil {
+			t.Errorf("the webhook has a Role in %s; it needs none", ns)
+		}
+		for _, o := range set.kind("Role") {
+			role := typed[rbacv1.Role](t, o)
+			for _, r := range role.Rules {
+				for _, v := range r.Verbs {
+					switch {
+					case slices.Contains(r.Resources, "secrets") && (role.Name != "resclass-webhook-certs" || !slices.Equal(r.ResourceNames, []string{"resclass-webhook-tls"})):
+						t.Errorf("Role %s: %s secrets %v", role.Name, v, r.ResourceNames)
+					case slices.Contains(r.Resources, "leases") && v != "create" && len(r.ResourceNames) == 0:
+						t.Errorf("Role %s: %s on every Lease", role.Name, v)
+					}
 				}
 			}
 		}
@@ -311,8 +321,10 @@ func TestHelmChart(t *testing.T) {
 				t.Errorf("%s: inject-ca-from = %q", kind, a)
 			}
 		}
-		if args := containerArgs(t, set, "Deployment", "resclass-webhook"); !slices.Contains(args, "--cert-management=external") {
-			t.Errorf("webhook args %v lack --cert-management=external", args)
+		for _, k := range []string{"Deployment", "ServiceAccount", "Role", "ClusterRole"} {
+			if set.find(k, ns, "resclass-webhook-certs") != nil || set.find(k, "", "resclass-webhook-certs") != nil {
+				t.Errorf("certManager renders the cert rotator's %s: cert-manager does its work", k)
+			}
 		}
 	})
 
@@ -697,7 +709,9 @@ func check(t *testing.T, objs []*unstructured.Unstructured) *objects {
 	var workloads []workload
 	for _, o := range set.kind("Deployment") {
 		d := typed[appsv1.Deployment](t, o)
-		if d.Spec.Replicas == nil || *d.Spec.Replicas < 2 {
+		// The cert rotator may run alone: nothing waits on it (the webhook
+		// serves the mounted certificate while it is away).
+		if d.Name != "resclass-webhook-certs" && (d.Spec.Replicas == nil || *d.Spec.Replicas < 2) {
 			t.Errorf("%s: want at least 2 replicas", key(o))
 		}
 		workloads = append(workloads, workload{key(o), o.GetNamespace(), d.Spec.Template.Spec, d.Spec.Template.Labels})
@@ -842,8 +856,8 @@ func checkPodSpec(t *testing.T, set *objects, w workload) {
 		if v.ConfigMap != nil && set.find("ConfigMap", w.namespace, v.ConfigMap.Name) == nil {
 			t.Errorf("%s: volume %s mounts ConfigMap %s, which is not rendered", w.key, v.Name, v.ConfigMap.Name)
 		}
-		if v.Secret != nil && set.find("Secret", w.namespace, v.Secret.SecretName) == nil {
-			t.Errorf("%s: volume %s mounts Secret %s, which is not rendered", w.key, v.Name, v.Secret.SecretName)
+		if v.Secret != nil && set.find("Secret", w.namespace, v.Secret.SecretName) == nil && !certificateWrites(set, v.Secret.SecretName) {
+			t.Errorf("%s: volume %s mounts Secret %s, which is not rendered (nor written by a rendered cert-manager Certificate)", w.key, v.Name, v.Secret.SecretName)
 		}
 	}
 	for _, c := range spec.Containers {
@@ -910,6 +924,17 @@ func checkPodSpec(t *testing.T, set *objects, w workload) {
 			}
 		}
 	}
+}
+
+// certificateWrites reports whether a rendered cert-manager Certificate
+// creates the Secret name.
+func certificateWrites(set *objects, name string) bool {
+	for _, c := range set.kind("Certificate") {
+		if s, _, _ := unstructured.NestedString(c.Object, "spec", "secretName"); s == name && c.GetNamespace() == ns {
+			return true
+		}
+	}
+	return false
 }
 
 // arg returns the value of --name=value in args, and whether it is there.
@@ -1186,11 +1211,19 @@ func checkWebhook(t *testing.T, set *objects) {
 	if set.find("Secret", ns, "resclass-webhook-tls") == nil && set.find("Certificate", ns, "resclass-webhook") == nil {
 		t.Errorf("webhook: neither the Secret resclass-webhook-tls nor a Certificate for it")
 	}
-	if dir, _ := arg(c.Args, "cert-dir"); func() bool {
-		v, _ := mountedFile(spec, path.Join(dir, "tls.crt"))
-		return v == nil || v.EmptyDir == nil
-	}() {
-		t.Errorf("webhook: --cert-dir %q is not an emptyDir", dir)
+	// The serving certificate is the Secret mounted, its tls.crt and tls.key
+	// only: the webhook's identity cannot read it, and the CA key stays out.
+	dir, _ := arg(c.Args, "cert-dir")
+	if v, _ := mountedFile(spec, path.Join(dir, "tls.crt")); v == nil || v.Secret == nil || v.Secret.SecretName != "resclass-webhook-tls" {
+		t.Errorf("webhook: --cert-dir %q is not the Secret resclass-webhook-tls mounted", dir)
+	} else {
+		var keys []string
+		for _, it := range v.Secret.Items {
+			keys = append(keys, it.Key+"="+it.Path)
+		}
+		if !slices.Equal(keys, []string{"tls.crt=tls.crt", "tls.key=tls.key"}) {
+			t.Errorf("webhook: the Secret volume projects %v, want tls.crt and tls.key only", keys)
+		}
 	}
 	if file, ok := arg(c.Args, "quota-config"); ok {
 		if _, err := quota.Parse([]byte(configMapFile(t, set, spec, file))); err != nil {

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -109,6 +111,7 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 		}
 		owner := &v1alpha1.ResourceDistribution{ObjectMeta: metav1.ObjectMeta{Name: "baseline", UID: "baseline"}}
 		var total time.Duration
+		var cost clusterCost
 		for b.Loop() {
 			now := time.Now()
 			objs := make([]*corev1.Secret, namespaces)
@@ -116,6 +119,7 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 				objs[i] = res.Copy(ns, owner, now).(*corev1.Secret)
 				objs[i].OwnerReferences = nil
 			}
+			meter := startMeter(b, ctx, nil)
 			start := time.Now()
 			forEachParallel(namespaces, writers, func(i int) {
 				if _, err := client.CoreV1().Secrets(names[i]).Create(ctx, objs[i], metav1.CreateOptions{}); err != nil {
@@ -123,6 +127,7 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 				}
 			})
 			total += time.Since(start)
+			cost.add(meter.stop())
 			if b.Failed() {
 				b.FailNow()
 			}
@@ -133,14 +138,16 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 			})
 		}
 		reportConvergence(b, total, namespaces)
+		cost.report(b)
 	})
 
 	converge := func(b *testing.B) {
 		var total time.Duration
-		var cpu, rssMiB float64
+		var cost clusterCost
+		var rssMiB float64
 		for b.Loop() {
 			rd := distribution("bench", raw, v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: label}})
-			cpuBefore := cpuSeconds(b, ctl.PID())
+			meter := startMeter(b, ctx, ctl)
 			start := time.Now()
 			created, err := rc.ResclassV1alpha1().ResourceDistributions().Create(ctx, rd, metav1.CreateOptions{})
 			if err != nil {
@@ -159,7 +166,7 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 				b.Fatalf("%s did not report %d copies: %v", created.Name, namespaces, err)
 			}
 			total += time.Since(start)
-			cpu += cpuSeconds(b, ctl.PID()) - cpuBefore
+			cost.add(meter.stop())
 			rssMiB = residentMiB(b, ctl.PID())
 
 			// The garbage collector removes the copies (not timed).
@@ -176,7 +183,7 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 			}
 		}
 		reportConvergence(b, total, namespaces)
-		b.ReportMetric(cpu/float64(b.N), "controller-cpu-s")
+		cost.report(b)
 		b.ReportMetric(rssMiB, "controller-rss-MiB")
 	}
 	b.Run("distribution", converge)
@@ -195,6 +202,144 @@ func BenchmarkDistributionConvergence(b *testing.B) {
 		})
 		converge(b)
 	})
+}
+
+// meter measures what one timed convergence costs the cluster: the CPU
+// seconds of kube-apiserver and kube-controller-manager (the garbage
+// collector follows every copy's ownerReference) and, for the controller,
+// its CPU seconds, the requests it sent by method and the authorization
+// questions it answered from its cache or by a SubjectAccessReview. With
+// RESCLASS_BENCH_PROFILE_DIR set (and the cluster started with
+// RESCLASS_E2E_PROFILING=1), it also saves the apiserver's CPU profile of the
+// first second of the convergence there.
+type meter struct {
+	b       *testing.B
+	ctl     *framework.Distribution
+	start   clusterCost
+	profile chan struct{}
+}
+
+// clusterCost is what a meter reads, summed over the iterations.
+type clusterCost struct {
+	n                                          int
+	apiserverCPU, kcmCPU, controllerCPU        float64
+	posts, puts, patches, deletes, sars, cache float64
+}
+
+func startMeter(b *testing.B, ctx context.Context, ctl *framework.Distribution) *meter {
+	m := &meter{b: b, ctl: ctl}
+	m.start = m.read()
+	if dir := os.Getenv("RESCLASS_BENCH_PROFILE_DIR"); dir != "" {
+		m.profile = make(chan struct{})
+		name := strings.NewReplacer("/", "_", " ", "_").Replace(b.Name())
+		go func() {
+			defer close(m.profile)
+			data, err := cluster.Client.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "1").DoRaw(ctx)
+			if err == nil {
+				err = os.WriteFile(fmt.Sprintf("%s/%s-%d.pprof", dir, name, time.Now().UnixNano()), data, 0o644)
+			}
+			if err != nil {
+				b.Logf("apiserver profile: %v", err)
+			}
+		}()
+	}
+	return m
+}
+
+func (m *meter) read() clusterCost {
+	pid := func(name string) int {
+		p, err := cluster.PID(name)
+		if err != nil {
+			m.b.Fatal(err)
+		}
+		return p
+	}
+	c := clusterCost{apiserverCPU: cpuSeconds(m.b, pid("kube-apiserver")), kcmCPU: cpuSeconds(m.b, pid("kube-controller-manager"))}
+	if m.ctl != nil {
+		c.controllerCPU = cpuSeconds(m.b, m.ctl.PID())
+		text := metricsText(m.b, m.ctl.MetricsURL)
+		c.posts = metricSum(text, "rest_client_requests_total{", `method="POST"`)
+		c.puts = metricSum(text, "rest_client_requests_total{", `method="PUT"`)
+		c.patches = metricSum(text, "rest_client_requests_total{", `method="PATCH"`)
+		c.deletes = metricSum(text, "rest_client_requests_total{", `method="DELETE"`)
+		c.sars = metricSum(text, "resclass_distribution_authorization_checks_total{", `cached="false"`)
+		c.cache = metricSum(text, "resclass_distribution_authorization_checks_total{", `cached="true"`)
+	}
+	return c
+}
+
+// stop returns what the convergence cost since startMeter.
+func (m *meter) stop() clusterCost {
+	end := m.read()
+	if m.profile != nil {
+		<-m.profile
+	}
+	s := m.start
+	return clusterCost{n: 1,
+		apiserverCPU: end.apiserverCPU - s.apiserverCPU, kcmCPU: end.kcmCPU - s.kcmCPU, controllerCPU: end.controllerCPU - s.controllerCPU,
+		posts: end.posts - s.posts, puts: end.puts - s.puts, patches: end.patches - s.patches, deletes: end.deletes - s.deletes,
+		sars: end.sars - s.sars, cache: end.cache - s.cache}
+}
+
+func (c *clusterCost) add(d clusterCost) {
+	c.n += d.n
+	c.apiserverCPU += d.apiserverCPU
+	c.kcmCPU += d.kcmCPU
+	c.controllerCPU += d.controllerCPU
+	c.posts += d.posts
+	c.puts += d.puts
+	c.patches += d.patches
+	c.deletes += d.deletes
+	c.sars += d.sars
+	c.cache += d.cache
+}
+
+// report reports the means per convergence.
+func (c *clusterCost) report(b *testing.B) {
+	if c.n == 0 {
+		return
+	}
+	n := float64(c.n)
+	b.ReportMetric(c.apiserverCPU/n, "apiserver-cpu-s")
+	b.ReportMetric(c.kcmCPU/n, "kcm-cpu-s")
+	if c.posts+c.puts+c.patches+c.deletes == 0 {
+		return
+	}
+	b.ReportMetric(c.controllerCPU/n, "controller-cpu-s")
+	b.ReportMetric(c.posts/n, "controller-posts")
+	b.ReportMetric((c.puts+c.patches)/n, "controller-updates")
+	b.ReportMetric(c.deletes/n, "controller-deletes")
+	b.ReportMetric(c.sars/n, "subjectaccessreviews")
+	b.ReportMetric(c.cache/n, "authorization-cache-hits")
+}
+
+// metricsText is a /metrics page.
+func metricsText(b *testing.B, url string) string {
+	resp, err := http.Get(url) //nolint:gosec,noctx // the test's own loopback endpoint
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return string(data)
+}
+
+// metricSum sums the samples whose line starts with prefix and holds label.
+func metricSum(text, prefix, label string) float64 {
+	var sum float64
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, prefix) || !strings.Contains(line, label) {
+			continue
+		}
+		fields := strings.Fields(line)
+		if v, err := strconv.ParseFloat(fields[len(fields)-1], 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
 }
 
 // reportConvergence reports the mean time to converge and the objects

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,6 +26,16 @@ import (
 // serviceAccountGroups are the groups the apiserver gives a ServiceAccount of
 // resclass-system.
 var serviceAccountGroups = []string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"}
+
+// wantUnauthorized checks that status.unauthorizedNamespaces names ns, alone,
+// with verb and a reason saying reason.
+func wantUnauthorized(t *testing.T, rd *v1alpha1.ResourceDistribution, ns, verb, reason string) {
+	t.Helper()
+	got := rd.Status.UnauthorizedNamespaces
+	if rd.Status.Unauthorized != 1 || len(got) != 1 || got[0].Name != ns || got[0].Verb != verb || !strings.Contains(got[0].Reason, reason) {
+		t.Errorf("status.unauthorized %d, unauthorizedNamespaces %+v; want 1: %s, %s, %q", rd.Status.Unauthorized, got, ns, verb, reason)
+	}
+}
 
 // TestResourceDistributionTrust: a distribution writes only where its author
 // could, for the whole life of a copy, and the two resclass identities
@@ -110,6 +121,7 @@ func TestResourceDistributionTrust(t *testing.T) {
 		if got.Status.Succeeded != 2 || got.Status.Desired != 3 {
 			t.Errorf("succeeded %d of %d, want 2 of 3", got.Status.Succeeded, got.Status.Desired)
 		}
+		wantUnauthorized(t, got, c, "create", "may not create secrets in this namespace, so no copy is made there")
 		waitEventOn(t, ctx, "default", "ResourceDistribution", rd.Name, distpkg.ReasonForbidden, c)
 		d.wantCopies("later", []string{a, b}, []string{c})
 	})
@@ -135,7 +147,8 @@ func TestResourceDistributionTrust(t *testing.T) {
 		if _, err := alice.ResclassV1alpha1().ResourceDistributions().Update(ctx, current, metav1.UpdateOptions{}); err != nil {
 			t.Fatalf("the edit (admitted with a warning): %v", err)
 		}
-		waitForbidden(t, rd.Name, "update secrets in 1 namespace(s): "+b)
+		got := waitForbidden(t, rd.Name, "update secrets in 1 namespace(s): "+b)
+		wantUnauthorized(t, got, b, "update", "may not update secrets in this namespace, so the copy there keeps its old content")
 		poll(t, ctx, 30*time.Second, "a's copy carries v2", func(ctx context.Context) (bool, error) {
 			s, err := cluster.Client.CoreV1().Secrets(a).Get(ctx, "rotated", metav1.GetOptions{})
 			return err == nil && string(s.Data["token"]) == "v2", nil
@@ -147,6 +160,53 @@ func TestResourceDistributionTrust(t *testing.T) {
 		if string(s.Data["token"]) != "v1" {
 			t.Errorf("b's copy was rewritten to %q, though its author may not update Secrets there", s.Data["token"])
 		}
+	})
+
+	t.Run("a distribution stored without the webhook (as before the upgrade) gets no writes until its spec is written through it", func(t *testing.T) {
+		d := d.with(t)
+		a := d.ns(nil)
+		// Without the test's label the webhooks do not see it (their
+		// objectSelector): stored with no author, as before an upgrade.
+		rd := distribution("unvouched", secret("unvouched", map[string]string{"k": "v1"}),
+			v1alpha1.ResourceDistributionTargets{IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: a}}})
+		rd.Labels = nil
+		created, err := rc.ResclassV1alpha1().ResourceDistributions().Create(ctx, rd, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = rc.ResclassV1alpha1().ResourceDistributions().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+		})
+		if _, has := created.Annotations[v1alpha1.AnnotationAuthor]; has {
+			t.Fatalf("stored with an author although no webhook saw it: %v", created.Annotations)
+		}
+		poll(t, ctx, 30*time.Second, "Authorized False, NoAuthor, saying what to do", func(ctx context.Context) (bool, error) {
+			got, err := rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, created.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			c := meta.FindStatusCondition(got.Status.Conditions, distpkg.ConditionAuthorized)
+			return c != nil && c.Status == metav1.ConditionFalse && c.Reason == distpkg.ReasonNoAuthor &&
+				strings.Contains(c.Message, "No copy is created, updated or deleted for it until someone allowed to write its copies changes its spec through the webhook"), nil
+		})
+		d.wantCopies("unvouched", nil, []string{a})
+
+		// The fix: a spec change through the webhook records its author.
+		current, err := rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, created.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		current.Labels = webhookLabel
+		current.Spec.Resource = runtime.RawExtension{Raw: secret("unvouched", map[string]string{"k": "v2"})}
+		updated, err := rc.ResclassV1alpha1().ResourceDistributions().Update(ctx, current, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if updated.Annotations[v1alpha1.AnnotationAuthor] == "" {
+			t.Fatal("the spec change through the webhook recorded no author")
+		}
+		d.waitSynced(updated, 1)
+		d.wantCopies("unvouched", []string{a}, nil)
 	})
 
 	t.Run("a user without delete in b can neither shrink b out of the targets nor delete the distribution", func(t *testing.T) {
@@ -193,26 +253,77 @@ func TestResourceDistributionTrust(t *testing.T) {
 		wantDenied(t, fmt.Errorf("%s", withSecret), "may not create secrets in 1 target namespace(s): "+holds)
 	})
 
-	t.Run("the webhook's ServiceAccount cannot read or write a Secret", func(t *testing.T) {
+	t.Run("the webhook's ServiceAccount cannot read or write any Secret, its TLS Secret included", func(t *testing.T) {
 		d := d.with(t)
 		ns := d.ns(nil)
 		target := d.foreignSecret(ns, "not-the-webhooks")
-		wh, err := kubernetes.NewForConfig(impersonating("system:serviceaccount:resclass-system:resclass-webhook", serviceAccountGroups...))
+		tls, err := cluster.Client.CoreV1().Secrets("resclass-system").Get(ctx, "resclass-webhook-tls", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
+		wh, err := kubernetes.NewForConfig(impersonating(framework.WebhookUser, serviceAccountGroups...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		byName := metav1.ListOptions{FieldSelector: "metadata.name=resclass-webhook-tls"}
 		for what, err := range map[string]error{
-			"get":                       ignoreResult(wh.CoreV1().Secrets(ns).Get(ctx, target.Name, metav1.GetOptions{})),
-			"list cluster-wide":         ignoreResult(wh.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})),
-			"list in the namespace":     ignoreResult(wh.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})),
-			"create":                    ignoreResult(wh.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
-			"update":                    ignoreResult(wh.CoreV1().Secrets(ns).Update(ctx, target, metav1.UpdateOptions{})),
-			"delete":                    wh.CoreV1().Secrets(ns).Delete(ctx, target.Name, metav1.DeleteOptions{}),
-			"create in resclass-system": ignoreResult(wh.CoreV1().Secrets("resclass-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
-			"get a ConfigMap":           ignoreResult(wh.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})),
+			"get":                               ignoreResult(wh.CoreV1().Secrets(ns).Get(ctx, target.Name, metav1.GetOptions{})),
+			"list cluster-wide":                 ignoreResult(wh.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})),
+			"list in the namespace":             ignoreResult(wh.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})),
+			"create":                            ignoreResult(wh.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
+			"update":                            ignoreResult(wh.CoreV1().Secrets(ns).Update(ctx, target, metav1.UpdateOptions{})),
+			"delete":                            wh.CoreV1().Secrets(ns).Delete(ctx, target.Name, metav1.DeleteOptions{}),
+			"create in resclass-system":         ignoreResult(wh.CoreV1().Secrets("resclass-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
+			"get its TLS Secret":                ignoreResult(wh.CoreV1().Secrets("resclass-system").Get(ctx, tls.Name, metav1.GetOptions{})),
+			"list its TLS Secret by name":       ignoreResult(wh.CoreV1().Secrets("resclass-system").List(ctx, byName)),
+			"watch its TLS Secret by name":      ignoreResult(wh.CoreV1().Secrets("resclass-system").Watch(ctx, byName)),
+			"list resclass-system":              ignoreResult(wh.CoreV1().Secrets("resclass-system").List(ctx, metav1.ListOptions{})),
+			"update its TLS Secret":             ignoreResult(wh.CoreV1().Secrets("resclass-system").Update(ctx, tls, metav1.UpdateOptions{})),
+			"get a ConfigMap":                   ignoreResult(wh.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})),
+			"get its webhook configuration":     ignoreResult(wh.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, "resclass-webhook", metav1.GetOptions{})),
+			"create a Lease in resclass-system": ignoreResult(wh.CoordinationV1().Leases("resclass-system").Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
 		} {
 			if !apierrors.IsForbidden(err) {
 				t.Errorf("the webhook's ServiceAccount, %s: %v, want Forbidden", what, err)
+			}
+		}
+	})
+
+	t.Run("the cert rotator's ServiceAccount reaches its TLS Secret and no other", func(t *testing.T) {
+		d := d.with(t)
+		ns := d.ns(nil)
+		foreign := d.foreignSecret(ns, "not-the-rotators")
+		neighbour, err := cluster.Client.CoreV1().Secrets("resclass-system").Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-neighbour-"}, StringData: map[string]string{"k": "v"}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cluster.Client.CoreV1().Secrets("resclass-system").Delete(context.Background(), neighbour.Name, metav1.DeleteOptions{})
+		})
+		rot, err := kubernetes.NewForConfig(impersonating(framework.CertRotatorUser, serviceAccountGroups...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What it needs works (its cache lists and watches by name).
+		if _, err := rot.CoreV1().Secrets("resclass-system").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=resclass-webhook-tls"}); err != nil {
+			t.Errorf("the rotator listing its TLS Secret by name: %v", err)
+		}
+		for what, err := range map[string]error{
+			"get a Secret in its namespace":    ignoreResult(rot.CoreV1().Secrets("resclass-system").Get(ctx, neighbour.Name, metav1.GetOptions{})),
+			"update a Secret in its namespace": ignoreResult(rot.CoreV1().Secrets("resclass-system").Update(ctx, neighbour, metav1.UpdateOptions{})),
+			"delete a Secret in its namespace": rot.CoreV1().Secrets("resclass-system").Delete(ctx, neighbour.Name, metav1.DeleteOptions{}),
+			"list its namespace":               ignoreResult(rot.CoreV1().Secrets("resclass-system").List(ctx, metav1.ListOptions{})),
+			"create in its namespace":          ignoreResult(rot.CoreV1().Secrets("resclass-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})),
+			"delete its TLS Secret":            rot.CoreV1().Secrets("resclass-system").Delete(ctx, "resclass-webhook-tls", metav1.DeleteOptions{}),
+			"get elsewhere":                    ignoreResult(rot.CoreV1().Secrets(ns).Get(ctx, foreign.Name, metav1.GetOptions{})),
+			"update elsewhere":                 ignoreResult(rot.CoreV1().Secrets(ns).Update(ctx, foreign, metav1.UpdateOptions{})),
+			"list cluster-wide":                ignoreResult(rot.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})),
+			"list another by name":             ignoreResult(rot.CoreV1().Secrets("resclass-system").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + neighbour.Name})),
+			"get a ConfigMap":                  ignoreResult(rot.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})),
+		} {
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("the cert rotator's ServiceAccount, %s: %v, want Forbidden", what, err)
 			}
 		}
 	})

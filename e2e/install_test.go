@@ -108,7 +108,7 @@ func applier(t *testing.T, dryRun []string) func(context.Context, *unstructured.
 // under it), is refused what its job does not need.
 func TestComponentsCannotDoMore(t *testing.T) {
 	ctx := context.Background()
-	// The RBAC of all four, as installed (the ResourceDistribution
+	// The RBAC of all five, as installed (the ResourceDistribution
 	// controller's is the opt-in component deploy/distribution).
 	kustomized, err := install.Kustomize()
 	if err != nil {
@@ -178,24 +178,26 @@ func TestComponentsCannotDoMore(t *testing.T) {
 	}, {
 		user: sa("resclass-webhook"),
 		checks: []check{
-			{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "resclass-webhook", allowed: true},
-			{verb: "update", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "resclass-webhook", allowed: true},
-			{verb: "update", group: "", resource: "secrets", namespace: "resclass-system", name: "resclass-webhook-tls", allowed: true},
-			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "resclass-system", name: "resclass-webhook", allowed: true},
+			{verb: "list", group: "", resource: "resourcequotas", allowed: true},
+			{verb: "watch", group: "", resource: "namespaces", allowed: true},
 			{verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews", allowed: true},
-			// ... and no more: no Secret or ConfigMap of anyone else's (the
-			// ResourceDistribution controller is another identity), no other
-			// Lease.
+			// ... and no more: no Secret at all, its own TLS Secret included
+			// (the kubelet mounts it), no ConfigMap, no Lease (nothing needs
+			// a leader), no webhook configuration (the cert rotator's job).
+			{verb: "get", group: "", resource: "secrets", namespace: "resclass-system", name: "resclass-webhook-tls"},
+			{verb: "list", group: "", resource: "secrets", namespace: "resclass-system"},
+			{verb: "watch", group: "", resource: "secrets", namespace: "resclass-system"},
+			{verb: "update", group: "", resource: "secrets", namespace: "resclass-system", name: "resclass-webhook-tls"},
 			{verb: "create", group: "", resource: "secrets", namespace: "team-a"},
 			{verb: "get", group: "", resource: "secrets", namespace: "team-a"},
 			{verb: "list", group: "", resource: "secrets"},
 			{verb: "create", group: "", resource: "secrets", namespace: "resclass-system"},
-			{verb: "update", group: "", resource: "secrets", namespace: "resclass-system", name: "another"},
 			{verb: "get", group: "", resource: "configmaps", namespace: "team-a"},
+			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "resclass-system"},
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "resclass-system", name: "resclass-webhook"},
 			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "resclass-system", name: "resclass-scheduler"},
-			{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: "resclass-system", name: "resclass-webhook"},
-			{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "someone-elses"},
-			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "resclass-webhook"},
+			{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "resclass-webhook"},
+			{verb: "update", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "resclass-webhook"},
 			{verb: "create", group: "", resource: "pods", namespace: "team-a"},
 			{verb: "create", group: "", resource: "serviceaccounts", subresource: "token", namespace: "team-a"},
 			{verb: "create", group: "rbac.authorization.k8s.io", resource: "rolebindings", namespace: "team-a"},
@@ -205,6 +207,31 @@ func TestComponentsCannotDoMore(t *testing.T) {
 			{verb: "update", group: "resclass.io", resource: "resourcedistributions", subresource: "status"},
 			{verb: "update", group: "", resource: "resourcequotas", namespace: "team-a"},
 			{verb: "patch", group: "", resource: "nodes"},
+		},
+	}, {
+		user: sa("resclass-webhook-certs"),
+		checks: []check{
+			// Its Secret and the two configurations, by name; a list or
+			// watch by name is what its cache does.
+			{verb: "get", group: "", resource: "secrets", namespace: "resclass-system", name: "resclass-webhook-tls", allowed: true},
+			{verb: "watch", group: "", resource: "secrets", namespace: "resclass-system", name: "resclass-webhook-tls", allowed: true},
+			{verb: "update", group: "", resource: "secrets", namespace: "resclass-system", name: "resclass-webhook-tls", allowed: true},
+			{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "resclass-webhook", allowed: true},
+			{verb: "update", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "resclass-webhook", allowed: true},
+			// ... and no more: no other Secret, no Secret creation or
+			// deletion, no Lease, no other configuration.
+			{verb: "list", group: "", resource: "secrets", namespace: "resclass-system"},
+			{verb: "get", group: "", resource: "secrets", namespace: "resclass-system", name: "another"},
+			{verb: "update", group: "", resource: "secrets", namespace: "resclass-system", name: "another"},
+			{verb: "create", group: "", resource: "secrets", namespace: "resclass-system"},
+			{verb: "delete", group: "", resource: "secrets", namespace: "resclass-system", name: "resclass-webhook-tls"},
+			{verb: "get", group: "", resource: "secrets", namespace: "team-a"},
+			{verb: "get", group: "", resource: "configmaps", namespace: "resclass-system"},
+			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "resclass-system"},
+			{verb: "list", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations"},
+			{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "someone-elses"},
+			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "resclass-webhook"},
+			{verb: "create", group: "", resource: "pods", namespace: "resclass-system"},
 		},
 	}, {
 		user: sa("resclass-distribution"),
@@ -243,10 +270,10 @@ func TestComponentsCannotDoMore(t *testing.T) {
 		}
 	}
 
-	// And for real, impersonating the webhook: its caBundle update reaches
-	// its own configuration only.
+	// And for real, impersonating the cert rotator: its caBundle update
+	// reaches resclass's configuration only.
 	cfg := rest.CopyConfig(cluster.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: sa("resclass-webhook"),
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: sa("resclass-webhook-certs"),
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"}}
 	webhookClient, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -272,11 +299,11 @@ func TestComponentsCannotDoMore(t *testing.T) {
 	})
 	other.Webhooks[0].ClientConfig.CABundle = []byte("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
 	if _, err := webhookClient.AdmissionregistrationV1().ValidatingWebhookConfigurations().Update(ctx, other, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
-		t.Errorf("the webhook's ServiceAccount updating another webhook configuration: %v, want Forbidden", err)
+		t.Errorf("the cert rotator's ServiceAccount updating another webhook configuration: %v, want Forbidden", err)
 	}
 	if _, err := webhookClient.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-not-allowed"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
-		t.Errorf("the webhook's ServiceAccount creating a pod: %v, want Forbidden", err)
+		t.Errorf("the cert rotator's ServiceAccount creating a pod: %v, want Forbidden", err)
 	}
 
 	// Every ServiceAccount a workload runs as is one the install creates.

@@ -356,7 +356,9 @@ spec:
 		}
 		oldCA := secret.Data["ca.crt"]
 		// A CA that no longer parses is what an expired one looks like to
-		// cert-controller: it issues a new CA and certificate and injects the CA.
+		// the cert rotator: it issues a new CA and certificate and injects the
+		// CA; the webhook, which may not read the Secret, serves the new
+		// certificate once the Secret volume brings it.
 		secret.Data["ca.crt"] = []byte("not a certificate")
 		if _, err := secrets.Update(ctx, secret, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)

@@ -21,7 +21,13 @@ var MutatingWebhooks []byte
 //go:embed rbac.yaml
 var RBAC []byte
 
-// Secret is secret.yaml: the (empty) TLS Secret the webhook fills.
+// CertRotatorRBAC is cert-rotator-rbac.yaml: the cert rotator's
+// ServiceAccount and its roles.
+//
+//go:embed cert-rotator-rbac.yaml
+var CertRotatorRBAC []byte
+
+// Secret is secret.yaml: the (empty) TLS Secret the cert rotator fills.
 //
 //go:embed secret.yaml
 var Secret []byte

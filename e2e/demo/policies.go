@@ -46,7 +46,9 @@ func startWebhook(ctx context.Context, p *printer, c *framework.Cluster, root st
 	if err != nil {
 		return nil, err
 	}
-	p.line("  The webhook issued its own certificate (cert-controller) and the apiserver calls it over TLS.")
+	p.line("  The cert rotator (its own ServiceAccount) issued the webhook's certificate into the Secret")
+	p.line("  resclass-webhook-tls and its CA into the webhook configurations; the webhook, which may read")
+	p.line("  no Secret, serves it from its volume, and the apiserver calls it over TLS.")
 	p.line("  Its covering-quota rule (deploy/webhook/quota-config.yaml):")
 	for _, l := range strings.Split(strings.TrimSpace(rule), "\n") {
 		p.line("    %s", l)

@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
@@ -34,6 +35,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/deploy/crds"
@@ -196,7 +198,10 @@ func (c *Cluster) startEtcdAndAPIServer(ctx context.Context) error {
 		// startControllerManager).
 		"--enable-admission-plugins=NodeRestriction",
 		"--allow-privileged=true",
-		"--profiling=false",
+		// RESCLASS_E2E_PROFILING=1 serves /debug/pprof to the admin, for a
+		// benchmark that wants to know where the apiserver's time goes
+		// (docs/development.md, "Benchmarks").
+		"--profiling="+strconv.FormatBool(os.Getenv("RESCLASS_E2E_PROFILING") == "1"),
 		"--v=1",
 	); err != nil {
 		return err
@@ -472,6 +477,22 @@ func SchedulerConfig(kubeconfig string) ([]byte, error) {
 	}
 	cfg["profiles"] = append(profiles, def, prebind)
 	return yaml.Marshal(cfg)
+}
+
+// serviceAccountKubeconfig writes a kubeconfig with a token of the
+// ServiceAccount namespace/name (TokenRequest, valid for a day): what a pod
+// of that ServiceAccount presents. The apiserver caches a verified token for
+// 10 s, where it verifies a client certificate on every request, so a
+// component whose request rate a benchmark measures runs as a pod would.
+func (c *Cluster) serviceAccountKubeconfig(ctx context.Context, file, namespace, name string) (string, error) {
+	tr, err := c.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](24 * 3600)},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("a token for ServiceAccount %s/%s: %w", namespace, name, err)
+	}
+	path := filepath.Join(c.Dir, file+".kubeconfig")
+	return path, writeKubeconfig(path, c.apiserver, c.pki.CAFile, &clientcmdapi.AuthInfo{Token: tr.Status.Token})
 }
 
 // componentKubeconfig writes a kubeconfig with a client certificate for user in

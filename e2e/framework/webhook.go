@@ -17,6 +17,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	volumeutil "k8s.io/kubernetes/pkg/volume/util"
 	"sigs.k8s.io/yaml"
 
 	deploywebhook "github.com/resclass/resclass/deploy/webhook"
@@ -34,10 +35,21 @@ type WebhookOptions struct {
 	Selector map[string]string
 }
 
+// The identities of deploy/webhook: the admission webhook's ServiceAccount
+// and the cert rotator's.
+const (
+	WebhookUser     = "system:serviceaccount:resclass-system:resclass-webhook"
+	CertRotatorUser = "system:serviceaccount:resclass-system:resclass-webhook-certs"
+)
+
 // Webhook is the resclass webhook binary running against the cluster, reached
-// by the apiserver over TLS at https://localhost:<port> with the certificate
-// it issued itself (cert-controller) and injected into deploy/webhook's
-// ValidatingWebhookConfiguration.
+// by the apiserver over TLS at https://localhost:<port>, with the cert
+// rotator beside it (the same binary with --mode=cert-rotator, as its own
+// ServiceAccount), which issues the certificate into the TLS Secret and its
+// CA into deploy/webhook's configurations. The webhook serves the Secret's
+// tls.crt and tls.key from CertDir, written there as the kubelet writes a
+// Secret volume (its own atomic writer): the webhook's identity cannot read
+// the Secret.
 type Webhook struct {
 	// Config is the ValidatingWebhookConfiguration as the cluster runs it.
 	Config *admissionregistrationv1.ValidatingWebhookConfiguration
@@ -52,29 +64,45 @@ type Webhook struct {
 	Port       int
 	MetricsURL string
 
-	proc   *process
-	c      *Cluster
-	killed bool
+	proc        *process
+	rotator     *process
+	stopProject context.CancelFunc
+	projected   chan struct{}
+	c           *Cluster
+	killed      bool
 }
 
-// StartWebhook applies deploy/webhook (RBAC, the TLS Secret, the webhook
-// configurations with a url in place of the Service, which the embedded
-// cluster cannot route) and starts the webhook binary as its ServiceAccount.
-// It returns once the webhook is ready and the configurations carry its CA.
-// The ResourceDistribution controller is not part of it: StartDistribution.
+// StartWebhook applies deploy/webhook (RBAC of both identities, the TLS
+// Secret, the webhook configurations with a url in place of the Service,
+// which the embedded cluster cannot route), starts the cert rotator and the
+// webhook binary, each as its ServiceAccount, and projects the Secret into
+// the webhook's --cert-dir as the kubelet would. It returns once the webhook
+// is ready and the configurations carry the CA. The ResourceDistribution
+// controller is not part of it: StartDistribution.
 func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webhook, error) {
 	if _, err := c.ApplyManifestData(ctx, "deploy/webhook/rbac.yaml", append([]byte(resclassNamespace+"\n---\n"), deploywebhook.RBAC...)); err != nil {
+		return nil, err
+	}
+	if _, err := c.ApplyManifestData(ctx, "deploy/webhook/cert-rotator-rbac.yaml", deploywebhook.CertRotatorRBAC); err != nil {
 		return nil, err
 	}
 	if _, err := c.ApplyManifestData(ctx, "deploy/webhook/secret.yaml", deploywebhook.Secret); err != nil {
 		return nil, err
 	}
-	kubeconfig, err := c.componentKubeconfig("webhook", "system:serviceaccount:resclass-system:resclass-webhook",
-		[]string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"})
+	saGroups := []string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"}
+	kubeconfig, err := c.componentKubeconfig("webhook", WebhookUser, saGroups)
+	if err != nil {
+		return nil, err
+	}
+	rotatorKubeconfig, err := c.componentKubeconfig("webhook-certs", CertRotatorUser, saGroups)
 	if err != nil {
 		return nil, err
 	}
 	port, healthPort, metricsPort, err := freePort3()
+	if err != nil {
+		return nil, err
+	}
+	_, rotatorHealthPort, rotatorMetricsPort, err := freePort3()
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +115,7 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 	}
 	args := []string{"--kubeconfig=" + kubeconfig, "--namespace=resclass-system",
 		"--webhook-host=127.0.0.1", "--webhook-port=" + strconv.Itoa(port),
-		"--cert-dir=" + w.CertDir, "--extra-dns-names=localhost",
+		"--cert-dir=" + w.CertDir,
 		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(healthPort),
 		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(metricsPort), "--metrics-secure=false",
 		"--quota-config-reload-interval=500ms",
@@ -118,15 +146,37 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 		return nil, fmt.Errorf("creating the mutating webhook configuration: %w", err)
 	}
 
-	c.progress("starting the resclass webhook")
-	if w.proc, err = c.start("webhook", c.bins.webhook, nil, args...); err != nil {
+	c.progress("starting the resclass cert rotator")
+	if w.rotator, err = c.start("webhook-certs", c.bins.webhook, nil, "--mode=cert-rotator",
+		"--kubeconfig="+rotatorKubeconfig, "--namespace=resclass-system", "--extra-dns-names=localhost",
+		"--health-probe-bind-address=127.0.0.1:"+strconv.Itoa(rotatorHealthPort),
+		"--metrics-bind-address=127.0.0.1:"+strconv.Itoa(rotatorMetricsPort), "--metrics-secure=false",
+		"--v=2"); err != nil {
 		return nil, err
 	}
-	if err := c.waitReady(ctx, "webhook", healthPort); err != nil {
+	if err := c.waitReady(ctx, "webhook-certs", rotatorHealthPort); err != nil {
 		_ = w.Stop(context.Background())
 		return nil, err
 	}
-	// cert-controller injects the CA after it issues the certificate.
+	// What the kubelet does for the webhook pod's Secret volume.
+	projectCtx, cancel := context.WithCancel(context.Background())
+	w.stopProject, w.projected = cancel, make(chan struct{})
+	go func() {
+		defer close(w.projected)
+		c.projectSecret(projectCtx, "resclass-system", "resclass-webhook-tls", w.CertDir, []string{"tls.crt", "tls.key"})
+	}()
+
+	c.progress("starting the resclass webhook")
+	if w.proc, err = c.start("webhook", c.bins.webhook, nil, args...); err != nil {
+		_ = w.Stop(context.Background())
+		return nil, err
+	}
+	if err := c.waitReady(ctx, "webhook", healthPort); err != nil {
+		err = fmt.Errorf("%w\n--- webhook:\n%s\n--- cert rotator:\n%s", err, w.proc.tail(30), w.rotator.tail(30))
+		_ = w.Stop(context.Background())
+		return nil, err
+	}
+	// The rotator injects the CA after it issues the certificate.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		got, err := vwcs.Get(ctx, w.Config.Name, metav1.GetOptions{})
@@ -144,7 +194,7 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 			if err == nil {
 				err = errors.New("no caBundle")
 			}
-			return nil, fmt.Errorf("the webhook did not inject its CA into %s within 30s: %w\n%s", w.Config.Name, err, w.proc.tail(40))
+			return nil, fmt.Errorf("the cert rotator did not inject its CA into %s within 30s: %w\n%s", w.Config.Name, err, w.rotator.tail(40))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -202,23 +252,81 @@ func (w *Webhook) Kill() {
 	<-w.proc.done
 }
 
-// Stop stops the webhook and removes its configuration, so that the
-// apiserver stops calling it.
+// Stop stops the webhook and the cert rotator and removes the
+// configurations, so that the apiserver stops calling the webhook.
 func (w *Webhook) Stop(ctx context.Context) error {
-	errDelete := errors.Join(
-		w.c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, w.Config.Name, metav1.DeleteOptions{}),
-		w.c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, w.Mutating.Name, metav1.DeleteOptions{}))
+	var errDelete error
+	if w.Config != nil && w.Mutating != nil {
+		errDelete = errors.Join(
+			w.c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, w.Config.Name, metav1.DeleteOptions{}),
+			w.c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, w.Mutating.Name, metav1.DeleteOptions{}))
+	}
 	var errStop error
-	if !w.killed {
+	if w.proc != nil && !w.killed {
 		errStop = w.proc.stop(10 * time.Second)
 	}
+	if w.rotator != nil {
+		errStop = errors.Join(errStop, w.rotator.stop(10*time.Second))
+	}
+	if w.stopProject != nil {
+		w.stopProject()
+		<-w.projected
+	}
 	w.c.mu.Lock()
-	w.c.processes = slices.DeleteFunc(w.c.processes, func(p *process) bool { return p == w.proc })
+	w.c.processes = slices.DeleteFunc(w.c.processes, func(p *process) bool { return p == w.proc || p == w.rotator })
 	w.c.mu.Unlock()
 	if errStop != nil {
 		return errStop
 	}
 	return errDelete
+}
+
+// RotatorLog is the cert rotator's log so far.
+func (w *Webhook) RotatorLog() string {
+	data, _ := os.ReadFile(w.rotator.logPath)
+	return string(data)
+}
+
+// projectSecret keeps dir holding the keys of the Secret namespace/name, as
+// the kubelet keeps a Secret volume with items: with the kubelet's own
+// atomic writer (a timestamped directory behind the ..data symlink, swapped
+// in one rename), so the webhook sees the very file operations it sees in a
+// pod. The kubelet refreshes a volume about once a minute; this reads the
+// Secret every 200ms, so a renewal reaches the webhook within a second. It reads the
+// Secret as the cluster's admin: the kubelet's identity, not the webhook's.
+// It runs until ctx is done.
+func (c *Cluster) projectSecret(ctx context.Context, namespace, name, dir string, keys []string) {
+	// The kubelet creates the mount point before it writes the volume.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		c.progress("projecting Secret %s/%s: %v", namespace, name, err)
+		return
+	}
+	writer, err := volumeutil.NewAtomicWriter(dir, "e2e secret volume "+namespace+"/"+name)
+	if err != nil {
+		c.progress("projecting Secret %s/%s: %v", namespace, name, err)
+		return
+	}
+	var last string
+	_ = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		s, err := c.Client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil || s.ResourceVersion == last {
+			return false, nil
+		}
+		payload := map[string]volumeutil.FileProjection{}
+		for _, k := range keys {
+			// optional: true, as deploy/webhook mounts it: a key not there
+			// yet is left out.
+			if v, ok := s.Data[k]; ok {
+				payload[k] = volumeutil.FileProjection{Data: v, Mode: 0o440}
+			}
+		}
+		if err := writer.Write(payload, nil); err != nil {
+			c.progress("projecting Secret %s/%s: %v", namespace, name, err)
+			return false, nil
+		}
+		last = s.ResourceVersion
+		return false, nil
+	})
 }
 
 // PID is the webhook process's id.

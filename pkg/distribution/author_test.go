@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,5 +150,38 @@ func TestAuthorizerCache(t *testing.T) {
 	}
 	if asked.Load() != 3 || uncached.Len() != 0 {
 		t.Errorf("TTL 0: %d reviews and %d cached, want 3 and 0", asked.Load(), uncached.Len())
+	}
+}
+
+// TestAuthorizerSharesAReviewInFlight: workers that ask the same question at
+// once share one SubjectAccessReview (the controller's 16 workers start
+// together on a new distribution).
+func TestAuthorizerSharesAReviewInFlight(t *testing.T) {
+	ctx := context.Background()
+	alice := Author{Username: "alice"}
+	var n atomic.Int32
+	release := make(chan struct{})
+	c := k8sfake.NewClientset()
+	c.PrependReactor("create", "subjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		<-release // the first review is still in flight while the others ask
+		n.Add(1)
+		sar := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SubjectAccessReview)
+		sar.Status.Allowed = true
+		return true, sar, nil
+	})
+	authz := &Authorizer{SAR: c.AuthorizationV1().SubjectAccessReviews(), TTL: 10 * time.Second}
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			if ok, err := authz.Allowed(ctx, alice, VerbCreate, "secrets", "a"); err != nil || !ok {
+				t.Errorf("Allowed = %v, %v", ok, err)
+			}
+		})
+	}
+	time.Sleep(50 * time.Millisecond) // let them all ask; the count holds however many got here
+	close(release)
+	wg.Wait()
+	if got := n.Load(); got != 1 {
+		t.Errorf("%d reviews for 16 concurrent identical questions, want 1", got)
 	}
 }

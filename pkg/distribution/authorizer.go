@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
@@ -49,6 +50,10 @@ type Authorizer struct {
 
 	mu    sync.Mutex
 	cache map[authzKey]authzAnswer
+	// inflight makes concurrent questions of one key share one review: the
+	// controller's workers start together, and without it each asked the
+	// same cluster-wide question before the first answer was cached.
+	inflight singleflight.Group
 }
 
 type authzKey struct {
@@ -124,7 +129,32 @@ func (a *Authorizer) review(ctx context.Context, author Author, encoded, verb, r
 			authorizationChecks.WithLabelValues(verdict(ans.allowed), "true").Inc()
 			return ans.allowed, nil
 		}
+		v, err, shared := a.inflight.Do(fmt.Sprintf("%q %q %q %q", encoded, verb, resource, namespace), func() (any, error) {
+			// A review that ended between this caller's look at the cache
+			// and here has answered already.
+			a.mu.Lock()
+			ans, ok := a.cache[key]
+			a.mu.Unlock()
+			if ok && now.Before(ans.expires) {
+				return ans.allowed, nil
+			}
+			return a.ask(ctx, author, key, now)
+		})
+		if err != nil {
+			return false, err
+		}
+		if shared {
+			// Answered by another worker's review: no review of its own.
+			authorizationChecks.WithLabelValues(verdict(v.(bool)), "true").Inc()
+		}
+		return v.(bool), nil
 	}
+	return a.ask(ctx, author, key, now)
+}
+
+// ask asks the apiserver, counts the review and caches its answer.
+func (a *Authorizer) ask(ctx context.Context, author Author, key authzKey, now time.Time) (bool, error) {
+	verb, resource, namespace := key.verb, key.resource, key.namespace
 	extra := make(map[string]authorizationv1.ExtraValue, len(author.Extra))
 	for k, v := range author.Extra {
 		extra[k] = authorizationv1.ExtraValue(v)

@@ -78,9 +78,9 @@ type Reconciler struct {
 	// Authorizer answers whether a distribution's author may write a copy
 	// (SubjectAccessReview); every create, update and delete asks it first.
 	Authorizer *Authorizer
-	// Namespace is resclass's own namespace, left out of the default targets
-	// (CompileTargets).
-	Namespace string
+	// Protected are resclass's own namespaces, left out of the default
+	// targets (CompileTargets).
+	Protected []string
 	// ConflictRetry is how soon a distribution with conflicts is reconciled
 	// again; default DefaultConflictRetry.
 	ConflictRetry time.Duration
@@ -170,7 +170,7 @@ func (r *Reconciler) enqueueFor(ctx context.Context, q workqueue.TypedRateLimiti
 		if !ok || ct.generation != rd.Generation {
 			// An invalid spec compiles to nil, which matches nothing; its
 			// reconcile reports it.
-			t, _ := CompileTargets(&rd.Spec.Targets, r.Namespace, field.NewPath("spec", "targets"))
+			t, _ := CompileTargets(&rd.Spec.Targets, r.Protected, field.NewPath("spec", "targets"))
 			ct = compiledTargets{generation: rd.Generation, targets: t}
 		}
 		fresh[rd.UID] = ct
@@ -199,10 +199,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	status := rd.Status.DeepCopy()
 	status.ObservedGeneration = rd.Generation
+	// Computed again below; a spec that is invalid or has no author asks no
+	// SubjectAccessReview, and an old list would describe another spec.
+	status.Unauthorized, status.UnauthorizedNamespaces = 0, nil
 
 	spec := field.NewPath("spec")
 	res, errs := ParseResource(rd.Spec.Resource, spec.Child("resource"))
-	targets, targetErrs := CompileTargets(&rd.Spec.Targets, r.Namespace, spec.Child("targets"))
+	targets, targetErrs := CompileTargets(&rd.Spec.Targets, r.Protected, spec.Child("targets"))
 	if errs = append(errs, targetErrs...); len(errs) > 0 {
 		// The webhook refuses such a spec; this is one written while it was down.
 		msg := errs.ToAggregate().Error()
@@ -216,7 +219,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// Written while the webhook was not in the path (or before resclass
 		// recorded authors): nobody vouches for the spec, so nothing is
 		// written for it.
-		msg := fmt.Sprintf("%v (annotation %s); nothing is written until the spec is written again through resclass's admission webhook, which records its author",
+		msg := fmt.Sprintf("%v (annotation %s): the distribution was stored without resclass's admission webhook (created before the webhook recorded authors, or while it was not called), so nobody vouches for its spec. "+
+			"No copy is created, updated or deleted for it until someone allowed to write its copies changes its spec through the webhook, which records them as the author (docs/distribution.md, \"Upgrading\")",
 			err, v1alpha1.AnnotationAuthor)
 		if c := meta.FindStatusCondition(status.Conditions, ConditionAuthorized); c == nil || c.Message != msg {
 			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonNoAuthor, "Authorize", "%s", msg)
@@ -320,6 +324,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 
 	slices.Sort(conflicts)
 	newConflicts := !slices.Equal(conflicts, namespaceNames(status.ConflictingNamespaces))
+	status.Unauthorized, status.UnauthorizedNamespaces = unauthorizedNamespaces(author, res, forbidden)
 	status.Desired = int32(len(desired))
 	status.Succeeded = int32(succeeded)
 	status.DistributedResources = distributed
@@ -332,7 +337,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	var conflictMsg, forbiddenMsg string
 	if len(conflicts) > 0 {
 		conflictMsg = fmt.Sprintf("%s %q exists in %d target namespace(s) and is not this distribution's; it is left untouched: %s",
-			res.Kind, res.Name, len(conflicts), strings.Join(conflicts, ", "))
+			res.Kind, res.Name, len(conflicts), nameList(conflicts))
 		problems = append(problems, "Name Conflict. "+conflictMsg)
 		if newConflicts {
 			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonConflict, "Distribute", "%s", conflictMsg)
@@ -394,10 +399,58 @@ func forbiddenMessage(author Author, res *Resource, forbidden map[string][]strin
 			continue
 		}
 		slices.Sort(nss)
-		parts = append(parts, fmt.Sprintf("%s %s in %d namespace(s): %s", verb, res.APIResource(), len(nss), strings.Join(nss, ", ")))
+		parts = append(parts, fmt.Sprintf("%s %s in %d namespace(s): %s", verb, res.APIResource(), len(nss), nameList(nss)))
 	}
 	return fmt.Sprintf("the author %s may not %s; those writes are not made (a distribution writes a copy only where its author could write it)",
 		author, strings.Join(parts, "; may not "))
+}
+
+// messageNames bounds the namespaces a condition message, an Event or the
+// description names: a distribution over thousands of namespaces would
+// otherwise write a message past the 32768 bytes a condition may hold.
+// status.unauthorizedNamespaces and status.conflictingNamespaces list them.
+const messageNames = 20
+
+// nameList joins sorted names, the first messageNames of them, saying how
+// many more there are.
+func nameList(names []string) string {
+	if len(names) <= messageNames {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:messageNames], ", "), len(names)-messageNames)
+}
+
+// unauthorizedNamespaces is status.unauthorized and
+// status.unauthorizedNamespaces: how many namespaces the author may not write
+// in, and the first v1alpha1.MaxUnauthorizedNamespaces of them by name, each
+// with the verb refused and what it means for the copy there.
+func unauthorizedNamespaces(author Author, res *Resource, forbidden map[string][]string) (int32, []v1alpha1.ResourceDistributionUnauthorizedNamespace) {
+	var all []v1alpha1.ResourceDistributionUnauthorizedNamespace
+	for verb, nss := range forbidden {
+		consequence := map[string]string{
+			VerbCreate: "no copy is made there",
+			VerbUpdate: "the copy there keeps its old content",
+			VerbDelete: "the copy there stays",
+		}[verb]
+		reason := fmt.Sprintf("the author %s may not %s %s in this namespace, so %s", author, verb, res.APIResource(), consequence)
+		if len(reason) > 1024 {
+			reason = reason[:1021] + "..."
+		}
+		for _, ns := range nss {
+			all = append(all, v1alpha1.ResourceDistributionUnauthorizedNamespace{Name: ns, Verb: verb, Reason: reason})
+		}
+	}
+	if len(all) == 0 {
+		return 0, nil
+	}
+	slices.SortFunc(all, func(a, b v1alpha1.ResourceDistributionUnauthorizedNamespace) int {
+		return strings.Compare(a.Name, b.Name)
+	})
+	total := int32(len(all))
+	if len(all) > v1alpha1.MaxUnauthorizedNamespaces {
+		all = all[:v1alpha1.MaxUnauthorizedNamespaces]
+	}
+	return total, all
 }
 
 // ownedCopies returns this distribution's copies by namespace, from the cache
@@ -522,7 +575,8 @@ func statusEqual(a, b *v1alpha1.ResourceDistributionStatus) bool {
 	return sameCondition(ConditionSynced) && sameCondition(ConditionAuthorized) && a.ObservedGeneration == b.ObservedGeneration && a.Description == b.Description &&
 		a.Desired == b.Desired && a.Succeeded == b.Succeeded &&
 		maps.Equal(a.DistributedResources, b.DistributedResources) &&
-		slices.Equal(a.ConflictingNamespaces, b.ConflictingNamespaces)
+		slices.Equal(a.ConflictingNamespaces, b.ConflictingNamespaces) &&
+		a.Unauthorized == b.Unauthorized && slices.Equal(a.UnauthorizedNamespaces, b.UnauthorizedNamespaces)
 }
 
 func setCondition(status *v1alpha1.ResourceDistributionStatus, typ string, generation int64, s metav1.ConditionStatus, reason, msg string) {

@@ -2,7 +2,9 @@ package distribution
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -45,7 +47,7 @@ func TestNamespaceEventsQueueOnlyConcernedDistributions(t *testing.T) {
 		rd("only-a", v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names("a")}),
 		rd("everywhere", v1alpha1.ResourceDistributionTargets{}),
 	).Build()
-	r := &Reconciler{Client: c, Namespace: testOwnNamespace}
+	r := &Reconciler{Client: c, Protected: testOwnNamespaces}
 
 	queued := func(oldNS, newNS *corev1.Namespace) []string {
 		q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
@@ -70,7 +72,8 @@ func TestNamespaceEventsQueueOnlyConcernedDistributions(t *testing.T) {
 		{"relabelled from ml to web: both sides, and the copy's", x(map[string]string{"team": "ml"}), x(map[string]string{"team": "web"}), []string{"everywhere", "ml", "web", "web-with-copy-in-x"}},
 		{"an update that changes no label concerns none", x(map[string]string{"team": "ml"}), x(map[string]string{"team": "ml"}), nil},
 		{"deleted: those that targeted it or hold a copy there", x(nil), nil, []string{"everywhere", "web-with-copy-in-x"}},
-		{"resclass's own namespace matches no selector nor the default", nil, namespace(testOwnNamespace, map[string]string{"team": "ml"}), nil},
+		{"resclass's own namespace matches no selector nor the default", nil, namespace(testOwnNamespaces[0], map[string]string{"team": "ml"}), nil},
+		{"nor does the node agent's", nil, namespace(testOwnNamespaces[1], map[string]string{"team": "ml"}), nil},
 		{"a listed namespace", nil, namespace("a", nil), []string{"everywhere", "only-a"}},
 	} {
 		if got := queued(tc.old, tc.new); !slices.Equal(got, tc.want) {
@@ -86,4 +89,40 @@ func clientObject(ns *corev1.Namespace) client.Object {
 		return nil
 	}
 	return ns
+}
+
+// TestUnauthorizedNamespacesBounded: the status names the namespaces the
+// author may not write in, sorted, each with its verb and consequence, at
+// most v1alpha1.MaxUnauthorizedNamespaces of them, and counts them all; the
+// messages name a bounded few.
+func TestUnauthorizedNamespacesBounded(t *testing.T) {
+	res := mustParse(t, `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"}}`)
+	author := Author{Username: "alice"}
+
+	total, listed := unauthorizedNamespaces(author, res, map[string][]string{VerbUpdate: {"b"}, VerbCreate: {"c", "a"}})
+	want := []v1alpha1.ResourceDistributionUnauthorizedNamespace{
+		{Name: "a", Verb: "create", Reason: `the author "alice" may not create secrets in this namespace, so no copy is made there`},
+		{Name: "b", Verb: "update", Reason: `the author "alice" may not update secrets in this namespace, so the copy there keeps its old content`},
+		{Name: "c", Verb: "create", Reason: `the author "alice" may not create secrets in this namespace, so no copy is made there`},
+	}
+	if total != 3 || !slices.Equal(listed, want) {
+		t.Errorf("got %d %+v, want 3 %+v", total, listed, want)
+	}
+	if total, listed := unauthorizedNamespaces(author, res, nil); total != 0 || listed != nil {
+		t.Errorf("none forbidden: got %d %v", total, listed)
+	}
+
+	var many []string
+	for i := range 5000 {
+		many = append(many, fmt.Sprintf("team-%04d", i))
+	}
+	total, listed = unauthorizedNamespaces(author, res, map[string][]string{VerbCreate: slices.Clone(many)})
+	if total != 5000 || len(listed) != v1alpha1.MaxUnauthorizedNamespaces || listed[0].Name != "team-0000" || listed[len(listed)-1].Name != "team-0099" {
+		t.Errorf("5000 forbidden: total %d, %d listed from %s to %s; want 5000, the first %d by name",
+			total, len(listed), listed[0].Name, listed[len(listed)-1].Name, v1alpha1.MaxUnauthorizedNamespaces)
+	}
+	msg := forbiddenMessage(author, res, map[string][]string{VerbCreate: many})
+	if !strings.Contains(msg, "create secrets in 5000 namespace(s): team-0000, team-0001") || !strings.Contains(msg, "team-0019 and 4980 more") || len(msg) > 2000 {
+		t.Errorf("message of %d bytes: %.300s", len(msg), msg)
+	}
 }

@@ -114,7 +114,7 @@ func FuzzCompileTargets(f *testing.F) {
 			if err := json.Unmarshal(data, &spec); err != nil {
 				return
 			}
-			targets, errs := CompileTargets(&spec, testOwnNamespace, field.NewPath("spec", "targets"))
+			targets, errs := CompileTargets(&spec, testOwnNamespaces, field.NewPath("spec", "targets"))
 			if (targets == nil) == (len(errs) == 0) {
 				t.Fatalf("CompileTargets returned %v and %d errors", targets, len(errs))
 			}
@@ -158,7 +158,7 @@ func literalTargets(t *testing.T, spec *v1alpha1.ResourceDistributionTargets, cl
 	if len(spec.ExcludedNamespaces) > 0 || (len(spec.IncludedNamespaces) == 0 && spec.NamespaceLabelSelector == nil) {
 		var s []string
 		for _, n := range live {
-			excluded := n == "kube-system" || n == "kube-public" || n == testOwnNamespace
+			excluded := n == "kube-system" || n == "kube-public" || slices.Contains(testOwnNamespaces, n)
 			for _, e := range spec.ExcludedNamespaces {
 				excluded = excluded || e.Name == n
 			}
@@ -183,7 +183,7 @@ func literalTargets(t *testing.T, spec *v1alpha1.ResourceDistributionTargets, cl
 		var s []string
 		for _, ns := range cluster {
 			// A selector never reaches the system namespaces or resclass's own.
-			if sel.Matches(labels.Set(ns.Labels)) && ns.Name != "kube-system" && ns.Name != "kube-public" && ns.Name != testOwnNamespace {
+			if sel.Matches(labels.Set(ns.Labels)) && ns.Name != "kube-system" && ns.Name != "kube-public" && !slices.Contains(testOwnNamespaces, ns.Name) {
 				s = append(s, ns.Name)
 			}
 		}

@@ -11,7 +11,7 @@ import (
 var (
 	authorizationChecks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "resclass", Subsystem: "distribution", Name: "authorization_checks_total",
-		Help: "Questions whether an author may write a copy, by result (allowed, denied, error) and cached (true: answered from the cache, false: a SubjectAccessReview).",
+		Help: "Questions whether an author may write a copy, by result (allowed, denied, error) and cached (true: answered without a review of its own, from the cache or by the review another worker was asking; false: a SubjectAccessReview).",
 	}, []string{"result", "cached"})
 	forbiddenWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "resclass", Subsystem: "distribution", Name: "forbidden_writes_total",

@@ -49,20 +49,22 @@ type Targets struct {
 }
 
 // CompileTargets validates and compiles t; a nil t is the default (no option set).
-// own is resclass's own namespace (resclass-system): like kube-system and
-// kube-public it is left out of the default, excludedNamespaces and selector
-// rules, so that only a distribution naming it in includedNamespaces writes
-// there. Errors carry field paths under path: an empty or invalid namespace name (a
+// own are resclass's own namespaces (resclass-system, and the node agent's
+// resclass-node): like kube-system and kube-public they are left out of the
+// default, excludedNamespaces and selector rules, so that only a distribution
+// naming them in includedNamespaces writes there. Errors carry field paths under path: an empty or invalid namespace name (a
 // namespace name is a DNS-1123 label) and an invalid label selector. Listing a
 // namespace twice is not an error.
-func CompileTargets(t *v1alpha1.ResourceDistributionTargets, own string, path *field.Path) (*Targets, field.ErrorList) {
+func CompileTargets(t *v1alpha1.ResourceDistributionTargets, own []string, path *field.Path) (*Targets, field.ErrorList) {
 	if t == nil {
 		t = &v1alpha1.ResourceDistributionTargets{}
 	}
 	var errs field.ErrorList
 	out := &Targets{protected: systemNamespaces}
-	if own != "" && !slices.Contains(systemNamespaces, own) {
-		out.protected = append(slices.Clip(systemNamespaces), own)
+	for _, ns := range own {
+		if ns != "" && !slices.Contains(out.protected, ns) {
+			out.protected = append(slices.Clip(out.protected), ns)
+		}
 	}
 
 	if len(t.ExcludedNamespaces) > 0 {

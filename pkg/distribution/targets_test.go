@@ -11,8 +11,9 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
 
-// testOwnNamespace is resclass's own namespace in these tests.
-const testOwnNamespace = "resclass-system"
+// testOwnNamespaces are resclass's own namespaces in these tests: the
+// control plane's and the node agent's.
+var testOwnNamespaces = []string{"resclass-system", "resclass-node"}
 
 func namespace(name string, labels map[string]string) *corev1.Namespace {
 	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
@@ -29,7 +30,8 @@ func testNamespaces() []*corev1.Namespace {
 		namespace("default", nil),
 		namespace("kube-system", map[string]string{"tier": "system"}),
 		namespace("kube-public", nil),
-		namespace(testOwnNamespace, map[string]string{"env": "prod"}),
+		namespace(testOwnNamespaces[0], map[string]string{"env": "prod"}),
+		namespace(testOwnNamespaces[1], map[string]string{"env": "prod"}),
 		namespace("a", map[string]string{"env": "prod", "team": "x"}),
 		namespace("b", map[string]string{"env": "test"}),
 		namespace("c", nil),
@@ -80,13 +82,15 @@ func TestTargetsResolve(t *testing.T) {
 			[]string{"a", "b"}},
 		{"included kube-system alone is targeted", &v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names("kube-system", "a")},
 			[]string{"a", "kube-system"}},
-		{"included own namespace alone is targeted", &v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names(testOwnNamespace)},
-			[]string{testOwnNamespace}},
+		{"included own namespace alone is targeted", &v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names(testOwnNamespaces[0])},
+			[]string{testOwnNamespaces[0]}},
+		{"the node agent's namespace, included alone, is targeted", &v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names(testOwnNamespaces[1])},
+			[]string{testOwnNamespaces[1]}},
 		{"own namespace is excluded from a selector, even one it matches", &v1alpha1.ResourceDistributionTargets{
-			IncludedNamespaces: names(testOwnNamespace, "a"), NamespaceLabelSelector: matchLabels("env", "prod")},
+			IncludedNamespaces: names(testOwnNamespaces[0], "a"), NamespaceLabelSelector: matchLabels("env", "prod")},
 			[]string{"a"}},
 		{"own namespace is excluded by excludedNamespaces", &v1alpha1.ResourceDistributionTargets{
-			ExcludedNamespaces: names("b"), IncludedNamespaces: names(testOwnNamespace, "a")},
+			ExcludedNamespaces: names("b"), IncludedNamespaces: names(testOwnNamespaces[0], "a")},
 			[]string{"a"}},
 		{"included missing namespace is not invented", &v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names("a", "missing")},
 			[]string{"a"}},
@@ -142,7 +146,7 @@ func TestTargetsResolve(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			targets, errs := CompileTargets(tt.targets, testOwnNamespace, field.NewPath("spec", "targets"))
+			targets, errs := CompileTargets(tt.targets, testOwnNamespaces, field.NewPath("spec", "targets"))
 			if len(errs) > 0 {
 				t.Fatalf("CompileTargets: %v", errs)
 			}
@@ -160,7 +164,7 @@ func TestTargetsResolve(t *testing.T) {
 }
 
 func TestTargetsMatchesEdgeCases(t *testing.T) {
-	targets, errs := CompileTargets(nil, testOwnNamespace, field.NewPath("targets"))
+	targets, errs := CompileTargets(nil, testOwnNamespaces, field.NewPath("targets"))
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
@@ -200,7 +204,7 @@ func TestTargetsExplicit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			targets, errs := CompileTargets(tt.targets, testOwnNamespace, field.NewPath("targets"))
+			targets, errs := CompileTargets(tt.targets, testOwnNamespaces, field.NewPath("targets"))
 			if len(errs) > 0 {
 				t.Fatal(errs)
 			}
@@ -249,7 +253,7 @@ func TestCompileTargetsErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			targets, errs := CompileTargets(&tt.targets, testOwnNamespace, field.NewPath("spec", "targets"))
+			targets, errs := CompileTargets(&tt.targets, testOwnNamespaces, field.NewPath("spec", "targets"))
 			if targets != nil {
 				t.Error("CompileTargets returned Targets with errors")
 			}

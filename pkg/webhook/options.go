@@ -9,25 +9,21 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/resclass/resclass/pkg/distribution"
-)
-
-// Cert management modes: who writes the serving certificate's Secret and the
-// webhook configuration's caBundle.
-const (
-	// CertManagementSelf: the webhook does (open-policy-agent/cert-controller): a
-	// self-signed CA and serving certificate in the Secret, rotated before expiry,
-	// the CA injected into the ValidatingWebhookConfiguration.
-	CertManagementSelf = "self"
-	// CertManagementExternal: someone else does, typically cert-manager (a
-	// Certificate writing the Secret, its cainjector the caBundle).
-	CertManagementExternal = "external"
+	"github.com/resclass/resclass/pkg/servingcert"
 )
 
 // What one process of the binary runs (--mode).
 const (
 	// ModeWebhook serves the admission webhooks, under the identity
-	// resclass-webhook, which may read no Secret but its own.
+	// resclass-webhook, which may read and write no Secret: it serves the
+	// certificate the kubelet projects from the mounted TLS Secret.
 	ModeWebhook = "webhook"
+	// ModeCertRotator keeps the webhook's TLS Secret (a self-signed CA and a
+	// serving certificate, renewed before they expire) and the webhook
+	// configurations' caBundle, under its own identity
+	// (resclass-webhook-certs), which may read and write that one Secret and
+	// those two configurations, by name. Not deployed with cert-manager.
+	ModeCertRotator = "cert-rotator"
 	// ModeDistributionController runs the ResourceDistribution controller,
 	// under its own identity (resclass-distribution): the one that may write
 	// Secrets and ConfigMaps in other namespaces, fenced by admission policy.
@@ -45,9 +41,9 @@ type Options struct {
 	Port int
 
 	CertDir                   string
-	CertManagement            string
-	CertFromSecret            bool
 	TLSSecret                 string
+	CertValidity              time.Duration
+	CertRenewBefore           time.Duration
 	ServiceName               string
 	ExtraDNSNames             []string
 	WebhookConfigName         string
@@ -70,6 +66,15 @@ type Options struct {
 	KubeAPIBurst                 int
 	DistributionWorkers          int
 	DistributionAuthorizationTTL time.Duration
+	// NodeAgentNamespace is protected from distributions like --namespace.
+	NodeAgentNamespace string
+}
+
+// protectedNamespaces are resclass's own namespaces, which distributions
+// reach only by naming them in includedNamespaces (besides kube-system and
+// kube-public).
+func (o *Options) protectedNamespaces() []string {
+	return []string{o.Namespace, o.NodeAgentNamespace}
 }
 
 // NewOptions returns the defaults, which match deploy/webhook.
@@ -85,9 +90,9 @@ func NewOptions() *Options {
 		Namespace:                    ns,
 		Port:                         9443,
 		CertDir:                      "/tmp/resclass-webhook/serving-certs",
-		CertManagement:               CertManagementSelf,
-		CertFromSecret:               true,
 		TLSSecret:                    "resclass-webhook-tls",
+		CertValidity:                 servingcert.DefaultCertValidity,
+		CertRenewBefore:              servingcert.DefaultRenewBefore,
 		ServiceName:                  "resclass-webhook",
 		WebhookConfigName:            "resclass-webhook",
 		QuotaReloadInterval:          10 * time.Second,
@@ -95,39 +100,44 @@ func NewOptions() *Options {
 		MetricsSecure:                true,
 		HealthAddr:                   ":8081",
 		LeaderElect:                  true,
+		LeaderElectID:                "resclass-distribution",
 		KubeAPIQPS:                   100,
 		KubeAPIBurst:                 200,
 		DistributionWorkers:          16,
+		NodeAgentNamespace:           "resclass-node",
 	}
 }
 
 // AddFlags registers every option on fs, each with what it is for.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Mode, "mode", o.Mode,
-		`What this process runs. "webhook": the admission webhooks (deploy/webhook, ServiceAccount resclass-webhook). "distribution-controller": the ResourceDistribution controller (deploy/distribution, ServiceAccount resclass-distribution), which writes the copies; the --webhook-*, --cert-*, --tls-secret, --service-name, --extra-dns-names, --*webhook-configuration and --quota-config* flags do not apply to it. Run each as its own Deployment: the two identities are kept apart on purpose (docs/distribution.md).`)
+		`What this process runs; each is its own Deployment under its own ServiceAccount, kept apart on purpose (docs/webhook.md, docs/distribution.md). "webhook": the admission webhooks (deploy/webhook, ServiceAccount resclass-webhook), serving the certificate in --cert-dir. "cert-rotator": keeps the TLS Secret --tls-secret (a self-signed CA and the serving certificate, renewed before they expire) and the caBundle of --webhook-configuration and --mutating-webhook-configuration (deploy/webhook, ServiceAccount resclass-webhook-certs; leave it out with cert-manager). "distribution-controller": the ResourceDistribution controller (deploy/distribution, ServiceAccount resclass-distribution), which writes the copies.`)
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig,
 		"Kubeconfig to reach the apiserver with. Empty: the in-cluster ServiceAccount.")
 	fs.StringVar(&o.Namespace, "namespace", o.Namespace,
 		"Namespace the webhook runs in: its TLS Secret, leader-election Lease and Service live there. Defaults to $POD_NAMESPACE, else resclass-system.")
 
+	fs.StringVar(&o.NodeAgentNamespace, "node-agent-namespace", o.NodeAgentNamespace,
+		"(--mode=webhook, --mode=distribution-controller) The node agent's namespace. Like --namespace, kube-system and kube-public it is protected: a ResourceDistribution writes there only when its includedNamespaces names it.")
+
 	fs.StringVar(&o.Host, "webhook-host", o.Host, "Address the admission webhooks listen on; empty means all interfaces.")
 	fs.IntVar(&o.Port, "webhook-port", o.Port, "Port the admission webhooks listen on (HTTPS).")
 
 	fs.StringVar(&o.CertDir, "cert-dir", o.CertDir,
-		"Directory holding the serving certificate (tls.crt, tls.key). Reloaded when the files change: rotation needs no restart.")
-	fs.StringVar(&o.CertManagement, "cert-management", o.CertManagement,
-		`Who issues the serving certificate. "self": the webhook keeps a self-signed CA and certificate in --tls-secret, rotates them before they expire and injects the CA into the ValidatingWebhookConfiguration --webhook-configuration. "external": cert-manager (or anyone) writes --tls-secret and the caBundle; see docs/webhook.md.`)
-	fs.BoolVar(&o.CertFromSecret, "cert-from-secret", o.CertFromSecret,
-		"Copy tls.crt and tls.key from --tls-secret into --cert-dir as soon as the Secret changes (an emptyDir is enough). False: --cert-dir is the Secret mounted as a volume, which the kubelet refreshes only every minute or so.")
-	fs.StringVar(&o.TLSSecret, "tls-secret", o.TLSSecret, "Secret (in --namespace) holding the serving certificate.")
+		"(--mode=webhook) Directory holding the serving certificate (tls.crt, tls.key): the TLS Secret mounted as a volume. Reloaded when the files change (within 10s), so a renewal needs no restart. The webhook waits, unready, until both files are there.")
+	fs.StringVar(&o.TLSSecret, "tls-secret", o.TLSSecret, "(--mode=cert-rotator) Secret in --namespace that holds the CA and the serving certificate. It must exist: the rotator fills it but may not create Secrets.")
 	fs.StringVar(&o.ServiceName, "service-name", o.ServiceName,
-		"Service the apiserver reaches the webhook through; the certificate is issued for <service-name>.<namespace>.svc.")
+		"(--mode=cert-rotator) Service the apiserver reaches the webhook through: the certificate is issued for <service-name>.<namespace>.svc and <service-name>.<namespace>.svc.cluster.local.")
 	fs.StringSliceVar(&o.ExtraDNSNames, "extra-dns-names", o.ExtraDNSNames,
-		"More DNS names for the self-issued certificate, e.g. localhost when the webhook configuration uses a url.")
+		"(--mode=cert-rotator) More DNS names for the certificate, e.g. localhost when the webhook configuration uses a url.")
 	fs.StringVar(&o.WebhookConfigName, "webhook-configuration", o.WebhookConfigName,
-		"ValidatingWebhookConfiguration whose caBundle the webhook keeps current (--cert-management=self).")
+		"(--mode=cert-rotator) ValidatingWebhookConfiguration whose caBundle the rotator keeps current.")
 	fs.StringVar(&o.MutatingWebhookConfigName, "mutating-webhook-configuration", o.MutatingWebhookConfigName,
-		"MutatingWebhookConfiguration (it records a ResourceDistribution's author) whose caBundle the webhook keeps current (--cert-management=self).")
+		"(--mode=cert-rotator) MutatingWebhookConfiguration (it records a ResourceDistribution's author) whose caBundle the rotator keeps current.")
+	fs.DurationVar(&o.CertValidity, "cert-validity", o.CertValidity,
+		"(--mode=cert-rotator) How long a new serving certificate is valid (a new CA: 10 years).")
+	fs.DurationVar(&o.CertRenewBefore, "cert-renew-before", o.CertRenewBefore,
+		"(--mode=cert-rotator) Renew the serving certificate, or the CA, this long before it expires. Less than --cert-validity.")
 
 	fs.StringVar(&o.QuotaConfig, "quota-config", o.QuotaConfig,
 		"File with the covering-quota rule, in the apiserver's ResourceQuotaConfiguration schema (or an AdmissionConfiguration holding one), usually a mounted ConfigMap. Reloaded on change; an invalid file is reported and the last good one kept. Empty: no limited scopes or resources.")
@@ -144,9 +154,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, "Address of Go's /debug/pprof profiles, for diagnosing CPU or memory use; empty (the default) turns them off. Bind it to localhost: the endpoint has no authentication.")
 
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect,
-		"Elect a leader among replicas: for certificate rotation (--mode=webhook; every replica serves the webhooks) or the ResourceDistribution controller (--mode=distribution-controller).")
+		"(--mode=distribution-controller) Elect a leader among replicas; only the leader reconciles. The webhook needs none (every replica serves), nor does the cert rotator (its writes are conditional updates: concurrent rotators cannot both win).")
 	fs.StringVar(&o.LeaderElectID, "leader-election-id", o.LeaderElectID,
-		"Name of the leader-election Lease in --namespace. Default: resclass-webhook, or resclass-distribution with --mode=distribution-controller (the RBAC grants each identity its Lease by name).")
+		"(--mode=distribution-controller) Name of the leader-election Lease in --namespace; the RBAC grants its identity that Lease by name.")
 
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS,
 		"Requests per second to the apiserver, sustained. The ResourceDistribution controller writes one object per target namespace, so this bounds how fast a distribution over many namespaces converges.")
@@ -157,28 +167,14 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"How long the ResourceDistribution controller reuses a SubjectAccessReview answer (may the author create/update/delete the copy in this namespace?): a revoked permission stops writes within this time. 0 asks before every write. At most 5m.")
 }
 
-// leaderElectionID is --leader-election-id, or the mode's own Lease.
-func (o *Options) leaderElectionID() string {
-	switch {
-	case o.LeaderElectID != "":
-		return o.LeaderElectID
-	case o.Mode == ModeDistributionController:
-		return "resclass-distribution"
-	}
-	return "resclass-webhook"
-}
-
 // Validate reports flags that cannot work together.
 func (o *Options) Validate() error {
 	var errs []string
-	if o.Mode != ModeWebhook && o.Mode != ModeDistributionController {
-		errs = append(errs, fmt.Sprintf("--mode=%q: want %q or %q", o.Mode, ModeWebhook, ModeDistributionController))
+	if o.Mode != ModeWebhook && o.Mode != ModeCertRotator && o.Mode != ModeDistributionController {
+		errs = append(errs, fmt.Sprintf("--mode=%q: want %q, %q or %q", o.Mode, ModeWebhook, ModeCertRotator, ModeDistributionController))
 	}
 	if o.DistributionAuthorizationTTL < 0 || o.DistributionAuthorizationTTL > 5*time.Minute {
 		errs = append(errs, fmt.Sprintf("--distribution-authorization-ttl=%s: want 0 to 5m", o.DistributionAuthorizationTTL))
-	}
-	if o.CertManagement != CertManagementSelf && o.CertManagement != CertManagementExternal {
-		errs = append(errs, fmt.Sprintf("--cert-management=%q: want %q or %q", o.CertManagement, CertManagementSelf, CertManagementExternal))
 	}
 	if o.Port <= 0 || o.Port > 65535 {
 		errs = append(errs, fmt.Sprintf("--webhook-port=%d: want 1-65535", o.Port))
@@ -189,11 +185,13 @@ func (o *Options) Validate() error {
 	if o.CertDir == "" {
 		errs = append(errs, "--cert-dir must not be empty")
 	}
-	if (o.CertFromSecret || o.CertManagement == CertManagementSelf) && o.TLSSecret == "" {
-		errs = append(errs, "--tls-secret must name a Secret")
-	}
-	if o.CertManagement == CertManagementSelf && (o.ServiceName == "" || o.WebhookConfigName == "" || o.MutatingWebhookConfigName == "") {
-		errs = append(errs, "--cert-management=self needs --service-name, --webhook-configuration and --mutating-webhook-configuration")
+	if o.Mode == ModeCertRotator {
+		if o.TLSSecret == "" || o.ServiceName == "" || o.WebhookConfigName == "" || o.MutatingWebhookConfigName == "" {
+			errs = append(errs, "--mode=cert-rotator needs --tls-secret, --service-name, --webhook-configuration and --mutating-webhook-configuration")
+		}
+		if o.CertRenewBefore <= 0 || o.CertValidity <= o.CertRenewBefore {
+			errs = append(errs, fmt.Sprintf("--cert-renew-before=%s must be positive and less than --cert-validity=%s", o.CertRenewBefore, o.CertValidity))
+		}
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 || o.DistributionWorkers <= 0 {
 		errs = append(errs, "--kube-api-qps, --kube-api-burst and --distribution-workers must be positive")

@@ -57,8 +57,8 @@ type resourceDistributions struct {
 	// authorizer asks SubjectAccessReviews for the requester (no cache: an
 	// admission answers for the RBAC of that moment).
 	authorizer *distribution.Authorizer
-	// ownNamespace is resclass's namespace, left out of the default targets.
-	ownNamespace string
+	// protected are resclass's own namespaces, left out of the default targets.
+	protected []string
 }
 
 func (d *resourceDistributions) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -82,7 +82,7 @@ func (d *resourceDistributions) write(ctx context.Context, req admission.Request
 	}
 	spec := field.NewPath("spec")
 	res, errs := distribution.ParseResource(rd.Spec.Resource, spec.Child("resource"))
-	targets, targetErrs := distribution.CompileTargets(&rd.Spec.Targets, d.ownNamespace, spec.Child("targets"))
+	targets, targetErrs := distribution.CompileTargets(&rd.Spec.Targets, d.protected, spec.Child("targets"))
 	errs = append(errs, targetErrs...)
 
 	var (
@@ -110,7 +110,7 @@ func (d *resourceDistributions) write(ctx context.Context, req admission.Request
 		if oldRes, oldErrs = distribution.ParseResource(old.Spec.Resource, spec.Child("resource")); len(oldErrs) == 0 && res != nil {
 			errs = append(errs, distribution.ImmutableFieldsChanged(oldRes, res, spec.Child("resource"))...)
 		}
-		oldTargets, _ = distribution.CompileTargets(&old.Spec.Targets, d.ownNamespace, spec.Child("targets"))
+		oldTargets, _ = distribution.CompileTargets(&old.Spec.Targets, d.protected, spec.Child("targets"))
 	}
 	if len(errs) > 0 {
 		denials.WithLabelValues(ResourceDistributionsPath, reasonInvalidDistribution).Inc()

@@ -108,9 +108,9 @@ func distributionEnv(tb testing.TB, allowed map[string]bool) (*resourceDistribut
 	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
 	sar := &sarRecorder{allowed: allowed}
 	return &resourceDistributions{
-		namespaces:   c,
-		authorizer:   &distribution.Authorizer{SAR: sar.client().AuthorizationV1().SubjectAccessReviews()},
-		ownNamespace: "resclass-system",
+		namespaces: c,
+		authorizer: &distribution.Authorizer{SAR: sar.client().AuthorizationV1().SubjectAccessReviews()},
+		protected:  []string{"resclass-system", "resclass-node"},
 	}, sar
 }
 

@@ -2,9 +2,9 @@
 // controller-runtime manager serving the admission webhooks (ResourceClass
 // validation, the pod affinity namespaceSelector and covering-quota policies,
 // ResourceDistribution validation, authorization and author recording) over
-// TLS that it bootstraps and rotates itself (open-policy-agent/cert-controller)
-// or takes from cert-manager. With --mode=distribution-controller it runs the
-// ResourceDistribution controller instead, deployed apart under its own
+// TLS from a mounted Secret, which --mode=cert-rotator (or cert-manager)
+// fills and renews. With --mode=distribution-controller it runs the
+// ResourceDistribution controller. Each mode is deployed apart under its own
 // identity. docs/webhook.md and docs/distribution.md are the operator's guides.
 package webhook
 
@@ -81,15 +81,21 @@ func NewCommand() *cobra.Command {
                              CronJob or ReplicationController, when it is created
                              or its template changes.
 
-It bootstraps and rotates its own TLS certificate (--cert-management=self) or
-serves one cert-manager issues (--cert-management=external). Every replica
-serves; certificate rotation runs in the elected leader. See docs/webhook.md.
+Every replica serves, with the certificate in --cert-dir: the TLS Secret
+mounted as a volume, reloaded when the kubelet refreshes it. The webhook's
+identity reads and writes no Secret. See docs/webhook.md.
 
-With --mode=distribution-controller the same binary runs the
-ResourceDistribution controller instead, which keeps each distribution's
-copies in its target namespaces, writing only where the distribution's author
-could (docs/distribution.md). Deploy it apart (deploy/distribution): it is
-the identity that writes Secrets in other namespaces.`,
+With --mode=cert-rotator the same binary keeps that Secret instead: a
+self-signed CA and serving certificate, renewed before they expire, and the
+CA in the webhook configurations' caBundle, under an identity that may touch
+that one Secret and those two configurations (deploy/webhook; with
+cert-manager, leave it out).
+
+With --mode=distribution-controller it runs the ResourceDistribution
+controller, which keeps each distribution's copies in its target namespaces,
+writing only where the distribution's author could (docs/distribution.md).
+Deploy it apart (deploy/distribution): it is the identity that writes Secrets
+in other namespaces.`,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := logsapi.ValidateAndApply(logging, gates); err != nil {
@@ -158,8 +164,11 @@ func Run(ctx context.Context, o *Options) error {
 	if o.MetricsSecure {
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
-	if o.Mode == ModeDistributionController {
+	switch o.Mode {
+	case ModeDistributionController:
 		return runDistributionController(ctx, o, cfg, scheme, metrics, clientset)
+	case ModeCertRotator:
+		return runCertRotator(ctx, o, cfg, scheme, metrics)
 	}
 	mgr, err := ctrl.NewManager(cfg, managerOptions(o, scheme, metrics))
 	if err != nil {
@@ -173,9 +182,9 @@ func Run(ctx context.Context, o *Options) error {
 	})
 	server.Register(ResourceClassesPath, &webhook.Admission{Handler: &resourceClasses{}})
 	server.Register(ResourceDistributionsPath, &webhook.Admission{Handler: &resourceDistributions{
-		namespaces:   mgr.GetCache(),
-		authorizer:   &distribution.Authorizer{SAR: clientset.AuthorizationV1().SubjectAccessReviews()},
-		ownNamespace: o.Namespace,
+		namespaces: mgr.GetCache(),
+		authorizer: &distribution.Authorizer{SAR: clientset.AuthorizationV1().SubjectAccessReviews()},
+		protected:  o.protectedNamespaces(),
 	}})
 	server.Register(ResourceDistributionAuthorPath, &webhook.Admission{Handler: resourceDistributionAuthor{}})
 	pods := &podPolicies{
@@ -186,21 +195,12 @@ func Run(ctx context.Context, o *Options) error {
 	server.Register(PodsPath, &webhook.Admission{Handler: pods})
 	server.Register(WorkloadsPath, &webhook.Admission{Handler: &workloadPolicies{pods: pods}})
 
-	if o.CertManagement == CertManagementSelf {
-		if err := addCertRotator(mgr, o); err != nil {
-			return fmt.Errorf("certificate rotation: %w", err)
-		}
-	}
-	if o.CertFromSecret {
-		if err := addSecretFiles(mgr, o); err != nil {
-			return fmt.Errorf("serving certificate files: %w", err)
-		}
-	}
 	if err := mgr.Add(everyReplica{quotaFile}); err != nil {
 		return err
 	}
 	// The server starts once there is a certificate to serve: on a fresh
-	// install the Secret is empty until the rotator (or cert-manager) fills it.
+	// install the Secret is empty until the rotator (or cert-manager) fills
+	// it and the kubelet refreshes the volume.
 	if err := mgr.Add(everyReplica{manager.RunnableFunc(func(ctx context.Context) error {
 		return serveWhenCertsExist(ctx, mgr, server, o.CertDir, log)
 	})}); err != nil {
@@ -231,7 +231,7 @@ func Run(ctx context.Context, o *Options) error {
 	}); err != nil {
 		return err
 	}
-	log.Info("starting", "namespace", o.Namespace, "certManagement", o.CertManagement, "leaderElect", o.LeaderElect,
+	log.Info("starting", "namespace", o.Namespace, "certDir", o.CertDir,
 		"allowEmptyNamespaceSelector", o.AllowEmptyNamespaceSelector, "quotaConfig", o.QuotaConfig)
 	return mgr.Start(ctx)
 }
@@ -257,7 +257,7 @@ func runDistributionController(ctx context.Context, o *Options, cfg *rest.Config
 		APIReader: mgr.GetAPIReader(),
 		Recorder:  mgr.GetEventRecorder("resclass-distribution"),
 		Workers:   o.DistributionWorkers,
-		Namespace: o.Namespace,
+		Protected: o.protectedNamespaces(),
 		Authorizer: &distribution.Authorizer{
 			SAR: clientset.AuthorizationV1().SubjectAccessReviews(),
 			TTL: o.DistributionAuthorizationTTL,
@@ -345,16 +345,17 @@ func logQuotaConfig(log logr.Logger, cfg *quota.Config) {
 	}
 }
 
-// managerOptions are the manager's options common to both modes: metrics,
-// probes, pprof and leader election (its Lease named per mode).
+// managerOptions are the manager's options common to every mode: metrics,
+// probes, pprof, and leader election for the one mode that elects a leader
+// (the others need no Lease, so their identities have none).
 func managerOptions(o *Options, scheme *runtime.Scheme, metrics metricsserver.Options) ctrl.Options {
 	return ctrl.Options{
 		Scheme:                        scheme,
 		Metrics:                       metrics,
 		HealthProbeBindAddress:        o.HealthAddr,
 		PprofBindAddress:              o.PprofAddr,
-		LeaderElection:                o.LeaderElect,
-		LeaderElectionID:              o.leaderElectionID(),
+		LeaderElection:                o.LeaderElect && o.Mode == ModeDistributionController,
+		LeaderElectionID:              o.LeaderElectID,
 		LeaderElectionNamespace:       o.Namespace,
 		LeaderElectionReleaseOnCancel: true,
 	}

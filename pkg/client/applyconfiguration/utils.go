@@ -44,6 +44,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &resclassv1alpha1.ResourceDistributionStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ResourceDistributionTargets"):
 		return &resclassv1alpha1.ResourceDistributionTargetsApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ResourceDistributionUnauthorizedNamespace"):
+		return &resclassv1alpha1.ResourceDistributionUnauthorizedNamespaceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ResourcePropertySelector"):
 		return &resclassv1alpha1.ResourcePropertySelectorApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ResourceSelectorRequirement"):

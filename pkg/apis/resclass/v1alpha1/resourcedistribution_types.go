@@ -37,6 +37,7 @@ const AnnotationAuthor = "resclass.io/spec-author"
 // +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resource.metadata.name`
 // +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.status.desired`
 // +kubebuilder:printcolumn:name="Succeeded",type=integer,JSONPath=`.status.succeeded`
+// +kubebuilder:printcolumn:name="Unauthorized",type=integer,JSONPath=`.status.unauthorized`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ResourceDistribution struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -64,14 +65,16 @@ type ResourceDistributionSpec struct {
 	Resource runtime.RawExtension `json:"resource"`
 
 	// Targets selects the namespaces. With no option set, every namespace but
-	// kube-system and kube-public; with several, the intersection of their results.
+	// kube-system, kube-public and resclass's own (resclass-system); with
+	// several, the intersection of their results.
 	// +optional
 	Targets ResourceDistributionTargets `json:"targets,omitempty"`
 }
 
-// ResourceDistributionTargets selects namespaces. kube-system and kube-public are
-// targeted only by includedNamespaces naming them (with no other option set):
-// the excludedNamespaces rule and a label selector never reach them.
+// ResourceDistributionTargets selects namespaces. kube-system, kube-public and
+// resclass's own namespace are targeted only by includedNamespaces naming them
+// (with no other option set): the excludedNamespaces rule and a label selector
+// never reach them.
 type ResourceDistributionTargets struct {
 	// ExcludedNamespaces: every namespace except these.
 	// +optional
@@ -129,11 +132,52 @@ type ResourceDistributionStatus struct {
 	// +listMapKey=name
 	ConflictingNamespaces []ResourceDistributionNamespace `json:"conflictingNamespaces,omitempty"`
 
+	// Unauthorized is the number of namespaces where the distribution's
+	// author may not make a write the copy needs (SubjectAccessReview), so
+	// that write was not made.
+	// +optional
+	Unauthorized int32 `json:"unauthorized,omitempty"`
+
+	// UnauthorizedNamespaces names them with the verb refused, the first
+	// MaxUnauthorizedNamespaces (100) by name; Unauthorized minus its length
+	// were left out, so that the status stays small however many namespaces
+	// a distribution targets.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=100
+	UnauthorizedNamespaces []ResourceDistributionUnauthorizedNamespace `json:"unauthorizedNamespaces,omitempty"`
+
 	// Conditions of the distribution.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// MaxUnauthorizedNamespaces bounds status.unauthorizedNamespaces.
+const MaxUnauthorizedNamespaces = 100
+
+// ResourceDistributionUnauthorizedNamespace is a namespace where the
+// distribution's author may not make the write its copy needs.
+type ResourceDistributionUnauthorizedNamespace struct {
+	// Name of the namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+
+	// Verb the author may not do there on the copy's kind: create (no copy
+	// is made), update (the copy keeps its old content) or delete (the copy
+	// stays).
+	// +required
+	// +kubebuilder:validation:Enum=create;update;delete
+	Verb string `json:"verb"`
+
+	// Reason says what was not written, and why.
+	// +required
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason"`
 }
 
 // ResourceDistributionList is a list of ResourceDistributions.

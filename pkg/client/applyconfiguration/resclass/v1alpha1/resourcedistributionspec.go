@@ -15,7 +15,8 @@ type ResourceDistributionSpecApplyConfiguration struct {
 	// and name cannot change after creation.
 	Resource *runtime.RawExtension `json:"resource,omitempty"`
 	// Targets selects the namespaces. With no option set, every namespace but
-	// kube-system and kube-public; with several, the intersection of their results.
+	// kube-system, kube-public and resclass's own (resclass-system); with
+	// several, the intersection of their results.
 	Targets *ResourceDistributionTargetsApplyConfiguration `json:"targets,omitempty"`
 }
 

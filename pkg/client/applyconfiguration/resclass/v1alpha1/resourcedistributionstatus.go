@@ -25,6 +25,15 @@ type ResourceDistributionStatusApplyConfiguration struct {
 	// ConflictingNamespaces hold a same-named object this distribution does not own;
 	// it is left untouched there.
 	ConflictingNamespaces []ResourceDistributionNamespaceApplyConfiguration `json:"conflictingNamespaces,omitempty"`
+	// Unauthorized is the number of namespaces where the distribution's
+	// author may not make a write the copy needs (SubjectAccessReview), so
+	// that write was not made.
+	Unauthorized *int32 `json:"unauthorized,omitempty"`
+	// UnauthorizedNamespaces names them with the verb refused, the first
+	// MaxUnauthorizedNamespaces (100) by name; Unauthorized minus its length
+	// were left out, so that the status stays small however many namespaces
+	// a distribution targets.
+	UnauthorizedNamespaces []ResourceDistributionUnauthorizedNamespaceApplyConfiguration `json:"unauthorizedNamespaces,omitempty"`
 	// Conditions of the distribution.
 	Conditions []v1.ConditionApplyConfiguration `json:"conditions,omitempty"`
 }
@@ -90,6 +99,27 @@ func (b *ResourceDistributionStatusApplyConfiguration) WithConflictingNamespaces
 			panic("nil value passed to WithConflictingNamespaces")
 		}
 		b.ConflictingNamespaces = append(b.ConflictingNamespaces, *values[i])
+	}
+	return b
+}
+
+// WithUnauthorized sets the Unauthorized field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Unauthorized field is set to the value of the last call.
+func (b *ResourceDistributionStatusApplyConfiguration) WithUnauthorized(value int32) *ResourceDistributionStatusApplyConfiguration {
+	b.Unauthorized = &value
+	return b
+}
+
+// WithUnauthorizedNamespaces adds the given value to the UnauthorizedNamespaces field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the UnauthorizedNamespaces field.
+func (b *ResourceDistributionStatusApplyConfiguration) WithUnauthorizedNamespaces(values ...*ResourceDistributionUnauthorizedNamespaceApplyConfiguration) *ResourceDistributionStatusApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithUnauthorizedNamespaces")
+		}
+		b.UnauthorizedNamespaces = append(b.UnauthorizedNamespaces, *values[i])
 	}
 	return b
 }

@@ -9,9 +9,10 @@ import (
 // ResourceDistributionTargetsApplyConfiguration represents a declarative configuration of the ResourceDistributionTargets type for use
 // with apply.
 //
-// ResourceDistributionTargets selects namespaces. kube-system and kube-public are
-// targeted only by includedNamespaces naming them (with no other option set):
-// the excludedNamespaces rule and a label selector never reach them.
+// ResourceDistributionTargets selects namespaces. kube-system, kube-public and
+// resclass's own namespace are targeted only by includedNamespaces naming them
+// (with no other option set): the excludedNamespaces rule and a label selector
+// never reach them.
 type ResourceDistributionTargetsApplyConfiguration struct {
 	// ExcludedNamespaces: every namespace except these.
 	ExcludedNamespaces []ResourceDistributionNamespaceApplyConfiguration `json:"excludedNamespaces,omitempty"`
