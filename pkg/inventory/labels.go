@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
-	"github.com/resclass/resclass/pkg/selector"
+	"github.com/resclass/resclass/pkg/attrvalue"
 )
 
 // The node labels the agent maintains. They summarise the inventory for
@@ -76,7 +76,7 @@ func NodeLabels(devices []v1alpha1.Device) map[string]string {
 		case v1alpha1.DeviceKindNIC:
 			nics++
 			if s := a[v1alpha1.AttributeSpeed].BandwidthValue; s != nil {
-				if q, err := selector.ParseBandwidth(*s); err == nil && q.Value() > maxSpeed {
+				if q, err := attrvalue.ParseBandwidth(*s); err == nil && q.Value() > maxSpeed {
 					maxSpeed = q.Value()
 				}
 			}
@@ -110,7 +110,7 @@ func NodeLabels(devices []v1alpha1.Device) map[string]string {
 	if nics > 0 {
 		labels[LabelNICCount] = strconv.Itoa(nics)
 		if maxSpeed > 0 {
-			labels[LabelNICSpeed] = selector.FormatBandwidth(maxSpeed)
+			labels[LabelNICSpeed] = attrvalue.FormatBandwidth(maxSpeed)
 		}
 	}
 	if len(sizes) > 0 {

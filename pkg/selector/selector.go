@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/attrvalue"
 )
 
 // Keys that address the device itself rather than an attribute.
@@ -123,11 +124,11 @@ func parseAs(s string, t v1alpha1.AttributeType) (typed, error) {
 	case v1alpha1.AttributeTypeBool:
 		out.b, err = parseBool(s)
 	case v1alpha1.AttributeTypeQuantity:
-		out.q, err = ParseQuantity(s)
+		out.q, err = attrvalue.ParseQuantity(s)
 	case v1alpha1.AttributeTypeBandwidth:
-		out.q, err = ParseBandwidth(s)
+		out.q, err = attrvalue.ParseBandwidth(s)
 	case v1alpha1.AttributeTypeVersion:
-		out.v, err = ParseVersion(s)
+		out.v, err = attrvalue.ParseVersion(s)
 	default:
 		err = fmt.Errorf("unknown type %q", t)
 	}
