@@ -26,8 +26,9 @@ type unfit struct {
 	unresolvable bool
 }
 
-// place chooses pod's devices on node n with strategy s. The caller holds c.mu.
-func (c *cache) place(n *nodeState, d *demand, s Strategy) (*placement, *unfit) {
+// place chooses pod's devices on node n with strategy s. It only reads n: the
+// cache calls it under its lock (cache.fits, cache.score, cache.reserve).
+func (n *nodeState) place(d *demand, s Strategy) (*placement, *unfit) {
 	if n == nil {
 		return nil, &unfit{reason: "node publishes no devices (no NodeDevices)"}
 	}
@@ -56,7 +57,7 @@ func (c *cache) place(n *nodeState, d *demand, s Strategy) (*placement, *unfit) 
 		}
 	}
 	try := func(onlyNUMA int, order func([]int) []int) (*placement, *unfit) {
-		return c.tryPlace(n, d, exclusive, pools, free, onlyNUMA, order)
+		return n.tryPlace(d, exclusive, pools, free, onlyNUMA, order)
 	}
 	byNUMAFree := func(fullestFirst bool) func([]int) []int {
 		return func(idx []int) []int {
@@ -97,7 +98,7 @@ func (c *cache) place(n *nodeState, d *demand, s Strategy) (*placement, *unfit) 
 	if p == nil {
 		return nil, u
 	}
-	p.util = c.utilization(n, d, p)
+	p.util = n.utilization(d, p)
 	return p, nil
 }
 
@@ -114,7 +115,7 @@ func numaNodes(n *nodeState) []int {
 	return out
 }
 
-func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, free []bool, onlyNUMA int, order func([]int) []int) (*placement, *unfit) {
+func (n *nodeState) tryPlace(d *demand, exclusive, pools []string, free []bool, onlyNUMA int, order func([]int) []int) (*placement, *unfit) {
 	usable := func(i int) bool { return free[i] && (onlyNUMA == anyNUMA || n.devices[i].numa == onlyNUMA) }
 	p := &placement{drawn: map[string][]string{}}
 	prob := matching.Problem{Devices: len(n.devices)}
@@ -262,7 +263,7 @@ func explainShortage(classes []string, prob matching.Problem) *unfit {
 
 // utilization is the share (0..100) of the devices the pod's classes select on n
 // that are held once p is placed: what BinPack maximises and Spread minimises.
-func (c *cache) utilization(n *nodeState, d *demand, p *placement) int64 {
+func (n *nodeState) utilization(d *demand, p *placement) int64 {
 	seen := map[int]bool{}
 	var total, used int64
 	for _, class := range d.classes {
@@ -332,7 +333,7 @@ const maxNUMA = 16
 // pod: one class of exclusive devices. Filter and Score run for every pod on
 // hundreds of nodes, so this path must not allocate; Reserve, once per pod,
 // always takes the full path. handled is false for any other pod.
-func (c *cache) quick(n *nodeState, d *demand) (fits bool, util int64, numas int, handled bool) {
+func (n *nodeState) quick(d *demand) (fits bool, util int64, numas int, handled bool) {
 	if n == nil || len(d.classes) != 1 || len(n.blocked) > 0 {
 		return false, 0, 0, false
 	}
