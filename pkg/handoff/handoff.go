@@ -51,6 +51,8 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 )
 
 // Event reasons, on the pod.
@@ -79,12 +81,16 @@ type Config struct {
 	// DeviceListStrategies say how GPUs are named to the runtime (envvar
 	// when empty; see DeviceListStrategy).
 	DeviceListStrategies Strategies
+	// Kinds say what a container gets for each kind of device
+	// (kinds.Builtin when nil).
+	Kinds *devicekind.Registry
 }
 
 // Allocator answers the kubelet's allocation calls for every class endpoint of
 // the node.
 type Allocator struct {
 	cfg      Config
+	kinds    *devicekind.Registry
 	informer cache.SharedIndexInformer
 	devices  atomic.Pointer[map[string]*v1alpha1.Device]
 
@@ -139,11 +145,15 @@ func New(cfg Config, kube kubernetes.Interface) *Allocator {
 	if cfg.HostRoot == "" {
 		cfg.HostRoot = "/"
 	}
+	if cfg.Kinds == nil {
+		cfg.Kinds = kinds.Builtin
+	}
 	factory := kubeinformers.NewSharedInformerFactoryWithOptions(kube, 0, kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.Node).String()
 	}))
 	a := &Allocator{
 		cfg:       cfg,
+		kinds:     cfg.Kinds,
 		informer:  factory.Core().V1().Pods().Informer(),
 		changed:   make(chan struct{}),
 		allocated: map[allocKey]*Record{},
@@ -208,8 +218,8 @@ func (a *Allocator) SetDevices(devices []v1alpha1.Device) {
 func (a *Allocator) device(id string) *v1alpha1.Device { return (*a.devices.Load())[id] }
 
 // KubeletIDs are the ids the kubelet knows d by: its own, or slots of a pool.
-func KubeletIDs(d *v1alpha1.Device, slots int) []string {
-	if d.Kind != v1alpha1.DeviceKindHugePages {
+func KubeletIDs(kinds *devicekind.Registry, d *v1alpha1.Device, slots int) []string {
+	if kinds.Allocation(d) != devicekind.Pool {
 		return []string{d.ID}
 	}
 	ids := make([]string, slots)

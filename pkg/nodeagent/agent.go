@@ -24,6 +24,8 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/client/informers/externalversions"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
@@ -81,6 +83,11 @@ type Config struct {
 	DeviceListStrategies handoff.Strategies
 	CDISpecDir           string
 	CDIDriverRoot        string
+
+	// Kinds are the device kinds the agent discovers (those that are
+	// devicekind.Pollers), labels and hands out; kinds.Builtin when nil. A
+	// test adds its own kind here (docs/architecture.md, "Adding a kind").
+	Kinds *devicekind.Registry
 }
 
 // Agent discovers its node's devices and keeps the node's NodeDevices object and
@@ -111,6 +118,9 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 	}
 	if config.ShutdownTimeout <= 0 {
 		config.ShutdownTimeout = 10 * time.Second
+	}
+	if config.Kinds == nil {
+		config.Kinds = kinds.Builtin
 	}
 	if m == nil {
 		m = newMetrics()
@@ -150,7 +160,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	events := newEvents(ctx, a.kube, a.config.NodeName)
 	var recorder record.EventRecorder = events
-	src := &sources{opts: sourceOptions{hostRoot: a.config.HostRoot, includeVirtual: a.config.IncludeVirtualNICs, library: a.config.NVMLLibrary, nvml: a.config.NVML}}
+	src := &sources{opts: sourceOptions{hostRoot: a.config.HostRoot, includeVirtual: a.config.IncludeVirtualNICs, kinds: a.config.Kinds, library: a.config.NVMLLibrary, nvml: a.config.NVML}}
 	// bg are the goroutines that serve a socket or record Events.
 	var bg sync.WaitGroup
 	// The health watcher runs while NVML is open; stopWatch stops it and
@@ -317,7 +327,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.metrics.discovery.WithLabelValues("sysfs").Observe(time.Since(start).Seconds())
 		devices := append(cloneDevices(gpus), host...)
 		applyHealth(devices, unhealthyGPUs)
-		status := assemble(devices, append([]metav1.Condition{gpuCond}, hostConds...)...)
+		status := assemble(src.kinds(), devices, append([]metav1.Condition{gpuCond}, hostConds...)...)
 		prev = a.reportHealth(ctx, recorder, node, introspect.HealthHub, prev, status.Devices)
 		a.metrics.observe(status.Devices)
 		if plugins != nil {
@@ -401,7 +411,7 @@ func (a *Agent) publish(ctx context.Context, pub *inventory.Publisher, nds inter
 		logger.V(2).Info("published NodeDevices", "devices", len(status.Devices), "unhealthy", status.Summary.Unhealthy)
 	}
 	a.metrics.publishes.WithLabelValues(result).Inc()
-	if _, err := pub.PublishLabels(ctx, node, inventory.NodeLabels(status.Devices)); err != nil {
+	if _, err := pub.PublishLabels(ctx, node, a.config.Kinds.NodeLabels(status.Devices)); err != nil {
 		return err
 	}
 	return nil

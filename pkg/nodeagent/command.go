@@ -100,7 +100,7 @@ func discover(o discoverOptions) v1alpha1.NodeDevicesStatus {
 	defer s.close()
 	gpus, gpuCond := s.discoverGPUs()
 	host, hostConds := s.discoverHost()
-	return assemble(append(gpus, host...), append([]metav1.Condition{gpuCond}, hostConds...)...)
+	return assemble(s.kinds(), append(gpus, host...), append([]metav1.Condition{gpuCond}, hostConds...)...)
 }
 
 func write(w io.Writer, status v1alpha1.NodeDevicesStatus, format string) error {

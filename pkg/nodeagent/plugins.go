@@ -18,6 +18,7 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/client/informers/externalversions"
+	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/deviceplugin"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/selector"
@@ -28,6 +29,7 @@ import (
 // local device (healthy or not: an unhealthy device is advertised as such, so
 // the kubelet's allocatable shrinks and grows with health).
 type classMatcher struct {
+	kinds     *devicekind.Registry // a pool is advertised as poolSlots slots
 	poolSlots int
 
 	// compiled caches each class's compiled selector by the class's
@@ -44,8 +46,8 @@ type compiledClass struct {
 	class           *selector.Class
 }
 
-func newClassMatcher(poolSlots int) *classMatcher {
-	return &classMatcher{poolSlots: poolSlots, compiled: map[string]compiledClass{}, served: map[string][]string{}}
+func newClassMatcher(kinds *devicekind.Registry, poolSlots int) *classMatcher {
+	return &classMatcher{kinds: kinds, poolSlots: poolSlots, compiled: map[string]compiledClass{}, served: map[string][]string{}}
 }
 
 // endpoints returns resource name -> advertised devices.
@@ -73,7 +75,7 @@ func (m *classMatcher) endpoints(classes []*v1alpha1.ResourceClass, devices []v1
 			if n := devices[i].Attributes[v1alpha1.AttributeNUMANode].IntValue; n != nil {
 				numa = int(*n)
 			}
-			for _, id := range handoff.KubeletIDs(&devices[i], m.poolSlots) {
+			for _, id := range handoff.KubeletIDs(m.kinds, &devices[i], m.poolSlots) {
 				list = append(list, deviceplugin.Device{ID: id, Healthy: devices[i].Healthy, NUMANode: numa})
 			}
 		}
@@ -148,7 +150,7 @@ func (a *Agent) startPlugins(ctx context.Context, bg *sync.WaitGroup, recorder r
 	allocator := handoff.New(handoff.Config{
 		Node: a.config.NodeName, HostRoot: a.config.HostRoot, PoolSlots: a.config.HugepagePoolSlots,
 		WaitForPod: a.config.WaitForPod, Recorder: recorder, Metrics: a.metrics.handoff,
-		DeviceListStrategies: a.config.DeviceListStrategies,
+		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,
 	}, a.kube)
 	var spec *cdiSpec
 	if a.config.DeviceListStrategies.CDI() {
@@ -188,7 +190,7 @@ func (a *Agent) startPlugins(ctx context.Context, bg *sync.WaitGroup, recorder r
 			logger.Error(err, "device plugins stopped")
 		}
 	}()
-	return &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.HugepagePoolSlots), allocator: allocator, manager: manager, cdi: spec}, nil
+	return &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.Kinds, a.config.HugepagePoolSlots), allocator: allocator, manager: manager, cdi: spec}, nil
 }
 
 // update serves the classes' endpoints for the current devices.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/attrvalue"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 )
 
 // typed is one decoded value of a known type: a device attribute, or one reading of
@@ -54,7 +55,7 @@ func decodeAttribute(name string, a v1alpha1.DeviceAttribute) attribute {
 	if t == "" {
 		return attribute{err: fmt.Errorf("attribute %q: exactly one of string, int, bool, quantity, bandwidth, version must be set", name)}
 	}
-	if want, ok := v1alpha1.WellKnownAttributes[name]; ok && want != t {
+	if want := kinds.Builtin.AttributeType(name); want != "" && want != t {
 		return attribute{err: fmt.Errorf("attribute %q: published as %s, but it is a %s", name, t, want)}
 	}
 	var out attribute

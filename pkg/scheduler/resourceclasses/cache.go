@@ -17,6 +17,8 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -280,12 +282,12 @@ func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 		if v := d.Attributes[v1alpha1.AttributeNUMANode].IntValue; v != nil {
 			ds.numa = int(*v)
 		}
-		// A GPU in MIG mode is served through its MIG devices; giving the whole
-		// GPU too would hand the same silicon to two pods.
-		if b := d.Attributes[v1alpha1.AttributeMIGEnabled].BoolValue; d.Kind == v1alpha1.DeviceKindNvidiaGPU && b != nil && *b {
+		// The device's kind says how it is counted (a GPU in MIG mode, for
+		// one, is given out only through its MIG devices).
+		switch kinds.Builtin.Allocation(d) {
+		case devicekind.Unallocatable:
 			ds.excluded = true
-		}
-		if d.Kind == v1alpha1.DeviceKindHugePages {
+		case devicekind.Pool:
 			ds.pool = newPool(d)
 			if ds.pool == nil {
 				ds.healthy = false
