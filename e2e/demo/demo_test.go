@@ -39,7 +39,7 @@ func TestDemo(t *testing.T) {
 		"insufficient quota to match these scopes: [{CrossNamespacePodAffinity Exists []}]",
 		"insufficient quota to match these scopes: [{PriorityClass In [cluster-services]}]",
 		"exceeded quota: cluster-services",
-		// seed 002
+		// ResourceDistribution
 		"ml-settings  ConfigMap  ml-settings  2        2",
 		`Synced=False (Conflict): Secret "registry" exists in 1 target namespace(s) and is not this distribution's; it is left untouched: ml-serve`,
 		`user "dana" may not create secrets in 2 target namespace(s): ml-serve, web`,

@@ -1,5 +1,5 @@
 // Package handoff is the node agent's side of the hand-off from the resclass
-// scheduler (DESIGN.md, "The hand-off"): it answers the kubelet's
+// scheduler (docs/architecture.md, "The hand-off"): it answers the kubelet's
 // GetPreferredAllocation and Allocate calls with the devices the scheduler wrote
 // into the pod's resclass.io/assignment annotation.
 //

@@ -1,6 +1,11 @@
-// Package nodeagent is the resclass node agent: it discovers the node's devices,
-// watches their health and publishes them as the node's NodeDevices object and
-// labels; serving the kubelet device-plugin API lands with its issue.
+// Package nodeagent is the resclass node agent: it discovers the node's devices
+// (NVML itself, every other kind through its devicekind.Poller), watches their
+// health, publishes them as the node's NodeDevices object and labels, serves
+// the kubelet device-plugin API with one endpoint per ResourceClass (answered
+// by pkg/handoff from the scheduler's assignment), keeps the CDI spec of the
+// node's GPUs, and serves its own introspection API. docs/node-agent.md
+// describes it for operators, docs/architecture.md its place among the three
+// binaries.
 package nodeagent
 
 import (

@@ -25,8 +25,8 @@ import (
 	"github.com/resclass/resclass/pkg/scheduler/matching"
 )
 
-// statusWriter keeps every ResourceClass's status (seed 003's
-// ResourceClassStatus) in step with the cache: allocatable, the healthy devices
+// statusWriter keeps every ResourceClass's status
+// (v1alpha1.ResourceClassStatus; docs/scheduler.md, "ResourceClass status") in step with the cache: allocatable, the healthy devices
 // the class selects cluster-wide, and requested, the devices pods hold through
 // it, with the same per node. Changes are debounced: a burst of bindings is one
 // write per class. Only the holder of a Lease writes, so replicas do not fight;
