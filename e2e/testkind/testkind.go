@@ -90,22 +90,24 @@ func (Kind) Labels(devices []*v1alpha1.Device) map[string]string {
 }
 
 // Summarize: NodeDevices has no FPGA column.
-func (Kind) Summarize(*v1alpha1.DeviceSummary, *v1alpha1.Device) {}
+func (Kind) Summarize(s v1alpha1.DeviceSummary, _ *v1alpha1.Device) v1alpha1.DeviceSummary {
+	return s
+}
 
 // ContainerEdits name every FPGA of the container and hand over the class's
 // device nodes.
-func (Kind) ContainerEdits(_ devicekind.Handoff, class, all []*v1alpha1.Device) (*devicekind.ContainerEdits, error) {
+func (Kind) ContainerEdits(_ *devicekind.Handoff, class, all []*v1alpha1.Device, e *devicekind.ContainerEdits) error {
 	ids := make([]string, len(all))
 	for i, d := range all {
 		ids[i] = d.ID
 	}
-	var nodes []string
+	e.Env[EnvVisible] = strings.Join(ids, ",")
 	for _, d := range class {
 		if n := d.Attributes[v1alpha1.AttributeMinor].IntValue; n != nil {
-			if p := "/dev/e2e-fpga" + strconv.FormatInt(*n, 10); !slices.Contains(nodes, p) {
-				nodes = append(nodes, p)
+			if p := "/dev/e2e-fpga" + strconv.FormatInt(*n, 10); !slices.Contains(e.DeviceNodes, p) {
+				e.DeviceNodes = append(e.DeviceNodes, p)
 			}
 		}
 	}
-	return &devicekind.ContainerEdits{Env: map[string]string{EnvVisible: strings.Join(ids, ",")}, DeviceNodes: nodes}, nil
+	return nil
 }

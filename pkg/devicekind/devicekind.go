@@ -48,13 +48,16 @@ type Kind interface {
 	// Labels summarises the node's devices of the kind as node labels (keys
 	// from LabelKeys; none when it has no device).
 	Labels(devices []*v1alpha1.Device) map[string]string
-	// Summarize counts d in the NodeDevices summary (kubectl get
-	// nodedevices' columns); a kind without a column counts nothing.
-	Summarize(s *v1alpha1.DeviceSummary, d *v1alpha1.Device)
-	// ContainerEdits is what a container gets for devices of the kind:
-	// class are those of the class being allocated, all are the container's
-	// devices of the kind across all its classes, in assignment order.
-	ContainerEdits(h Handoff, class, all []*v1alpha1.Device) (*ContainerEdits, error)
+	// Summarize returns s with d counted in the NodeDevices summary
+	// (kubectl get nodedevices' columns); a kind without a column returns s.
+	// Values, not a pointer: the summary is built at every poll and a
+	// pointer passed to an interface method escapes to the heap.
+	Summarize(s v1alpha1.DeviceSummary, d *v1alpha1.Device) v1alpha1.DeviceSummary
+	// ContainerEdits adds to e what a container gets for devices of the
+	// kind: class are those of the class being allocated, all are the
+	// container's devices of the kind across all its classes, in assignment
+	// order. e.Env is never nil; e.Annotations may be.
+	ContainerEdits(h *Handoff, class, all []*v1alpha1.Device, e *ContainerEdits) error
 }
 
 // Poller is a Kind the node agent discovers by reading the host at every poll
@@ -106,8 +109,8 @@ type Handoff struct {
 	Device func(id string) *v1alpha1.Device
 }
 
-// ContainerEdits is what a container gets for its devices of one kind,
-// merged into the kubelet's Allocate response.
+// ContainerEdits is what a container gets for its devices, merged into the
+// kubelet's Allocate response: each kind adds its own.
 type ContainerEdits struct {
 	// Env is added to the container's environment.
 	Env map[string]string
@@ -119,6 +122,16 @@ type ContainerEdits struct {
 	// Annotations are container annotations (CDI requests, for runtimes that
 	// read them there).
 	Annotations map[string]string
+}
+
+// AddDeviceNodes adds paths to e.DeviceNodes, taking the slice itself when
+// there is none yet (Allocate is on the kubelet's path: no copy).
+func (e *ContainerEdits) AddDeviceNodes(paths []string) {
+	if len(e.DeviceNodes) == 0 {
+		e.DeviceNodes = paths
+		return
+	}
+	e.DeviceNodes = append(e.DeviceNodes, paths...)
 }
 
 // Registry lists the kinds. It is built once and never changed, so it is
@@ -168,8 +181,9 @@ func (r *Registry) With(kinds ...Kind) *Registry {
 	return NewRegistry(append(slices.Clone(r.kinds), kinds...)...)
 }
 
-// Kinds lists the kinds in registration order.
-func (r *Registry) Kinds() []Kind { return slices.Clone(r.kinds) }
+// Kinds lists the kinds in registration order. The slice is the registry's
+// own (the hand-off reads it on every Allocate): do not modify it.
+func (r *Registry) Kinds() []Kind { return r.kinds }
 
 // Kind returns the kind that publishes devices named name, or nil.
 func (r *Registry) Kind(name string) Kind { return r.byName[name] }
@@ -216,7 +230,7 @@ func (r *Registry) Summarize(devices []v1alpha1.Device) v1alpha1.DeviceSummary {
 	for i := range devices {
 		d := &devices[i]
 		if k := r.byName[d.Kind]; k != nil {
-			k.Summarize(&s, d)
+			s = k.Summarize(s, d)
 		}
 		if !d.Healthy {
 			s.Unhealthy++

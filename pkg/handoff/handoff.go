@@ -91,6 +91,7 @@ type Config struct {
 type Allocator struct {
 	cfg      Config
 	kinds    *devicekind.Registry
+	handoff  devicekind.Handoff // what the kinds' container edits read
 	informer cache.SharedIndexInformer
 	devices  atomic.Pointer[map[string]*v1alpha1.Device]
 
@@ -158,6 +159,7 @@ func New(cfg Config, kube kubernetes.Interface) *Allocator {
 		changed:   make(chan struct{}),
 		allocated: map[allocKey]*Record{},
 	}
+	a.handoff = a.kindsHandoff()
 	empty := map[string]*v1alpha1.Device{}
 	a.devices.Store(&empty)
 	// Errors only when the informer has started, which it has not.
@@ -169,6 +171,18 @@ func New(cfg Config, kube kubernetes.Interface) *Allocator {
 		DeleteFunc: func(obj any) { a.forget(obj); a.notify() },
 	})
 	return a
+}
+
+// kindsHandoff is what the kinds' container edits read, from a.cfg: built
+// once, so that Allocate does not build it per call.
+func (a *Allocator) kindsHandoff() devicekind.Handoff {
+	return devicekind.Handoff{
+		HostRoot:       a.cfg.HostRoot,
+		EnvVar:         a.cfg.DeviceListStrategies.Has(StrategyEnvVar),
+		CDICRI:         a.cfg.DeviceListStrategies.Has(StrategyCDICRI),
+		CDIAnnotations: a.cfg.DeviceListStrategies.Has(StrategyCDIAnnotations),
+		Device:         a.device,
+	}
 }
 
 // Run runs the pod informer until ctx ends. checkpoint, if set, is the kubelet's

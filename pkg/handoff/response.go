@@ -46,61 +46,52 @@ func ClassEnv(class string) string {
 // device ids, and each kind's container edits (in the registry's order).
 func (a *Allocator) response(m match, class string) (*pluginapi.ContainerAllocateResponse, error) {
 	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{ClassEnv(class): strings.Join(m.devices, ",")}}
-	// Every device of the container, by kind, in assignment order (classes
-	// sorted): see the note on the environment above.
-	all := map[devicekind.Kind][]*v1alpha1.Device{}
+	for _, id := range m.devices {
+		if a.device(id) == nil {
+			return nil, fmt.Errorf("device %s of class %s is no longer on this node", id, class)
+		}
+	}
+	e := devicekind.ContainerEdits{Env: resp.Envs}
+	for _, k := range a.kinds.Kinds() {
+		var mine []*v1alpha1.Device
+		for _, id := range m.devices {
+			if d := a.device(id); a.kinds.Kind(d.Kind) == k {
+				mine = append(mine, d)
+			}
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		if err := k.ContainerEdits(&a.handoff, mine, a.containerDevices(m, k), &e); err != nil {
+			return nil, fmt.Errorf("devices of class %s: %w", class, err)
+		}
+	}
+	resp.Devices = a.existing(e.DeviceNodes)
+	for _, n := range e.CDIDevices {
+		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: n})
+	}
+	resp.Annotations = e.Annotations
+	return resp, nil
+}
+
+// containerDevices are m's container's devices of kind k across all its
+// classes, in assignment order (classes sorted): see the note on the
+// environment above.
+func (a *Allocator) containerDevices(m match, k devicekind.Kind) []*v1alpha1.Device {
+	var out []*v1alpha1.Device
 	for _, c := range m.pod.assignment.Containers {
 		if c.Name != m.container {
 			continue
 		}
 		for _, cl := range slices.Sorted(maps.Keys(c.Classes)) {
 			for _, id := range c.Classes[cl] {
-				if d := a.device(id); d != nil {
-					if k := a.kinds.Kind(d.Kind); k != nil && !slices.Contains(all[k], d) {
-						all[k] = append(all[k], d)
-					}
+				if d := a.device(id); d != nil && a.kinds.Kind(d.Kind) == k && !slices.Contains(out, d) {
+					out = append(out, d)
 				}
 			}
 		}
 	}
-	mine := map[devicekind.Kind][]*v1alpha1.Device{}
-	for _, id := range m.devices {
-		d := a.device(id)
-		if d == nil {
-			return nil, fmt.Errorf("device %s of class %s is no longer on this node", id, class)
-		}
-		if k := a.kinds.Kind(d.Kind); k != nil {
-			mine[k] = append(mine[k], d)
-		}
-	}
-	h := devicekind.Handoff{
-		HostRoot:       a.cfg.HostRoot,
-		EnvVar:         a.cfg.DeviceListStrategies.Has(StrategyEnvVar),
-		CDICRI:         a.cfg.DeviceListStrategies.Has(StrategyCDICRI),
-		CDIAnnotations: a.cfg.DeviceListStrategies.Has(StrategyCDIAnnotations),
-		Device:         a.device,
-	}
-	for _, k := range a.kinds.Kinds() {
-		if len(mine[k]) == 0 {
-			continue
-		}
-		e, err := k.ContainerEdits(h, mine[k], all[k])
-		if err != nil {
-			return nil, fmt.Errorf("devices of class %s: %w", class, err)
-		}
-		maps.Copy(resp.Envs, e.Env)
-		resp.Devices = append(resp.Devices, a.existing(e.DeviceNodes)...)
-		for _, n := range e.CDIDevices {
-			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: n})
-		}
-		if len(e.Annotations) > 0 {
-			if resp.Annotations == nil {
-				resp.Annotations = map[string]string{}
-			}
-			maps.Copy(resp.Annotations, e.Annotations)
-		}
-	}
-	return resp, nil
+	return out
 }
 
 // existing hands over the device nodes the host has, read-write at the same

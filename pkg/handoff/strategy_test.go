@@ -45,6 +45,7 @@ func allocateWith(t *testing.T, strategies Strategies) []*pluginapi.ContainerAll
 	p := pod("a", map[string]map[string][]string{"main": {"nvidia.high.mem": {"GPU-2"}, "any-gpu": {"GPU-0"}}})
 	f := newFixture(t, p)
 	f.alloc.cfg.DeviceListStrategies = strategies
+	f.alloc.handoff = f.alloc.kindsHandoff()
 	var out []*pluginapi.ContainerAllocateResponse
 	for _, c := range []struct{ resource, id string }{{highMem, "GPU-2"}, {"class.resclass.io/any-gpu", "GPU-0"}} {
 		resp, err := f.allocate(c.resource, c.id)

@@ -116,13 +116,18 @@ func (s *sources) discoverGPUs() ([]v1alpha1.Device, metav1.Condition) {
 // discoverHost reads every kind the agent polls (NICs, hugepage pools: sysfs
 // only, cheap enough for every poll), in the registry's order.
 func (s *sources) discoverHost() ([]v1alpha1.Device, []metav1.Condition) {
+	kinds := s.kinds().Kinds()
 	var devices []v1alpha1.Device
-	var conds []metav1.Condition
+	conds := make([]metav1.Condition, 0, len(kinds))
 	opts := devicekind.DiscoverOptions{HostRoot: s.opts.hostRoot, IncludeVirtual: s.opts.includeVirtual}
-	for _, k := range s.kinds().Kinds() {
+	for _, k := range kinds {
 		if p, ok := k.(devicekind.Poller); ok {
 			found, cond := p.Discover(opts)
-			devices = append(devices, found...)
+			if devices == nil {
+				devices = found // the first kind's slice, not a copy: this runs at every poll
+			} else {
+				devices = append(devices, found...)
+			}
 			conds = append(conds, cond)
 		}
 	}

@@ -94,11 +94,14 @@ func (Kind) Labels(devices []*v1alpha1.Device) map[string]string {
 }
 
 // Summarize counts pools.
-func (Kind) Summarize(s *v1alpha1.DeviceSummary, _ *v1alpha1.Device) { s.HugePagePools++ }
+func (Kind) Summarize(s v1alpha1.DeviceSummary, _ *v1alpha1.Device) v1alpha1.DeviceSummary {
+	s.HugePagePools++
+	return s
+}
 
 // ContainerEdits name the container's pools, their page sizes and NUMA nodes
 // (absent for machine-wide pools: there is no node to name).
-func (Kind) ContainerEdits(_ devicekind.Handoff, _, all []*v1alpha1.Device) (*devicekind.ContainerEdits, error) {
+func (Kind) ContainerEdits(_ *devicekind.Handoff, _, all []*v1alpha1.Device, e *devicekind.ContainerEdits) error {
 	ids := make([]string, len(all))
 	var sizes, numa []string
 	for i, d := range all {
@@ -110,12 +113,10 @@ func (Kind) ContainerEdits(_ devicekind.Handoff, _, all []*v1alpha1.Device) (*de
 			numa = append(numa, strconv.FormatInt(*n, 10))
 		}
 	}
-	e := &devicekind.ContainerEdits{Env: map[string]string{
-		EnvPool: strings.Join(ids, ","),
-		EnvSize: strings.Join(sizes, ","),
-	}}
+	e.Env[EnvPool] = strings.Join(ids, ",")
+	e.Env[EnvSize] = strings.Join(sizes, ",")
 	if len(numa) == len(all) {
 		e.Env[EnvNUMANode] = strings.Join(numa, ",")
 	}
-	return e, nil
+	return nil
 }

@@ -104,12 +104,15 @@ func (Kind) Labels(devices []*v1alpha1.Device) map[string]string {
 }
 
 // Summarize counts NICs.
-func (Kind) Summarize(s *v1alpha1.DeviceSummary, _ *v1alpha1.Device) { s.NICs++ }
+func (Kind) Summarize(s v1alpha1.DeviceSummary, _ *v1alpha1.Device) v1alpha1.DeviceSummary {
+	s.NICs++
+	return s
+}
 
 // ContainerEdits name the container's NICs by PCI address and interface, and
 // hand over a NIC bound to vfio-pci through its IOMMU group's device node and
 // the VFIO container device.
-func (Kind) ContainerEdits(h devicekind.Handoff, class, all []*v1alpha1.Device) (*devicekind.ContainerEdits, error) {
+func (Kind) ContainerEdits(h *devicekind.Handoff, class, all []*v1alpha1.Device, e *devicekind.ContainerEdits) error {
 	ids := make([]string, len(all))
 	var names []string
 	for i, d := range all {
@@ -118,12 +121,12 @@ func (Kind) ContainerEdits(h devicekind.Handoff, class, all []*v1alpha1.Device) 
 			names = append(names, *s)
 		}
 	}
-	e := &devicekind.ContainerEdits{Env: map[string]string{EnvPCIAddresses: strings.Join(ids, ",")}}
+	e.Env[EnvPCIAddresses] = strings.Join(ids, ",")
 	if len(names) > 0 {
 		e.Env[EnvInterfaces] = strings.Join(names, ",")
 	}
-	e.DeviceNodes = vfioDeviceNodes(h.HostRoot, class)
-	return e, nil
+	e.AddDeviceNodes(vfioDeviceNodes(h.HostRoot, class))
+	return nil
 }
 
 func vfioDeviceNodes(hostRoot string, nics []*v1alpha1.Device) []string {

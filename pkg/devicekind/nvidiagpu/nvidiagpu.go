@@ -145,10 +145,11 @@ func (Kind) Labels(devices []*v1alpha1.Device) map[string]string {
 }
 
 // Summarize counts whole GPUs.
-func (Kind) Summarize(s *v1alpha1.DeviceSummary, d *v1alpha1.Device) {
+func (Kind) Summarize(s v1alpha1.DeviceSummary, d *v1alpha1.Device) v1alpha1.DeviceSummary {
 	if d.Kind == v1alpha1.DeviceKindNvidiaGPU {
 		s.GPUs++
 	}
+	return s
 }
 
 // ContainerEdits follow the device-list strategies: envvar sets
@@ -156,40 +157,60 @@ func (Kind) Summarize(s *v1alpha1.DeviceSummary, d *v1alpha1.Device) {
 // merges the classes' responses, the last one wins) and the device nodes;
 // cdi-cri and cdi-annotations name the devices in the CDI spec the agent
 // writes (pkg/cdispec).
-func (Kind) ContainerEdits(h devicekind.Handoff, class, all []*v1alpha1.Device) (*devicekind.ContainerEdits, error) {
-	e := &devicekind.ContainerEdits{}
+func (Kind) ContainerEdits(h *devicekind.Handoff, class, all []*v1alpha1.Device, e *devicekind.ContainerEdits) error {
 	if h.EnvVar {
-		// GPUs first, then MIG devices, each in assignment order.
-		gpusFirst := slices.Concat(ofKind(all, v1alpha1.DeviceKindNvidiaGPU), ofKind(all, v1alpha1.DeviceKindNvidiaMIG))
-		e.Env = map[string]string{EnvVisibleDevices: joinIDs(gpusFirst)}
-		e.DeviceNodes = deviceNodes(h, class)
+		e.Env[EnvVisibleDevices] = joinIDs(gpusFirst(all))
+		e.AddDeviceNodes(deviceNodes(h, class))
+	}
+	if !h.CDICRI && !h.CDIAnnotations {
+		return nil
 	}
 	names := make([]string, len(class))
 	for i, d := range class {
 		names[i] = cdispec.DeviceName(d.ID)
 	}
 	if h.CDICRI {
-		e.CDIDevices = names
+		e.CDIDevices = append(e.CDIDevices, names...)
 	}
 	if h.CDIAnnotations {
 		key, err := cdiAnnotationKey(class[0].ID)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		value, err := cdi.AnnotationValue(names)
 		if err != nil {
-			return nil, fmt.Errorf("CDI annotation: %w", err)
+			return fmt.Errorf("CDI annotation: %w", err)
 		}
-		e.Annotations = map[string]string{key: value}
+		if e.Annotations == nil {
+			e.Annotations = map[string]string{}
+		}
+		e.Annotations[key] = value
 	}
-	return e, nil
+	return nil
+}
+
+// gpusFirst orders devices GPUs first, then MIG devices, each in the order
+// given; without MIG devices (the common case) it returns devices as they are.
+func gpusFirst(devices []*v1alpha1.Device) []*v1alpha1.Device {
+	if !slices.ContainsFunc(devices, func(d *v1alpha1.Device) bool { return d.Kind == v1alpha1.DeviceKindNvidiaMIG }) {
+		return devices
+	}
+	out := make([]*v1alpha1.Device, 0, len(devices))
+	for _, kind := range []string{v1alpha1.DeviceKindNvidiaGPU, v1alpha1.DeviceKindNvidiaMIG} {
+		for _, d := range devices {
+			if d.Kind == kind {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
 }
 
 // deviceNodes lists the device nodes of gpus (a MIG device's are its
 // parent's) and the control devices; the hand-off keeps those the host has:
 // a runtime fails a container whose device node is missing, and NVIDIA's
 // runtime or CDI injects them anyway where the driver is installed.
-func deviceNodes(h devicekind.Handoff, gpus []*v1alpha1.Device) []string {
+func deviceNodes(h *devicekind.Handoff, gpus []*v1alpha1.Device) []string {
 	var paths []string
 	for _, d := range gpus {
 		src := d
@@ -223,16 +244,6 @@ func cdiAnnotationKey(firstID string) (string, error) {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(firstID))
 	return cdi.AnnotationKey(cdiAnnotationPlugin, strconv.FormatUint(h.Sum64(), 16))
-}
-
-func ofKind(devices []*v1alpha1.Device, kind string) []*v1alpha1.Device {
-	var out []*v1alpha1.Device
-	for _, d := range devices {
-		if d.Kind == kind {
-			out = append(out, d)
-		}
-	}
-	return out
 }
 
 func joinIDs(devices []*v1alpha1.Device) string {
