@@ -238,7 +238,7 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 	events := newEvents(ctx, a.kube, a.config.NodeName)
 	r.recorder = events
 	r.onStop(func() { events.flush(ctx, a.config.ShutdownTimeout) })
-	// The health watcher runs while NVML is open (r.openNVML starts it).
+	// The health watcher runs while NVML is open (rediscoverGPUs starts it).
 	r.onStop(func() { r.stopWatch() })
 
 	// Informers on this node's two objects only; any change triggers a pass.
