@@ -34,7 +34,7 @@ func TestDemo(t *testing.T) {
 		"resclass.io/assignment: {\"node\":\"dgx-a100\"",
 		"A corrupt assignment is refused",
 		"only the resclass scheduler may set, change or remove the pod annotation",
-		// the webhook: seeds 000 and 001
+		// the webhook: the affinity policy and the critical-pods quota
 		"empty namespaceSelector selects every namespace",
 		"insufficient quota to match these scopes: [{CrossNamespacePodAffinity Exists []}]",
 		"insufficient quota to match these scopes: [{PriorityClass In [cluster-services]}]",
