@@ -135,8 +135,18 @@ type Record struct {
 	Message string
 }
 
-// New returns an allocator whose informer lists the pods bound to cfg.Node.
-func New(cfg Config, kube kubernetes.Interface) *Allocator {
+// NodePods is an informer factory of the pods bound to node only (field
+// selector spec.nodeName): its pod informer is New's. The caller starts it,
+// after New, which sets the informer's transform and indexers.
+func NodePods(kube kubernetes.Interface, node string) kubeinformers.SharedInformerFactory {
+	return kubeinformers.NewSharedInformerFactoryWithOptions(kube, 0, kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+	}))
+}
+
+// New returns an allocator that finds the pods in pods, the informer of the
+// pods bound to cfg.Node (NodePods), not started yet.
+func New(cfg Config, pods cache.SharedIndexInformer) *Allocator {
 	if cfg.PoolSlots <= 0 {
 		cfg.PoolSlots = 110
 	}
@@ -149,13 +159,10 @@ func New(cfg Config, kube kubernetes.Interface) *Allocator {
 	if cfg.Kinds == nil {
 		cfg.Kinds = kinds.Builtin
 	}
-	factory := kubeinformers.NewSharedInformerFactoryWithOptions(kube, 0, kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.Node).String()
-	}))
 	a := &Allocator{
 		cfg:       cfg,
 		kinds:     cfg.Kinds,
-		informer:  factory.Core().V1().Pods().Informer(),
+		informer:  pods,
 		changed:   make(chan struct{}),
 		allocated: map[allocKey]*Record{},
 	}
@@ -185,12 +192,12 @@ func (a *Allocator) kindsHandoff() devicekind.Handoff {
 	}
 }
 
-// Run runs the pod informer until ctx ends. checkpoint, if set, is the kubelet's
+// Run waits for the pod informer (started by its factory) to sync, then marks
+// the allocator ready until ctx ends. checkpoint, if set, is the kubelet's
 // device-manager checkpoint: what it lists for class resources counts as
 // allocated, so an agent restarted between two pods of a shared pool does not
 // hand the same container's slot out twice.
 func (a *Allocator) Run(ctx context.Context, checkpoint string) error {
-	go a.informer.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), a.informer.HasSynced) {
 		return ctx.Err()
 	}

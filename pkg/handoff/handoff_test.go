@@ -77,7 +77,10 @@ func newFixtureWaiting(t testing.TB, wait time.Duration, pods ...*corev1.Pod) *f
 			t.Fatal(err)
 		}
 	}
-	f.alloc = New(Config{Node: node, HostRoot: t.TempDir(), PoolSlots: 4, WaitForPod: wait, Recorder: f.recorder, Metrics: f.metrics}, f.kube)
+	factory := NodePods(f.kube, node)
+	f.alloc = New(Config{Node: node, HostRoot: t.TempDir(), PoolSlots: 4, WaitForPod: wait, Recorder: f.recorder, Metrics: f.metrics}, factory.Core().V1().Pods().Informer())
+	factory.Start(ctx.Done())
+	t.Cleanup(func() { cancel(); factory.Shutdown() }) // the informer stops with ctx
 	f.alloc.SetDevices(inventory())
 	go func() { _ = f.alloc.Run(ctx, "") }()
 	for !f.alloc.HasSynced() {

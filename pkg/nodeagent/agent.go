@@ -268,7 +268,7 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 	kf.WaitForCacheSync(ctx.Done())
 
 	// The kubelet-facing half: the ResourceClasses (a change triggers a
-	// pass), the pods of this node (pkg/handoff's informer), the endpoints.
+	// pass), the pods bound to this node (for pkg/handoff), the endpoints.
 	// A kubelet call that arrives must find the pods it is about, so the
 	// endpoints are served once both informers are synced.
 	if a.config.PluginDir != "" {
@@ -279,14 +279,17 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 		}
 		cf.Start(ctx.Done())
 		r.onStop(cf.Shutdown)
-		allocator := a.newAllocator(r.recorder)
+		pf := handoff.NodePods(a.kube, a.config.NodeName)
+		allocator := a.newAllocator(r.recorder, pf.Core().V1().Pods().Informer())
+		pf.Start(ctx.Done())
+		r.onStop(pf.Shutdown)
 		spec, err := a.newCDISpec(logger)
 		if err != nil {
 			return r, err
 		}
 		r.goroutine(func() {
 			if err := allocator.Run(ctx, filepath.Join(a.config.PluginDir, handoff.CheckpointFile)); err != nil && ctx.Err() == nil {
-				logger.Error(err, "pod informer stopped")
+				logger.Error(err, "allocator stopped")
 			}
 		})
 		if !cache.WaitForCacheSync(ctx.Done(), classes.Informer().HasSynced, allocator.HasSynced) {

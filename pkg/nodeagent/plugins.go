@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	specs "tags.cncf.io/container-device-interface/specs-go"
@@ -127,14 +128,14 @@ type pluginSet struct {
 	cdi *cdiSpec
 }
 
-// newAllocator answers the kubelet's calls from the pods' assignments; it
-// runs (its pod informer) once started.
-func (a *Agent) newAllocator(recorder record.EventRecorder) *handoff.Allocator {
+// newAllocator answers the kubelet's calls from the assignments of pods, the
+// informer of the node's pods (handoff.NodePods).
+func (a *Agent) newAllocator(recorder record.EventRecorder, pods cache.SharedIndexInformer) *handoff.Allocator {
 	return handoff.New(handoff.Config{
 		Node: a.config.NodeName, HostRoot: a.config.HostRoot, PoolSlots: a.config.HugepagePoolSlots,
 		WaitForPod: a.config.WaitForPod, Recorder: recorder, Metrics: a.metrics.handoff,
 		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,
-	}, a.kube)
+	}, pods)
 }
 
 // newCDISpec keeps the CDI spec with a CDI strategy; nil otherwise.
