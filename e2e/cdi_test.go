@@ -21,6 +21,7 @@ import (
 	"github.com/resclass/resclass/e2e/framework/cri"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -75,7 +76,7 @@ func TestDeviceListStrategies(t *testing.T) {
 		check      func(t *testing.T, r cri.Record, gpu string, cdiDir string)
 	}{
 		{handoff.Strategies{handoff.StrategyEnvVar}, func(t *testing.T, r cri.Record, gpu, _ string) {
-			if r.Env[handoff.EnvNvidiaVisibleDevices] != gpu || len(r.CDIDevices) != 0 || hasCDIAnnotation(r) {
+			if r.Env[nvidiagpu.EnvVisibleDevices] != gpu || len(r.CDIDevices) != 0 || hasCDIAnnotation(r) {
 				t.Errorf("envvar: env %v, CDI devices %v, annotations %v; want NVIDIA_VISIBLE_DEVICES=%s and no CDI", r.Env, r.CDIDevices, r.Annotations, gpu)
 			}
 			var nodes []string
@@ -91,7 +92,7 @@ func TestDeviceListStrategies(t *testing.T) {
 			for _, d := range r.CDIDevices {
 				names = append(names, d.Name)
 			}
-			if !slices.Equal(names, []string{cdispec.DeviceName(gpu)}) || hasCDIAnnotation(r) || r.Env[handoff.EnvNvidiaVisibleDevices] != "" {
+			if !slices.Equal(names, []string{cdispec.DeviceName(gpu)}) || hasCDIAnnotation(r) || r.Env[nvidiagpu.EnvVisibleDevices] != "" {
 				t.Errorf("cdi-cri: CDI devices %v, annotations %v, env %v", names, r.Annotations, r.Env)
 			}
 			resolve(t, cdiDir, names, "/dev/nvidia1")

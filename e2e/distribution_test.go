@@ -28,7 +28,7 @@ import (
 const secretValue = "s3cr3t-e2e-d1str1but10n-value"
 
 // TestResourceDistribution: the ResourceDistribution controller and webhook
-// (seed 002) on the real apiserver, with the real garbage collector, each
+// (docs/distribution.md) on the real apiserver, with the real garbage collector, each
 // under its own identity.
 func TestResourceDistribution(t *testing.T) {
 	diagnoseOnFailure(t, cluster)

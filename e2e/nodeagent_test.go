@@ -22,11 +22,12 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	resclassac "github.com/resclass/resclass/pkg/client/applyconfiguration/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/discovery/hugepages"
 	"github.com/resclass/resclass/pkg/discovery/nic"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
-	"github.com/resclass/resclass/pkg/inventory"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
 
@@ -123,7 +124,7 @@ func TestNodeAgents(t *testing.T) {
 			return nd.Status.Summary == summary
 		})
 		// The labels follow the NodeDevices write.
-		wantLabels := inventory.NodeLabels(nd.Status.Devices)
+		wantLabels := kinds.Builtin.NodeLabels(nd.Status.Devices)
 		var node *corev1.Node
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			var err error
@@ -155,8 +156,8 @@ func TestNodeAgents(t *testing.T) {
 		t.Errorf("agent-nic: %s condition %+v, want False/Unavailable", nodeagent.ConditionNVML, c)
 	}
 	dgxNode, _ := cluster.Client.CoreV1().Nodes().Get(ctx, "agent-dgx", metav1.GetOptions{})
-	if got := dgxNode.Labels[inventory.LabelGPUProduct]; got != "Mock-NVIDIA-A100-SXM4-40GB" {
-		t.Errorf("agent-dgx: %s=%q", inventory.LabelGPUProduct, got)
+	if got := dgxNode.Labels[nvidiagpu.LabelProduct]; got != "Mock-NVIDIA-A100-SXM4-40GB" {
+		t.Errorf("agent-dgx: %s=%q", nvidiagpu.LabelProduct, got)
 	}
 
 	t.Run("unchanged inventory is not rewritten", func(t *testing.T) {
@@ -221,7 +222,7 @@ func TestNodeAgents(t *testing.T) {
 		_, err = arc.ResclassV1alpha1().NodeDevices().Apply(ctx, resclassac.NodeDevices("not-a-node").
 			WithOwnerReferences(metav1ac.OwnerReference().WithAPIVersion("v1").WithKind("Node").WithName("x").WithUID("y")), apply)
 		forbidden("NodeDevices of another name", "may not write nodedevices not-a-node", err)
-		_, err = akc.CoreV1().Nodes().Apply(ctx, corev1ac.Node("agent-nic").WithLabels(map[string]string{inventory.LabelGPUCount: "64"}), apply)
+		_, err = akc.CoreV1().Nodes().Apply(ctx, corev1ac.Node("agent-nic").WithLabels(map[string]string{nvidiagpu.LabelCount: "64"}), apply)
 		forbidden("labels of another Node", "may not write nodes agent-nic", err)
 		_, err = akc.CoreV1().Nodes().Apply(ctx, corev1ac.Node("agent-dgx").WithLabels(map[string]string{"team": "intruder"}), apply)
 		forbidden("a label outside resclass.io/ on its own Node", "resclass.io/ labels only", err)

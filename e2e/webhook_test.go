@@ -26,8 +26,9 @@ var webhookLabel = map[string]string{"e2e-resclass-webhook": "on"}
 
 // The covering-quota rules of the seeds, in the apiserver's own formats.
 const (
-	// Seed 000, "only allow cross-namespace affinity in some namespaces",
-	// with the seed's spelling of the scope, and seed 001 story 1 beside it.
+	// "Only allow cross-namespace affinity in some namespaces", with the
+	// scope spelled as the policy's proposal spells it, and the critical-pods
+	// quota rule (story 1, docs/webhook.md) beside it.
 	quotaSeed000And001Story1 = `apiVersion: apiserver.config.k8s.io/v1
 kind: ResourceQuotaConfiguration
 limitedResources:

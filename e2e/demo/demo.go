@@ -154,7 +154,7 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		return err
 	}
 
-	p.section("9. Policies of seeds 000 and 001, enforced by the webhook beside the apiserver's quota")
+	p.section("9. The affinity policy and the critical-pods quota, enforced by the webhook beside the apiserver's quota")
 	if err := policyPods(ctx, p, cluster); err != nil {
 		return err
 	}

@@ -34,12 +34,12 @@ func TestDemo(t *testing.T) {
 		"resclass.io/assignment: {\"node\":\"dgx-a100\"",
 		"A corrupt assignment is refused",
 		"only the resclass scheduler may set, change or remove the pod annotation",
-		// the webhook: seeds 000 and 001
+		// the webhook: the affinity policy and the critical-pods quota
 		"empty namespaceSelector selects every namespace",
 		"insufficient quota to match these scopes: [{CrossNamespacePodAffinity Exists []}]",
 		"insufficient quota to match these scopes: [{PriorityClass In [cluster-services]}]",
 		"exceeded quota: cluster-services",
-		// seed 002
+		// ResourceDistribution
 		"ml-settings  ConfigMap  ml-settings  2        2",
 		`Synced=False (Conflict): Secret "registry" exists in 1 target namespace(s) and is not this distribution's; it is left untouched: ml-serve`,
 		`user "dana" may not create secrets in 2 target namespace(s): ml-serve, web`,

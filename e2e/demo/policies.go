@@ -78,7 +78,8 @@ func badClass(ctx context.Context, p *printer, c *framework.Cluster) error {
 	return nil
 }
 
-// policyPods walks through seeds 000 and 001 with the example rule.
+// policyPods walks through the affinity policy and the critical-pods quota rule
+// with the example rule (docs/webhook.md).
 func policyPods(ctx context.Context, p *printer, c *framework.Cluster) error {
 	pods := c.Client.CoreV1().Pods("demo")
 	if _, err := c.Client.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{
@@ -120,7 +121,7 @@ func policyPods(ctx context.Context, p *printer, c *framework.Cluster) error {
 			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "batch"}},
 		}}}}
 	})
-	if err := try("seed 000: anti-affinity with namespaceSelector: {} (every namespace)", antiAll, false); err != nil {
+	if err := try("affinity policy: anti-affinity with namespaceSelector: {} (every namespace)", antiAll, false); err != nil {
 		return err
 	}
 	crossNS := pod("near-the-db", func(p *corev1.Pod) {
@@ -129,11 +130,11 @@ func policyPods(ctx context.Context, p *printer, c *framework.Cluster) error {
 			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
 		}}}}
 	})
-	if err := try("seed 000: affinity to pods in namespace databases, no quota in demo", crossNS, false); err != nil {
+	if err := try("affinity policy: affinity to pods in namespace databases, no quota in demo", crossNS, false); err != nil {
 		return err
 	}
 	critical := pod("critical", func(p *corev1.Pod) { p.Spec.PriorityClassName = "cluster-services" })
-	if err := try("seed 001: priorityClassName cluster-services, no quota in demo", critical, false); err != nil {
+	if err := try("critical-pods quota: priorityClassName cluster-services, no quota in demo", critical, false); err != nil {
 		return err
 	}
 	p.line("  kubectl -n demo create quota: pods: \"2\", scoped PriorityClass In [cluster-services]")
@@ -151,7 +152,7 @@ func policyPods(ctx context.Context, p *printer, c *framework.Cluster) error {
 	}
 	for i, want := range []bool{true, true, false} {
 		name := fmt.Sprintf("critical-%d", i+1)
-		what := fmt.Sprintf("seed 001: %s with priorityClassName cluster-services", name)
+		what := fmt.Sprintf("critical-pods quota: %s with priorityClassName cluster-services", name)
 		if !want {
 			what += " (the quota's third)"
 		}
@@ -201,7 +202,7 @@ func startDistribution(ctx context.Context, p *printer, c *framework.Cluster) (*
 	return ctl, nil
 }
 
-// distribute walks through seed 002: a ConfigMap copied into the namespaces a
+// distribute walks through ResourceDistribution: a ConfigMap copied into the namespaces a
 // label selects, one that joins later, a Secret that meets a foreign
 // same-named Secret (left alone, reported), and an author who may not write
 // every target (refused).

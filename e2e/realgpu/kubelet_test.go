@@ -33,6 +33,7 @@ import (
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/cdispec"
 	rcfake "github.com/resclass/resclass/pkg/client/clientset/versioned/fake"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -151,7 +152,7 @@ func runKubeletScenario(t *testing.T, sc scenario) {
 			want := []string{cdispec.DeviceName(gpu.ID)}
 			switch strategy {
 			case handoff.StrategyEnvVar:
-				if env[handoff.EnvNvidiaVisibleDevices] != gpu.ID || len(cdiNames) != 0 || len(annotated) != 0 {
+				if env[nvidiagpu.EnvVisibleDevices] != gpu.ID || len(cdiNames) != 0 || len(annotated) != 0 {
 					t.Errorf("envvar: env %v, CDI devices %v, annotations %v; want NVIDIA_VISIBLE_DEVICES=%s and no CDI", env, cdiNames, annotations, gpu.ID)
 				}
 				var paths []string
@@ -165,14 +166,14 @@ func runKubeletScenario(t *testing.T, sc scenario) {
 				if !slices.Contains(paths, gpuNode) || !slices.Contains(paths, "/dev/nvidiactl") {
 					t.Errorf("envvar: device nodes %v, want %s and /dev/nvidiactl", paths, gpuNode)
 				}
-				t.Logf("envvar: the container gets NVIDIA_VISIBLE_DEVICES=%s and the device nodes %v", env[handoff.EnvNvidiaVisibleDevices], paths)
+				t.Logf("envvar: the container gets NVIDIA_VISIBLE_DEVICES=%s and the device nodes %v", env[nvidiagpu.EnvVisibleDevices], paths)
 			case handoff.StrategyCDICRI:
-				if !slices.Equal(cdiNames, want) || len(annotated) != 0 || env[handoff.EnvNvidiaVisibleDevices] != "" || len(opts.Devices) != 0 {
+				if !slices.Equal(cdiNames, want) || len(annotated) != 0 || env[nvidiagpu.EnvVisibleDevices] != "" || len(opts.Devices) != 0 {
 					t.Errorf("cdi-cri: CDI devices %v, annotations %v, env %v, device nodes %v; want CDI devices %v only", cdiNames, annotations, env, opts.Devices, want)
 				}
 				resolveOnHost(t, sc.hostRoot, cdiDir, cdiNames, gpuNode)
 			case handoff.StrategyCDIAnnotations:
-				if !slices.Equal(annotated, want) || len(cdiNames) != 0 || env[handoff.EnvNvidiaVisibleDevices] != "" || len(opts.Devices) != 0 {
+				if !slices.Equal(annotated, want) || len(cdiNames) != 0 || env[nvidiagpu.EnvVisibleDevices] != "" || len(opts.Devices) != 0 {
 					t.Errorf("cdi-annotations: annotations %v, CDI devices %v, env %v, device nodes %v; want the annotation naming %v only", annotations, cdiNames, env, opts.Devices, want)
 				}
 				resolveOnHost(t, sc.hostRoot, cdiDir, annotated, gpuNode)

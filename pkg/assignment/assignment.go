@@ -2,8 +2,9 @@
 // resclass scheduler to the resclass node agent: which devices of which class each
 // container of a pod gets.
 //
-// The scheduler picks the exact device ids in PreBind and writes them onto the pod
-// before binding it. When the kubelet later calls Allocate on the node agent, the
+// The scheduler picks the exact device ids in Reserve and writes them onto the pod
+// with the pod's Binding (or, when configured, with a PreBind patch before binding
+// it; docs/scheduler.md). When the kubelet later calls Allocate on the node agent, the
 // agent reads them back and hands each container exactly the devices the scheduler
 // accounted for. Writer and reader must agree on every detail of the format, hence
 // one package used by both.

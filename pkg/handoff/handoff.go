@@ -1,5 +1,5 @@
 // Package handoff is the node agent's side of the hand-off from the resclass
-// scheduler (DESIGN.md, "The hand-off"): it answers the kubelet's
+// scheduler (docs/architecture.md, "The hand-off"): it answers the kubelet's
 // GetPreferredAllocation and Allocate calls with the devices the scheduler wrote
 // into the pod's resclass.io/assignment annotation.
 //
@@ -51,6 +51,8 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 )
 
 // Event reasons, on the pod.
@@ -79,12 +81,17 @@ type Config struct {
 	// DeviceListStrategies say how GPUs are named to the runtime (envvar
 	// when empty; see DeviceListStrategy).
 	DeviceListStrategies Strategies
+	// Kinds say what a container gets for each kind of device
+	// (kinds.Builtin when nil).
+	Kinds *devicekind.Registry
 }
 
 // Allocator answers the kubelet's allocation calls for every class endpoint of
 // the node.
 type Allocator struct {
 	cfg      Config
+	kinds    *devicekind.Registry
+	handoff  devicekind.Handoff // what the kinds' container edits read
 	informer cache.SharedIndexInformer
 	devices  atomic.Pointer[map[string]*v1alpha1.Device]
 
@@ -128,8 +135,18 @@ type Record struct {
 	Message string
 }
 
-// New returns an allocator whose informer lists the pods bound to cfg.Node.
-func New(cfg Config, kube kubernetes.Interface) *Allocator {
+// NodePods is an informer factory of the pods bound to node only (field
+// selector spec.nodeName): its pod informer is New's. The caller starts it,
+// after New, which sets the informer's transform and indexers.
+func NodePods(kube kubernetes.Interface, node string) kubeinformers.SharedInformerFactory {
+	return kubeinformers.NewSharedInformerFactoryWithOptions(kube, 0, kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+	}))
+}
+
+// New returns an allocator that finds the pods in pods, the informer of the
+// pods bound to cfg.Node (NodePods), not started yet.
+func New(cfg Config, pods cache.SharedIndexInformer) *Allocator {
 	if cfg.PoolSlots <= 0 {
 		cfg.PoolSlots = 110
 	}
@@ -139,15 +156,17 @@ func New(cfg Config, kube kubernetes.Interface) *Allocator {
 	if cfg.HostRoot == "" {
 		cfg.HostRoot = "/"
 	}
-	factory := kubeinformers.NewSharedInformerFactoryWithOptions(kube, 0, kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.Node).String()
-	}))
+	if cfg.Kinds == nil {
+		cfg.Kinds = kinds.Builtin
+	}
 	a := &Allocator{
 		cfg:       cfg,
-		informer:  factory.Core().V1().Pods().Informer(),
+		kinds:     cfg.Kinds,
+		informer:  pods,
 		changed:   make(chan struct{}),
 		allocated: map[allocKey]*Record{},
 	}
+	a.handoff = a.kindsHandoff()
 	empty := map[string]*v1alpha1.Device{}
 	a.devices.Store(&empty)
 	// Errors only when the informer has started, which it has not.
@@ -161,12 +180,24 @@ func New(cfg Config, kube kubernetes.Interface) *Allocator {
 	return a
 }
 
-// Run runs the pod informer until ctx ends. checkpoint, if set, is the kubelet's
+// kindsHandoff is what the kinds' container edits read, from a.cfg: built
+// once, so that Allocate does not build it per call.
+func (a *Allocator) kindsHandoff() devicekind.Handoff {
+	return devicekind.Handoff{
+		HostRoot:       a.cfg.HostRoot,
+		EnvVar:         a.cfg.DeviceListStrategies.Has(StrategyEnvVar),
+		CDICRI:         a.cfg.DeviceListStrategies.Has(StrategyCDICRI),
+		CDIAnnotations: a.cfg.DeviceListStrategies.Has(StrategyCDIAnnotations),
+		Device:         a.device,
+	}
+}
+
+// Run waits for the pod informer (started by its factory) to sync, then marks
+// the allocator ready until ctx ends. checkpoint, if set, is the kubelet's
 // device-manager checkpoint: what it lists for class resources counts as
 // allocated, so an agent restarted between two pods of a shared pool does not
 // hand the same container's slot out twice.
 func (a *Allocator) Run(ctx context.Context, checkpoint string) error {
-	go a.informer.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), a.informer.HasSynced) {
 		return ctx.Err()
 	}
@@ -208,8 +239,8 @@ func (a *Allocator) SetDevices(devices []v1alpha1.Device) {
 func (a *Allocator) device(id string) *v1alpha1.Device { return (*a.devices.Load())[id] }
 
 // KubeletIDs are the ids the kubelet knows d by: its own, or slots of a pool.
-func KubeletIDs(d *v1alpha1.Device, slots int) []string {
-	if d.Kind != v1alpha1.DeviceKindHugePages {
+func KubeletIDs(kinds *devicekind.Registry, d *v1alpha1.Device, slots int) []string {
+	if kinds.Allocation(d) != devicekind.Pool {
 		return []string{d.ID}
 	}
 	ids := make([]string, slots)

@@ -23,6 +23,10 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
+	"github.com/resclass/resclass/pkg/devicekind/hugepages"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nic"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 )
 
 const node = "gpu-node-1"
@@ -73,7 +77,10 @@ func newFixtureWaiting(t testing.TB, wait time.Duration, pods ...*corev1.Pod) *f
 			t.Fatal(err)
 		}
 	}
-	f.alloc = New(Config{Node: node, HostRoot: t.TempDir(), PoolSlots: 4, WaitForPod: wait, Recorder: f.recorder, Metrics: f.metrics}, f.kube)
+	factory := NodePods(f.kube, node)
+	f.alloc = New(Config{Node: node, HostRoot: t.TempDir(), PoolSlots: 4, WaitForPod: wait, Recorder: f.recorder, Metrics: f.metrics}, factory.Core().V1().Pods().Informer())
+	factory.Start(ctx.Done())
+	t.Cleanup(func() { cancel(); factory.Shutdown() }) // the informer stops with ctx
 	f.alloc.SetDevices(inventory())
 	go func() { _ = f.alloc.Run(ctx, "") }()
 	for !f.alloc.HasSynced() {
@@ -166,7 +173,7 @@ func TestAllocateGivesTheScheduledPodItsDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := resp.Envs[EnvNvidiaVisibleDevices]; got != "GPU-0,GPU-1" {
+	if got := resp.Envs[nvidiagpu.EnvVisibleDevices]; got != "GPU-0,GPU-1" {
 		t.Errorf("NVIDIA_VISIBLE_DEVICES=%q", got)
 	}
 	if got := resp.Envs["RESCLASS_DEVICES_NVIDIA_HIGH_MEM"]; got != "GPU-0,GPU-1" {
@@ -256,7 +263,7 @@ func TestAllocateWaitsForThePodToReachTheCache(t *testing.T) {
 		_, _ = f.kube.CoreV1().Pods("ml").Create(context.Background(), late, metav1.CreateOptions{})
 	}()
 	resp, err := f.allocate(highMem, "GPU-2")
-	if err != nil || resp.Envs[EnvNvidiaVisibleDevices] != "GPU-2" {
+	if err != nil || resp.Envs[nvidiagpu.EnvVisibleDevices] != "GPU-2" {
 		t.Fatalf("%v, %v", resp, err)
 	}
 }
@@ -298,21 +305,21 @@ func TestSeveralClassesInOneContainerAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nic, err := f.allocate(v1alpha1.ResourceNamePrefix+"fast.nic", "0000:3b:00.0")
+	nicResp, err := f.allocate(v1alpha1.ResourceNamePrefix+"fast.nic", "0000:3b:00.0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Whatever order the kubelet merges them in, the container sees both GPUs.
 	for _, r := range []*pluginapi.ContainerAllocateResponse{high, anyGPU} {
-		if got := r.Envs[EnvNvidiaVisibleDevices]; got != "GPU-3,GPU-1" {
+		if got := r.Envs[nvidiagpu.EnvVisibleDevices]; got != "GPU-3,GPU-1" {
 			t.Errorf("NVIDIA_VISIBLE_DEVICES=%q, want both GPUs in class order", got)
 		}
 	}
 	if high.Envs["RESCLASS_DEVICES_NVIDIA_ANY"] != "" || anyGPU.Envs["RESCLASS_DEVICES_NVIDIA_ANY"] != "GPU-3" {
 		t.Errorf("per-class variables: %v / %v", high.Envs, anyGPU.Envs)
 	}
-	if nic.Envs[EnvNICPCIAddresses] != "0000:3b:00.0" || nic.Envs[EnvNICInterfaces] != "ens1f0" || len(nic.Devices) != 0 {
-		t.Errorf("NIC response %v (no VFIO devices for mlx5_core)", nic)
+	if nicResp.Envs[nic.EnvPCIAddresses] != "0000:3b:00.0" || nicResp.Envs[nic.EnvInterfaces] != "ens1f0" || len(nicResp.Devices) != 0 {
+		t.Errorf("NIC response %v (no VFIO devices for mlx5_core)", nicResp)
 	}
 }
 
@@ -322,7 +329,7 @@ func TestHugepagePoolSlots(t *testing.T) {
 	b := pod("b", map[string]map[string][]string{"fwd": {"hugepages-1gig": {pool}}})
 	f := newFixture(t, a, b)
 	res := v1alpha1.ResourceNamePrefix + "hugepages-1gig"
-	slots := KubeletIDs(&inventory()[4], 4)
+	slots := KubeletIDs(kinds.Builtin, &inventory()[4], 4)
 	if len(slots) != 4 || slots[3] != pool+"/3" || DeviceID(slots[3]) != pool {
 		t.Fatalf("slots %v", slots)
 	}
@@ -335,7 +342,7 @@ func TestHugepagePoolSlots(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := map[string]string{EnvHugePagesPool: pool, EnvHugePagesSize: "1Gi", EnvHugePagesNUMANode: "0", "RESCLASS_DEVICES_HUGEPAGES_1GIG": pool}
+		want := map[string]string{hugepages.EnvPool: pool, hugepages.EnvSize: "1Gi", hugepages.EnvNUMANode: "0", "RESCLASS_DEVICES_HUGEPAGES_1GIG": pool}
 		for k, v := range want {
 			if resp.Envs[k] != v {
 				t.Errorf("%s=%q, want %q", k, resp.Envs[k], v)

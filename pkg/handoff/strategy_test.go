@@ -13,6 +13,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/resclass/resclass/pkg/cdispec"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
@@ -44,6 +45,7 @@ func allocateWith(t *testing.T, strategies Strategies) []*pluginapi.ContainerAll
 	p := pod("a", map[string]map[string][]string{"main": {"nvidia.high.mem": {"GPU-2"}, "any-gpu": {"GPU-0"}}})
 	f := newFixture(t, p)
 	f.alloc.cfg.DeviceListStrategies = strategies
+	f.alloc.handoff = f.alloc.kindsHandoff()
 	var out []*pluginapi.ContainerAllocateResponse
 	for _, c := range []struct{ resource, id string }{{highMem, "GPU-2"}, {"class.resclass.io/any-gpu", "GPU-0"}} {
 		resp, err := f.allocate(c.resource, c.id)
@@ -86,7 +88,7 @@ func TestDeviceListStrategies(t *testing.T) {
 		t.Errorf("cdi-cri: CRI field %v, annotations %v; want %v in the CRI field only", cri, annotated, want)
 	}
 	for _, r := range resps {
-		if _, ok := r.Envs[EnvNvidiaVisibleDevices]; ok || len(r.Devices) != 0 {
+		if _, ok := r.Envs[nvidiagpu.EnvVisibleDevices]; ok || len(r.Devices) != 0 {
 			t.Errorf("cdi-cri: NVIDIA_VISIBLE_DEVICES or device nodes sent: %v %v", r.Envs, r.Devices)
 		}
 		if r.Envs["RESCLASS_DEVICES_NVIDIA_HIGH_MEM"] == "" && r.Envs["RESCLASS_DEVICES_ANY_GPU"] == "" {
@@ -117,7 +119,7 @@ func TestDeviceListStrategies(t *testing.T) {
 
 	resps = allocateWith(t, Strategies{StrategyEnvVar, StrategyCDICRI})
 	cri, _, _ = cdiNames(resps)
-	if !slices.Equal(cri, want) || resps[0].Envs[EnvNvidiaVisibleDevices] != "GPU-0,GPU-2" {
+	if !slices.Equal(cri, want) || resps[0].Envs[nvidiagpu.EnvVisibleDevices] != "GPU-0,GPU-2" {
 		t.Errorf("envvar,cdi-cri: CRI field %v, env %v", cri, resps[0].Envs)
 	}
 }

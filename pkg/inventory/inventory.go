@@ -23,6 +23,8 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	resclassac "github.com/resclass/resclass/pkg/client/applyconfiguration/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 )
 
 // FieldManager is the server-side apply field manager of the node agent's writes.
@@ -35,6 +37,8 @@ type Publisher struct {
 	// Node is the Node the inventory belongs to: its name names the NodeDevices
 	// object and its UID goes into the ownerReference.
 	Node *corev1.Node
+	// Kinds say which node labels are the agent's (kinds.Builtin when nil).
+	Kinds *devicekind.Registry
 }
 
 // Publish makes the node's NodeDevices object hold status. current is the object
@@ -75,7 +79,11 @@ func (p *Publisher) Publish(ctx context.Context, current *v1alpha1.NodeDevices, 
 // before: server-side apply removes the labels a field manager stops applying.
 // node is the Node as last observed.
 func (p *Publisher) PublishLabels(ctx context.Context, node *corev1.Node, labels map[string]string) (bool, error) {
-	if labelsApplied(node, labels) {
+	reg := p.Kinds
+	if reg == nil {
+		reg = kinds.Builtin
+	}
+	if labelsApplied(reg, node, labels) {
 		return false, nil
 	}
 	ac := corev1ac.Node(p.Node.Name).WithLabels(labels)
@@ -85,16 +93,16 @@ func (p *Publisher) PublishLabels(ctx context.Context, node *corev1.Node, labels
 	return true, nil
 }
 
-// labelsApplied says whether the node has exactly labels among the resclass
-// labels, which are the only ones the agent applies.
-func labelsApplied(node *corev1.Node, labels map[string]string) bool {
+// labelsApplied says whether the node has exactly labels among the labels the
+// kinds may set, which are the only ones the agent applies.
+func labelsApplied(kinds *devicekind.Registry, node *corev1.Node, labels map[string]string) bool {
 	for k, v := range labels {
 		if node.Labels[k] != v {
 			return false
 		}
 	}
 	for k := range node.Labels {
-		if _, ok := labels[k]; !ok && IsLabel(k) {
+		if _, ok := labels[k]; !ok && kinds.IsLabel(k) {
 			return false
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,11 +20,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/client/informers/externalversions"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
@@ -81,6 +85,11 @@ type Config struct {
 	DeviceListStrategies handoff.Strategies
 	CDISpecDir           string
 	CDIDriverRoot        string
+
+	// Kinds are the device kinds the agent discovers (those that are
+	// devicekind.Pollers), labels and hands out; kinds.Builtin when nil. A
+	// test adds its own kind here (docs/architecture.md, "Adding a kind").
+	Kinds *devicekind.Registry
 }
 
 // Agent discovers its node's devices and keeps the node's NodeDevices object and
@@ -112,6 +121,9 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 	if config.ShutdownTimeout <= 0 {
 		config.ShutdownTimeout = 10 * time.Second
 	}
+	if config.Kinds == nil {
+		config.Kinds = kinds.Builtin
+	}
 	if m == nil {
 		m = newMetrics()
 	}
@@ -128,15 +140,19 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 // link state, free hugepages), the resync, and any change of the NodeDevices
 // object or the Node made by someone else — a deleted NodeDevices is
 // re-created within moments. Publishing writes only what differs from the
-// apiserver's copy, so the triggers cost reads, not writes.
+// apiserver's copy, so the triggers cost reads, not writes. The triggers meet
+// in one work queue (client-go's workqueue), which one worker drains: a burst
+// of triggers is one pass, and a pass that fails to publish is retried by the
+// queue's rate limiter, 1 s doubling to a minute.
 //
 // NVML that does not open (no driver yet, a wrong library) is tried again with
 // backoff, up to NVMLRetryMax apart, and NVML found gone at a resync is closed
 // and tried again likewise: the GPUs are published once it opens, with no
 // restart.
 //
-// When ctx ends, Run shuts down in order: the device-plugin endpoints and the
-// introspection API stop and their sockets are removed, the health watcher
+// When ctx ends, Run shuts down in the reverse order of start: the work queue
+// and its triggers stop, the device-plugin endpoints and the introspection API
+// stop and their sockets are removed, the informers stop, the health watcher
 // stops, every Event recorded is written (ShutdownTimeout at most), NVML is
 // shut down; then it returns nil.
 func (a *Agent) Run(ctx context.Context) error {
@@ -147,200 +163,333 @@ func (a *Agent) Run(ctx context.Context) error {
 	if node == nil {
 		return nil // ctx ended
 	}
+	r, err := a.start(ctx, node)
+	defer r.stop()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	r.work(ctx)
+	logger.Info("shutting down")
+	return nil
+}
 
+// The work queue's items: what a pass does.
+const (
+	// passPublish discovers the polled kinds, applies health and publishes.
+	passPublish = "publish"
+	// passGPUs describes the GPUs through NVML again (opening it if it is
+	// not open) before a publish pass.
+	passGPUs = "gpus"
+)
+
+// running is a started agent: everything start created, the state its
+// worker keeps between passes, and how to stop it.
+type running struct {
+	a      *Agent
+	node   *corev1.Node
+	cancel context.CancelFunc
+	// stops undo start, run last to first.
+	stops []func()
+	// bg are the goroutines start started: the triggers, the servers, the
+	// health watcher.
+	bg sync.WaitGroup
+
+	recorder    record.EventRecorder
+	src         *sources
+	queue       workqueue.TypedDelayingInterface[string]
+	publishing  workqueue.TypedRateLimiter[string] // backoff of failed publishes
+	opening     workqueue.TypedRateLimiter[string] // backoff of NVML that does not open
+	health      *gpuHealth
+	stopWatch   func()
+	plugins     *pluginSet
+	introspect  *introspectionSource
+	pub         *inventory.Publisher
+	nodeDevices interface {
+		Get(string) (*v1alpha1.NodeDevices, error)
+	}
+	nodes interface {
+		Get(string) (*corev1.Node, error)
+	}
+
+	// The worker's state.
+	gpus    []v1alpha1.Device
+	gpuCond metav1.Condition
+	prev    map[string]v1alpha1.Device
+	retryAt time.Time // no publish before: the last one failed
+}
+
+// start creates and starts every part of the agent, in order; r.stop undoes
+// what was started, in reverse, also when start fails half-way.
+func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) {
+	logger := klog.FromContext(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	r := &running{a: a, node: node, cancel: cancel, stopWatch: func() {}, health: &gpuHealth{unhealthy: map[string]string{}}}
+	r.queue = workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Logger: &logger})
+	r.publishing = workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, time.Minute)
+	r.opening = workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, a.config.NVMLRetryMax)
+
+	// NVML, closed last.
+	r.src = &sources{opts: sourceOptions{hostRoot: a.config.HostRoot, includeVirtual: a.config.IncludeVirtualNICs, kinds: a.config.Kinds, library: a.config.NVMLLibrary, nvml: a.config.NVML}}
+	r.onStop(r.src.close)
+	// Events, written before NVML closes and after everything that records them.
 	events := newEvents(ctx, a.kube, a.config.NodeName)
-	var recorder record.EventRecorder = events
-	src := &sources{opts: sourceOptions{hostRoot: a.config.HostRoot, includeVirtual: a.config.IncludeVirtualNICs, library: a.config.NVMLLibrary, nvml: a.config.NVML}}
-	// bg are the goroutines that serve a socket or record Events.
-	var bg sync.WaitGroup
-	// The health watcher runs while NVML is open; stopWatch stops it and
-	// waits for it.
-	stopWatch := func() {}
-	// The shutdown, in order: ctx has ended, so the endpoints and the
-	// introspection API are stopping; once they are gone (sockets removed),
-	// the watcher stops, the Events are written, and NVML is shut down.
-	defer func() {
-		bg.Wait()
-		stopWatch()
-		events.flush(ctx, a.config.ShutdownTimeout)
-		src.close()
-	}()
+	r.recorder = events
+	r.onStop(func() { events.flush(ctx, a.config.ShutdownTimeout) })
+	// The health watcher runs while NVML is open (rediscoverGPUs starts it).
+	r.onStop(func() { r.stopWatch() })
 
-	// Informers on this node's two objects only.
+	// Informers on this node's two objects only; any change triggers a pass.
+	trigger := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { r.queue.Add(passPublish) },
+		UpdateFunc: func(any, any) { r.queue.Add(passPublish) },
+		DeleteFunc: func(any) { r.queue.Add(passPublish) },
+	}
 	byName := func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.config.NodeName).String()
 	}
 	rf := externalversions.NewSharedInformerFactoryWithOptions(a.resclass, 0, externalversions.WithTweakListOptions(byName))
 	kf := kubeinformers.NewSharedInformerFactoryWithOptions(a.kube, 0, kubeinformers.WithTweakListOptions(byName))
-	ndLister := rf.Resclass().V1alpha1().NodeDevices().Lister()
-	nodeLister := kf.Core().V1().Nodes().Lister()
-	trigger := make(chan struct{}, 1)
-	kick := func() {
-		select {
-		case trigger <- struct{}{}:
-		default:
-		}
+	r.nodeDevices = rf.Resclass().V1alpha1().NodeDevices().Lister()
+	r.nodes = kf.Core().V1().Nodes().Lister()
+	if _, err := rf.Resclass().V1alpha1().NodeDevices().Informer().AddEventHandler(trigger); err != nil {
+		return r, err
 	}
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { kick() },
-		UpdateFunc: func(any, any) { kick() },
-		DeleteFunc: func(any) { kick() },
-	}
-	if _, err := rf.Resclass().V1alpha1().NodeDevices().Informer().AddEventHandler(handler); err != nil {
-		return err
-	}
-	if _, err := kf.Core().V1().Nodes().Informer().AddEventHandler(handler); err != nil {
-		return err
+	if _, err := kf.Core().V1().Nodes().Informer().AddEventHandler(trigger); err != nil {
+		return r, err
 	}
 	rf.Start(ctx.Done())
 	kf.Start(ctx.Done())
-	defer rf.Shutdown()
-	defer kf.Shutdown()
+	r.onStop(rf.Shutdown)
+	r.onStop(kf.Shutdown)
 	rf.WaitForCacheSync(ctx.Done())
 	kf.WaitForCacheSync(ctx.Done())
 
-	var plugins *pluginSet
+	// The kubelet-facing half: the ResourceClasses (a change triggers a
+	// pass), the pods bound to this node (for pkg/handoff), the endpoints.
+	// A kubelet call that arrives must find the pods it is about, so the
+	// endpoints are served once both informers are synced.
 	if a.config.PluginDir != "" {
-		var err error
-		if plugins, err = a.startPlugins(ctx, &bg, recorder, handler); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
+		cf := externalversions.NewSharedInformerFactory(a.resclass, 0)
+		classes := cf.Resclass().V1alpha1().ResourceClasses()
+		if _, err := classes.Informer().AddEventHandler(trigger); err != nil {
+			return r, err
 		}
+		cf.Start(ctx.Done())
+		r.onStop(cf.Shutdown)
+		pf := handoff.NodePods(a.kube, a.config.NodeName)
+		allocator := a.newAllocator(r.recorder, pf.Core().V1().Pods().Informer())
+		pf.Start(ctx.Done())
+		r.onStop(pf.Shutdown)
+		spec, err := a.newCDISpec(logger)
+		if err != nil {
+			return r, err
+		}
+		r.goroutine(func() {
+			if err := allocator.Run(ctx, filepath.Join(a.config.PluginDir, handoff.CheckpointFile)); err != nil && ctx.Err() == nil {
+				logger.Error(err, "allocator stopped")
+			}
+		})
+		if !cache.WaitForCacheSync(ctx.Done(), classes.Informer().HasSynced, allocator.HasSynced) {
+			return r, ctx.Err()
+		}
+		manager := a.newManager(allocator)
+		r.goroutine(func() {
+			if err := manager.Run(ctx); err != nil {
+				logger.Error(err, "device plugins stopped")
+			}
+		})
+		r.plugins = &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.Kinds, a.config.HugepagePoolSlots), allocator: allocator, manager: manager, cdi: spec}
 	}
 
-	introspect := newIntrospectionSource()
+	// The introspection API (node-agent status).
+	r.introspect = newIntrospectionSource()
 	if a.config.IntrospectionSocket != "" {
-		bg.Add(1)
-		go func() {
-			defer bg.Done()
-			if err := introspection.Serve(ctx, a.config.IntrospectionSocket, introspect); err != nil {
+		r.goroutine(func() {
+			if err := introspection.Serve(ctx, a.config.IntrospectionSocket, r.introspect); err != nil {
 				logger.Error(err, "introspection API not served", "socket", a.config.IntrospectionSocket)
 			}
-		}()
+		})
 	}
 
-	health := make(chan nvmldiscovery.HealthEvent, 16)
-	startWatch := func() {
-		wctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		gpus := src.gpus
-		go func() {
-			defer close(done)
-			err := gpus.WatchHealth(wctx, a.config.Health, func(e nvmldiscovery.HealthEvent) {
-				select {
-				case health <- e:
-				case <-wctx.Done():
-				}
-			})
-			if err != nil {
-				logger.Error(err, "GPU health is not watched")
-			}
-		}()
-		stopWatch = func() { cancel(); <-done; stopWatch = func() {} }
-	}
+	// The triggers: the poll, the resync, and a first pass that opens NVML.
+	r.pub = &inventory.Publisher{Resclass: a.resclass, Kube: a.kube, Node: node, Kinds: a.config.Kinds}
+	r.goroutine(func() { r.every(ctx, a.config.PollInterval, passPublish) })
+	r.goroutine(func() { r.every(ctx, a.config.ResyncInterval, passGPUs) })
+	r.queue.Add(passGPUs)
+	r.onStop(r.queue.ShutDown)
+	return r, nil
+}
 
-	pub := &inventory.Publisher{Resclass: a.resclass, Kube: a.kube, Node: node}
-	unhealthyGPUs := map[string]string{}
-	var (
-		gpus    []v1alpha1.Device
-		gpuCond metav1.Condition
-		prev    map[string]v1alpha1.Device
-	)
-	// NVML is opened here, and again after it failed or went away, at the
-	// pace of nvmlBackoff.
-	nvmlRetry := time.NewTimer(time.Hour)
-	nvmlRetry.Stop()
-	defer nvmlRetry.Stop()
-	nvmlBackoff := wait.Backoff{Duration: time.Second, Factor: 2, Cap: a.config.NVMLRetryMax, Steps: 1 << 30}
-	rediscoverGPUs := func() {
-		start := time.Now()
-		wasOpen := src.gpus != nil
-		if !wasOpen && src.openNVML() {
-			logger.Info("NVML opened")
-			nvmlBackoff.Duration = time.Second
-			startWatch()
-		}
-		gpus, gpuCond = src.discoverGPUs()
-		a.metrics.discovery.WithLabelValues("nvml").Observe(time.Since(start).Seconds())
-		if src.gpus != nil {
-			return
-		}
-		if wasOpen {
-			// Gone while open: its watcher stops, what it said is stale.
-			logger.Info("NVML went away; opening it again", "reason", gpuCond.Message)
-			stopWatch()
-			clear(unhealthyGPUs)
-		}
-		first := nvmlBackoff.Duration == time.Second
-		delay := nvmlBackoff.Step()
-		if first {
-			logger.Info("NVML not opened; trying again with backoff", "reason", gpuCond.Message, "retryIn", delay, "maxInterval", a.config.NVMLRetryMax)
-		} else {
-			logger.V(2).Info("NVML not opened", "reason", gpuCond.Message, "retryIn", delay)
-		}
-		nvmlRetry.Reset(delay)
+// stop undoes start, last step first: ctx's end stops the goroutines and the
+// informers, and each step waits for what it started.
+func (r *running) stop() {
+	r.cancel()
+	r.bg.Wait()
+	for i := len(r.stops) - 1; i >= 0; i-- {
+		r.stops[i]()
 	}
-	rediscoverGPUs()
+}
 
-	poll := time.NewTicker(a.config.PollInterval)
-	defer poll.Stop()
-	resync := time.NewTicker(a.config.ResyncInterval)
-	defer resync.Stop()
-	retry := time.NewTimer(0)
-	defer retry.Stop()
-	var retryAt time.Time
-	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Cap: time.Minute, Steps: 1 << 30}
+// onStop adds a step to stop.
+func (r *running) onStop(f func()) { r.stops = append(r.stops, f) }
+
+// goroutine runs f in the background until stop.
+func (r *running) goroutine(f func()) {
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		f()
+	}()
+}
+
+// every adds pass to the queue every interval until ctx ends.
+func (r *running) every(ctx context.Context, interval time.Duration, pass string) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			logger.Info("shutting down")
-			return nil
-		case e := <-health:
-			if e.Healthy {
-				delete(unhealthyGPUs, e.ID)
-			} else {
-				unhealthyGPUs[e.ID] = e.Reason
-			}
-		case <-resync.C:
-			rediscoverGPUs()
-		case <-nvmlRetry.C:
-			rediscoverGPUs()
-		case <-poll.C:
-		case <-trigger:
-		case <-retry.C:
+			return
+		case <-t.C:
+			r.queue.Add(pass)
 		}
-
-		start := time.Now()
-		host, hostConds := src.discoverHost()
-		a.metrics.discovery.WithLabelValues("sysfs").Observe(time.Since(start).Seconds())
-		devices := append(cloneDevices(gpus), host...)
-		applyHealth(devices, unhealthyGPUs)
-		status := assemble(devices, append([]metav1.Condition{gpuCond}, hostConds...)...)
-		prev = a.reportHealth(ctx, recorder, node, introspect.HealthHub, prev, status.Devices)
-		a.metrics.observe(status.Devices)
-		if plugins != nil {
-			plugins.update(status.Devices)
-		}
-		introspect.update(status.Devices, plugins)
-
-		// After a failed publish, polls and events wait for the retry: an
-		// apiserver that refuses the inventory is not asked again at poll rate.
-		if time.Now().Before(retryAt) {
-			continue
-		}
-		if err := a.publish(ctx, pub, ndLister, nodeLister, status); err != nil {
-			delay := backoff.Step()
-			logger.Error(err, "publishing the inventory", "retryIn", delay)
-			a.metrics.publishes.WithLabelValues("error").Inc()
-			retryAt = time.Now().Add(delay)
-			retry.Reset(delay)
-			continue
-		}
-		backoff.Duration, retryAt = time.Second, time.Time{}
-		a.published.Store(true)
 	}
+}
+
+// work drains the queue, one pass at a time, until ctx ends.
+func (r *running) work(ctx context.Context) {
+	go func() { <-ctx.Done(); r.queue.ShutDown() }()
+	for {
+		pass, shutdown := r.queue.Get()
+		if shutdown {
+			return
+		}
+		if pass == passGPUs {
+			r.rediscoverGPUs(ctx)
+		}
+		r.publishPass(ctx)
+		r.queue.Done(pass)
+	}
+}
+
+// gpuHealth is what the health watcher reported: GPU id -> why unhealthy.
+type gpuHealth struct {
+	mu        sync.Mutex
+	unhealthy map[string]string
+}
+
+func (h *gpuHealth) set(e nvmldiscovery.HealthEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e.Healthy {
+		delete(h.unhealthy, e.ID)
+	} else {
+		h.unhealthy[e.ID] = e.Reason
+	}
+}
+
+func (h *gpuHealth) reset() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	clear(h.unhealthy)
+}
+
+func (h *gpuHealth) apply(devices []v1alpha1.Device) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	applyHealth(devices, h.unhealthy)
+}
+
+// startWatch watches the GPUs' health while NVML is open: each event triggers
+// a pass.
+func (r *running) startWatch(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	gpus := r.src.gpus
+	go func() {
+		defer close(done)
+		err := gpus.WatchHealth(wctx, r.a.config.Health, func(e nvmldiscovery.HealthEvent) {
+			r.health.set(e)
+			r.queue.Add(passPublish)
+		})
+		if err != nil {
+			logger.Error(err, "GPU health is not watched")
+		}
+	}()
+	r.stopWatch = func() { cancel(); <-done; r.stopWatch = func() {} }
+}
+
+// rediscoverGPUs describes the GPUs again, opening NVML first if it is not
+// open; NVML that does not open, or went away, is tried again at the pace of
+// the opening backoff.
+func (r *running) rediscoverGPUs(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	start := time.Now()
+	wasOpen := r.src.gpus != nil
+	if !wasOpen && r.src.openNVML() {
+		logger.Info("NVML opened")
+		r.opening.Forget(passGPUs)
+		r.startWatch(ctx)
+	}
+	r.gpus, r.gpuCond = r.src.discoverGPUs()
+	r.a.metrics.discovery.WithLabelValues("nvml").Observe(time.Since(start).Seconds())
+	if r.src.gpus != nil {
+		return
+	}
+	if wasOpen {
+		// Gone while open: its watcher stops, what it said is stale.
+		logger.Info("NVML went away; opening it again", "reason", r.gpuCond.Message)
+		r.stopWatch()
+		r.health.reset()
+	}
+	first := r.opening.NumRequeues(passGPUs) == 0
+	delay := r.opening.When(passGPUs)
+	if first {
+		logger.Info("NVML not opened; trying again with backoff", "reason", r.gpuCond.Message, "retryIn", delay, "maxInterval", r.a.config.NVMLRetryMax)
+	} else {
+		logger.V(2).Info("NVML not opened", "reason", r.gpuCond.Message, "retryIn", delay)
+	}
+	r.queue.AddAfter(passGPUs, delay)
+}
+
+// publishPass discovers the polled kinds, applies health, updates the
+// endpoints and the introspection API, and publishes what changed. After a
+// failed publish, passes wait for the retry to publish: an apiserver that
+// refuses the inventory is not asked again at poll rate.
+func (r *running) publishPass(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	a := r.a
+	start := time.Now()
+	host, hostConds := r.src.discoverHost()
+	a.metrics.discovery.WithLabelValues("sysfs").Observe(time.Since(start).Seconds())
+	devices := append(cloneDevices(r.gpus), host...)
+	r.health.apply(devices)
+	status := assemble(r.src.kinds(), devices, append([]metav1.Condition{r.gpuCond}, hostConds...)...)
+	r.prev = a.reportHealth(ctx, r.recorder, r.node, r.introspect.HealthHub, r.prev, status.Devices)
+	a.metrics.observe(status.Devices)
+	if r.plugins != nil {
+		r.plugins.update(status.Devices)
+	}
+	r.introspect.update(status.Devices, r.plugins)
+
+	if time.Now().Before(r.retryAt) {
+		return
+	}
+	if err := a.publish(ctx, r.pub, r.nodeDevices, r.nodes, status); err != nil {
+		delay := r.publishing.When(passPublish)
+		logger.Error(err, "publishing the inventory", "retryIn", delay)
+		a.metrics.publishes.WithLabelValues("error").Inc()
+		r.retryAt = time.Now().Add(delay)
+		r.queue.AddAfter(passPublish, delay)
+		return
+	}
+	r.publishing.Forget(passPublish)
+	r.retryAt = time.Time{}
+	a.published.Store(true)
 }
 
 // waitForNode gets the agent's Node, waiting for it to be registered and for
@@ -401,7 +550,7 @@ func (a *Agent) publish(ctx context.Context, pub *inventory.Publisher, nds inter
 		logger.V(2).Info("published NodeDevices", "devices", len(status.Devices), "unhealthy", status.Summary.Unhealthy)
 	}
 	a.metrics.publishes.WithLabelValues(result).Inc()
-	if _, err := pub.PublishLabels(ctx, node, inventory.NodeLabels(status.Devices)); err != nil {
+	if _, err := pub.PublishLabels(ctx, node, a.config.Kinds.NodeLabels(status.Devices)); err != nil {
 		return err
 	}
 	return nil

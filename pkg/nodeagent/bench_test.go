@@ -37,7 +37,7 @@ func BenchmarkInventoryDGXA100(b *testing.B) {
 	inventory := func(gpuSrc *sources) v1alpha1.NodeDevicesStatus {
 		gpus, gpuCond := gpuSrc.discoverGPUs()
 		devices, hostConds := host.discoverHost()
-		return assemble(append(gpus, devices...), append([]metav1.Condition{gpuCond}, hostConds...)...)
+		return assemble(host.kinds(), append(gpus, devices...), append([]metav1.Condition{gpuCond}, hostConds...)...)
 	}
 	check := func(b *testing.B, status v1alpha1.NodeDevicesStatus) {
 		b.Helper()

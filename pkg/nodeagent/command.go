@@ -1,6 +1,11 @@
-// Package nodeagent is the resclass node agent: it discovers the node's devices,
-// watches their health, publishes them as the node's NodeDevices object and
-// labels, and serves the kubelet device-plugin API per ResourceClass.
+// Package nodeagent is the resclass node agent: it discovers the node's devices
+// (NVML itself, every other kind through its devicekind.Poller), watches their
+// health, publishes them as the node's NodeDevices object and labels, serves
+// the kubelet device-plugin API with one endpoint per ResourceClass (answered
+// by pkg/handoff from the scheduler's assignment), keeps the CDI spec of the
+// node's GPUs, and serves its own introspection API. docs/node-agent.md
+// describes it for operators, docs/architecture.md its place among the three
+// binaries.
 package nodeagent
 
 import (
@@ -115,7 +120,7 @@ func discover(o discoverOptions) v1alpha1.NodeDevicesStatus {
 	defer s.close()
 	gpus, gpuCond := s.discoverGPUs()
 	host, hostConds := s.discoverHost()
-	return assemble(append(gpus, host...), append([]metav1.Condition{gpuCond}, hostConds...)...)
+	return assemble(s.kinds(), append(gpus, host...), append([]metav1.Condition{gpuCond}, hostConds...)...)
 }
 
 func write(w io.Writer, status v1alpha1.NodeDevicesStatus, format string) error {

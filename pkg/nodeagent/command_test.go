@@ -14,6 +14,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind/hugepages"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nic"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 )
 
@@ -25,7 +28,7 @@ func mockStatus(t *testing.T) v1alpha1.NodeDevicesStatus {
 	if cond.Status != metav1.ConditionTrue || cond.Message != "8 GPUs" {
 		t.Fatalf("NVML condition %+v", cond)
 	}
-	return assemble(gpus)
+	return assemble(s.kinds(), gpus)
 }
 
 func TestOutputFormats(t *testing.T) {
@@ -79,24 +82,24 @@ func TestDiscoverThisMachine(t *testing.T) {
 	if c.Status == "False" && (c.Reason != "Unavailable" || status.Summary.GPUs != 0) {
 		t.Errorf("without NVML: reason %q and %d GPUs, want Unavailable and none", c.Reason, status.Summary.GPUs)
 	}
-	nics := meta.FindStatusCondition(status.Conditions, ConditionNICs)
+	nics := meta.FindStatusCondition(status.Conditions, nic.Condition)
 	if nics == nil || nics.Status != "True" {
-		t.Fatalf("%s condition: %+v", ConditionNICs, nics)
+		t.Fatalf("%s condition: %+v", nic.Condition, nics)
 	}
 	if want := fmt.Sprintf("%d NICs", status.Summary.NICs); nics.Message != want {
-		t.Errorf("%s says %q, the summary counts %q", ConditionNICs, nics.Message, want)
+		t.Errorf("%s says %q, the summary counts %q", nic.Condition, nics.Message, want)
 	}
-	hp := meta.FindStatusCondition(status.Conditions, ConditionHugePages)
+	hp := meta.FindStatusCondition(status.Conditions, hugepages.Condition)
 	if hp == nil || hp.Status != "True" {
-		t.Fatalf("%s condition: %+v", ConditionHugePages, hp)
+		t.Fatalf("%s condition: %+v", hugepages.Condition, hp)
 	}
 	if want := fmt.Sprintf("%d hugepage pools", status.Summary.HugePagePools); hp.Message != want {
-		t.Errorf("%s says %q, the summary counts %q", ConditionHugePages, hp.Message, want)
+		t.Errorf("%s says %q, the summary counts %q", hugepages.Condition, hp.Message, want)
 	}
 }
 
 func TestSummarize(t *testing.T) {
-	got := Summarize([]v1alpha1.Device{
+	got := kinds.Builtin.Summarize([]v1alpha1.Device{
 		{Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true},
 		{Kind: v1alpha1.DeviceKindNvidiaGPU},
 		{Kind: v1alpha1.DeviceKindNIC, Healthy: true},

@@ -1,9 +1,7 @@
 package nodeagent
 
 import (
-	"context"
 	"maps"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -17,7 +15,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
-	"github.com/resclass/resclass/pkg/client/informers/externalversions"
+	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/deviceplugin"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/selector"
@@ -28,6 +26,7 @@ import (
 // local device (healthy or not: an unhealthy device is advertised as such, so
 // the kubelet's allocatable shrinks and grows with health).
 type classMatcher struct {
+	kinds     *devicekind.Registry // a pool is advertised as poolSlots slots
 	poolSlots int
 
 	// compiled caches each class's compiled selector by the class's
@@ -44,8 +43,8 @@ type compiledClass struct {
 	class           *selector.Class
 }
 
-func newClassMatcher(poolSlots int) *classMatcher {
-	return &classMatcher{poolSlots: poolSlots, compiled: map[string]compiledClass{}, served: map[string][]string{}}
+func newClassMatcher(kinds *devicekind.Registry, poolSlots int) *classMatcher {
+	return &classMatcher{kinds: kinds, poolSlots: poolSlots, compiled: map[string]compiledClass{}, served: map[string][]string{}}
 }
 
 // endpoints returns resource name -> advertised devices.
@@ -73,7 +72,7 @@ func (m *classMatcher) endpoints(classes []*v1alpha1.ResourceClass, devices []v1
 			if n := devices[i].Attributes[v1alpha1.AttributeNUMANode].IntValue; n != nil {
 				numa = int(*n)
 			}
-			for _, id := range handoff.KubeletIDs(&devices[i], m.poolSlots) {
+			for _, id := range handoff.KubeletIDs(m.kinds, &devices[i], m.poolSlots) {
 				list = append(list, deviceplugin.Device{ID: id, Healthy: devices[i].Healthy, NUMANode: numa})
 			}
 		}
@@ -129,49 +128,35 @@ type pluginSet struct {
 	cdi *cdiSpec
 }
 
-// startPlugins starts the class and pod informers, waits for both, then starts
-// serving endpoints: a kubelet call that arrives must find the pods it is about.
-// Class changes call kick.
-//
-// Its goroutines are in bg: at shutdown the agent waits for the endpoints to
-// be stopped and their sockets removed.
-func (a *Agent) startPlugins(ctx context.Context, bg *sync.WaitGroup, recorder record.EventRecorder, kick cache.ResourceEventHandler) (*pluginSet, error) {
-	logger := klog.FromContext(ctx)
-	factory := externalversions.NewSharedInformerFactory(a.resclass, 0)
-	classes := factory.Resclass().V1alpha1().ResourceClasses()
-	if _, err := classes.Informer().AddEventHandler(kick); err != nil {
-		return nil, err
-	}
-	factory.Start(ctx.Done())
-	go func() { <-ctx.Done(); factory.Shutdown() }()
-
-	allocator := handoff.New(handoff.Config{
+// newAllocator answers the kubelet's calls from the assignments of pods, the
+// informer of the node's pods (handoff.NodePods).
+func (a *Agent) newAllocator(recorder record.EventRecorder, pods cache.SharedIndexInformer) *handoff.Allocator {
+	return handoff.New(handoff.Config{
 		Node: a.config.NodeName, HostRoot: a.config.HostRoot, PoolSlots: a.config.HugepagePoolSlots,
 		WaitForPod: a.config.WaitForPod, Recorder: recorder, Metrics: a.metrics.handoff,
-		DeviceListStrategies: a.config.DeviceListStrategies,
-	}, a.kube)
-	var spec *cdiSpec
-	if a.config.DeviceListStrategies.CDI() {
-		w, err := cdispec.NewWriter(a.config.CDISpecDir)
-		if err != nil {
-			return nil, err
-		}
-		spec = &cdiSpec{
-			writer: w, logger: logger, metrics: a.metrics,
-			config: cdispec.Config{HostRoot: a.config.HostRoot, DriverRoot: a.config.CDIDriverRoot},
-		}
+		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,
+	}, pods)
+}
+
+// newCDISpec keeps the CDI spec with a CDI strategy; nil otherwise.
+func (a *Agent) newCDISpec(logger klog.Logger) (*cdiSpec, error) {
+	if !a.config.DeviceListStrategies.CDI() {
+		return nil, nil
 	}
-	bg.Add(1)
-	go func() {
-		defer bg.Done()
-		if err := allocator.Run(ctx, filepath.Join(a.config.PluginDir, handoff.CheckpointFile)); err != nil && ctx.Err() == nil {
-			logger.Error(err, "pod informer stopped")
-		}
-	}()
-	if !cache.WaitForCacheSync(ctx.Done(), classes.Informer().HasSynced, allocator.HasSynced) {
-		return nil, ctx.Err()
+	w, err := cdispec.NewWriter(a.config.CDISpecDir)
+	if err != nil {
+		return nil, err
 	}
-	manager := deviceplugin.NewManager(a.config.PluginDir, allocator, deviceplugin.Observer{
+	return &cdiSpec{
+		writer: w, logger: logger, metrics: a.metrics,
+		config: cdispec.Config{HostRoot: a.config.HostRoot, DriverRoot: a.config.CDIDriverRoot},
+	}, nil
+}
+
+// newManager serves the endpoints allocator answers for, counting
+// registrations and restarts.
+func (a *Agent) newManager(allocator *handoff.Allocator) *deviceplugin.Manager {
+	return deviceplugin.NewManager(a.config.PluginDir, allocator, deviceplugin.Observer{
 		Registered: func(resource string, err error) {
 			result := "ok"
 			if err != nil {
@@ -181,14 +166,6 @@ func (a *Agent) startPlugins(ctx context.Context, bg *sync.WaitGroup, recorder r
 		},
 		Restarted: func(resource string) { a.metrics.restarts.WithLabelValues(resource).Inc() },
 	})
-	bg.Add(1)
-	go func() {
-		defer bg.Done()
-		if err := manager.Run(ctx); err != nil {
-			logger.Error(err, "device plugins stopped")
-		}
-	}()
-	return &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.HugepagePoolSlots), allocator: allocator, manager: manager, cdi: spec}, nil
 }
 
 // update serves the classes' endpoints for the current devices.

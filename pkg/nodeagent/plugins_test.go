@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/internal/hostile"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 	"github.com/resclass/resclass/pkg/selector"
@@ -38,7 +39,7 @@ func TestClassMatcherEndpoints(t *testing.T) {
 			v1alpha1.AttributeSize: {QuantityValue: &q}, v1alpha1.AttributeNUMANode: v1alpha1.IntAttribute(0),
 		}},
 	}
-	m := newClassMatcher(3)
+	m := newClassMatcher(kinds.Builtin, 3)
 	classes := []*v1alpha1.ResourceClass{
 		class("any-gpu", "1", kindIs(v1alpha1.DeviceKindNvidiaGPU)),
 		class("also-gpu", "1", kindIs(v1alpha1.DeviceKindNvidiaGPU)),
@@ -141,7 +142,7 @@ func FuzzClassMatcher(f *testing.F) {
 				values = []string{value}
 			}
 			rc := class("fuzz", "1", v1alpha1.ResourceSelectorRequirement{Key: key, Operator: op, Values: values})
-			eps := newClassMatcher(2).endpoints([]*v1alpha1.ResourceClass{rc}, devices)
+			eps := newClassMatcher(kinds.Builtin, 2).endpoints([]*v1alpha1.ResourceClass{rc}, devices)
 			c, errs := selector.Compile(&rc.Spec, field.NewPath("spec"))
 			var want []string
 			for i := range devices {
@@ -171,7 +172,7 @@ func TestOutOfRangeValuesAtTheAgent(t *testing.T) {
 		{ID: "GPU-ok", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{"memory": {QuantityValue: ptr.To(resource.MustParse("80Gi"))}}},
 	}
 	watchdog.Run(t, func() {
-		eps := newClassMatcher(1).endpoints([]*v1alpha1.ResourceClass{
+		eps := newClassMatcher(kinds.Builtin, 1).endpoints([]*v1alpha1.ResourceClass{
 			class("hostile", "1", v1alpha1.ResourceSelectorRequirement{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGt, Values: []string{"1e999999999"}}),
 			class("big", "1", v1alpha1.ResourceSelectorRequirement{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"40Gi"}}),
 		}, devices)

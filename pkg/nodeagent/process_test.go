@@ -21,6 +21,7 @@ import (
 	"k8s.io/component-base/cli"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind/hugepages"
 )
 
 // These tests run node-agent as cmd/node-agent does, in a process of its own
@@ -89,8 +90,8 @@ func TestWrongLibraryIsACondition(t *testing.T) {
 	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "WrongLibrary" || !strings.Contains(c.Message, "lacks nvmlInit_v2") {
 		t.Errorf("NVMLAvailable = %+v, want False/WrongLibrary naming the missing symbol", c)
 	}
-	if c := meta.FindStatusCondition(status.Conditions, ConditionHugePages); c == nil {
-		t.Errorf("no %s condition: the other sources did not report", ConditionHugePages)
+	if c := meta.FindStatusCondition(status.Conditions, hugepages.Condition); c == nil {
+		t.Errorf("no %s condition: the other sources did not report", hugepages.Condition)
 	}
 }
 

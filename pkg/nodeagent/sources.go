@@ -11,25 +11,22 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
-	"github.com/resclass/resclass/pkg/discovery/hugepages"
-	nicdiscovery "github.com/resclass/resclass/pkg/discovery/nic"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 )
 
-// Conditions, one per discovery source.
-const (
-	// ConditionNVML reports whether GPU discovery through NVML works on the node.
-	ConditionNVML = "NVMLAvailable"
-	// ConditionNICs reports whether NIC discovery works on the node.
-	ConditionNICs = "NICsDiscovered"
-	// ConditionHugePages reports whether hugepage discovery works on the node.
-	ConditionHugePages = "HugePagesDiscovered"
-)
+// ConditionNVML reports whether GPU discovery through NVML works on the node.
+// The kinds the agent polls report their own (devicekind.Poller).
+const ConditionNVML = "NVMLAvailable"
 
 // sourceOptions choose what the discovery sources read.
 type sourceOptions struct {
 	hostRoot       string
 	includeVirtual bool
+	// kinds are the device kinds: those that are Pollers are read at every
+	// poll, and the summary counts devices by kind.
+	kinds *devicekind.Registry
 	// library finds and checks the NVML library at each attempt to open
 	// NVML (on a node); nil uses nvml.
 	library *nvmldiscovery.Library
@@ -116,53 +113,46 @@ func (s *sources) discoverGPUs() ([]v1alpha1.Device, metav1.Condition) {
 	return nil, cond
 }
 
-// discoverHost describes the NICs and hugepage pools, which are cheap to read
-// (sysfs only) and so are re-read at every poll.
+// discoverHost reads every kind the agent polls (NICs, hugepage pools: sysfs
+// only, cheap enough for every poll), in the registry's order.
 func (s *sources) discoverHost() ([]v1alpha1.Device, []metav1.Condition) {
-	nics, err := nicdiscovery.Discover(nicdiscovery.Options{HostRoot: s.opts.hostRoot, IncludeVirtual: s.opts.includeVirtual})
-	nicCond := sourceCondition(ConditionNICs, err, fmt.Sprintf("%d NICs", len(nics)))
-	pools, err := hugepages.Discover(hugepages.Options{HostRoot: s.opts.hostRoot})
-	hpCond := sourceCondition(ConditionHugePages, err, fmt.Sprintf("%d hugepage pools", len(pools)))
-	return append(nics, pools...), []metav1.Condition{nicCond, hpCond}
+	kinds := s.kinds().Kinds()
+	var devices []v1alpha1.Device
+	conds := make([]metav1.Condition, 0, len(kinds))
+	opts := devicekind.DiscoverOptions{HostRoot: s.opts.hostRoot, IncludeVirtual: s.opts.includeVirtual}
+	for _, k := range kinds {
+		if p, ok := k.(devicekind.Poller); ok {
+			found, cond := p.Discover(opts)
+			if devices == nil {
+				devices = found // the first kind's slice, not a copy: this runs at every poll
+			} else {
+				devices = append(devices, found...)
+			}
+			conds = append(conds, cond)
+		}
+	}
+	return devices, conds
 }
 
-func sourceCondition(typ string, err error, found string) metav1.Condition {
-	if err != nil {
-		return metav1.Condition{Type: typ, Status: metav1.ConditionFalse, Reason: "Failed", Message: err.Error()}
+// kinds are the device kinds of the sources (kinds.Builtin unless set).
+func (s *sources) kinds() *devicekind.Registry {
+	if s.opts.kinds == nil {
+		return kinds.Builtin
 	}
-	return metav1.Condition{Type: typ, Status: metav1.ConditionTrue, Reason: "Discovered", Message: found}
+	return s.opts.kinds
 }
 
 // assemble makes the NodeDevices status of the sources' devices: sorted by id,
-// counted, with the conditions in a fixed order.
-func assemble(devices []v1alpha1.Device, conditions ...metav1.Condition) v1alpha1.NodeDevicesStatus {
+// counted by kind, with the conditions in a fixed order.
+func assemble(kinds *devicekind.Registry, devices []v1alpha1.Device, conditions ...metav1.Condition) v1alpha1.NodeDevicesStatus {
 	var status v1alpha1.NodeDevicesStatus
 	status.Devices = append([]v1alpha1.Device(nil), devices...)
 	sort.Slice(status.Devices, func(i, j int) bool { return status.Devices[i].ID < status.Devices[j].ID })
-	status.Summary = Summarize(status.Devices)
+	status.Summary = kinds.Summarize(status.Devices)
 	for _, c := range conditions {
 		meta.SetStatusCondition(&status.Conditions, c)
 	}
 	return status
-}
-
-// Summarize counts devices by kind for NodeDevices' printer columns.
-func Summarize(devices []v1alpha1.Device) v1alpha1.DeviceSummary {
-	var s v1alpha1.DeviceSummary
-	for _, d := range devices {
-		switch d.Kind {
-		case v1alpha1.DeviceKindNvidiaGPU:
-			s.GPUs++
-		case v1alpha1.DeviceKindNIC:
-			s.NICs++
-		case v1alpha1.DeviceKindHugePages:
-			s.HugePagePools++
-		}
-		if !d.Healthy {
-			s.Unhealthy++
-		}
-	}
-	return s
 }
 
 func countKind(devices []v1alpha1.Device, kind string) int {

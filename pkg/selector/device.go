@@ -7,6 +7,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/attrvalue"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 )
 
 // typed is one decoded value of a known type: a device attribute, or one reading of
@@ -17,7 +19,7 @@ type typed struct {
 	i   int64  // int
 	b   bool   // bool
 	q   resource.Quantity
-	v   Version
+	v   attrvalue.Version
 }
 
 // attribute is a device attribute as the selector sees it. err is set when the
@@ -53,7 +55,7 @@ func decodeAttribute(name string, a v1alpha1.DeviceAttribute) attribute {
 	if t == "" {
 		return attribute{err: fmt.Errorf("attribute %q: exactly one of string, int, bool, quantity, bandwidth, version must be set", name)}
 	}
-	if want, ok := v1alpha1.WellKnownAttributes[name]; ok && want != t {
+	if want := kinds.Builtin.AttributeType(name); want != "" && want != t {
 		return attribute{err: fmt.Errorf("attribute %q: published as %s, but it is a %s", name, t, want)}
 	}
 	var out attribute
@@ -68,18 +70,18 @@ func decodeAttribute(name string, a v1alpha1.DeviceAttribute) attribute {
 	case v1alpha1.AttributeTypeQuantity:
 		// Decoding JSON never bounds a quantity's exponent: check it before
 		// anything compares it.
-		if err := CheckQuantity(*a.QuantityValue); err != nil {
+		if err := attrvalue.CheckQuantity(*a.QuantityValue); err != nil {
 			return attribute{err: fmt.Errorf("attribute %q: the quantity is %w", name, err)}
 		}
 		out.q = *a.QuantityValue
 	case v1alpha1.AttributeTypeBandwidth:
-		q, err := ParseBandwidth(*a.BandwidthValue)
+		q, err := attrvalue.ParseBandwidth(*a.BandwidthValue)
 		if err != nil {
 			return attribute{err: fmt.Errorf("attribute %q: %w", name, err)}
 		}
 		out.q = q
 	case v1alpha1.AttributeTypeVersion:
-		v, err := ParseVersion(*a.VersionValue)
+		v, err := attrvalue.ParseVersion(*a.VersionValue)
 		if err != nil {
 			return attribute{err: fmt.Errorf("attribute %q: %w", name, err)}
 		}
@@ -119,7 +121,7 @@ func (t typed) String() string {
 		return t.q.String()
 	case v1alpha1.AttributeTypeBandwidth:
 		if v, ok := t.q.AsInt64(); ok {
-			return FormatBandwidth(v)
+			return attrvalue.FormatBandwidth(v)
 		}
 		return t.q.String() + "bps"
 	case v1alpha1.AttributeTypeVersion:

@@ -7,6 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/attrvalue"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
@@ -83,7 +84,7 @@ func FuzzMatch(f *testing.F) {
 				// JSON decoding parses with apimachinery as is, which itself
 				// runs away on some exponents (the CRD's pattern refuses
 				// those first); FuzzOutOfRangeAttribute covers the rest.
-				if len(published) > 1000 || checkExponent(published) != nil {
+				if len(published) > 1000 || attrvalue.CheckExponent(published, attrvalue.MaxQuantityExponent) != nil {
 					return
 				}
 				q, err := resource.ParseQuantity(published)
@@ -128,65 +129,6 @@ func FuzzMatch(f *testing.F) {
 	})
 }
 
-func FuzzParseBandwidth(f *testing.F) {
-	for _, s := range []string{"40Gbps", "40GBPS", "100G", "25000Mbps", "2.5Gbps", "1", "bps", "9999999999999999999Pbps"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		watchdog.Run(t, func() {
-			q, err := ParseBandwidth(s)
-			if err != nil {
-				return
-			}
-			if q.Sign() < 0 {
-				t.Fatalf("%q parsed to a negative rate %s", s, q.String())
-			}
-			if bps, ok := q.AsInt64(); ok {
-				back, err := ParseBandwidth(FormatBandwidth(bps))
-				if err != nil || back.Cmp(q) != 0 {
-					t.Fatalf("%q -> %d -> %q -> %v, %v", s, bps, FormatBandwidth(bps), back.String(), err)
-				}
-			}
-		})
-	})
-}
-
-func FuzzParseVersion(f *testing.F) {
-	for _, s := range []string{"8.0", "535.104.05", "v12.4", "1.2.3.4.5.6.7.8", "", "8..0"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		watchdog.Run(t, func() {
-			v, err := ParseVersion(s)
-			if err != nil {
-				return
-			}
-			back, err := ParseVersion(v.String())
-			if err != nil || back.Compare(v) != 0 {
-				t.Fatalf("%q -> %q -> %v, %v", s, v.String(), back, err)
-			}
-		})
-	})
-}
-
-func FuzzParseQuantity(f *testing.F) {
-	for _, s := range []string{"30G", "30GiB", "80GB", "1G", "B", "iB", "1EB", "1e999999999", "1e-999999999", "8Ei", "9999999999999999999999e999999"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		watchdog.Run(t, func() {
-			q, err := ParseQuantity(s)
-			if err != nil {
-				return
-			}
-			back, err := ParseQuantity(q.String())
-			if err != nil || back.Cmp(q) != 0 {
-				t.Fatalf("%q -> %q -> %v, %v", s, q.String(), back.String(), err)
-			}
-		})
-	})
-}
-
 // FuzzOutOfRangeAttribute publishes quantities that no JSON text within the
 // CRD's pattern produces, but a NodeDevices written around it (or decoded by a
 // client that does not bound exponents) may: any exponent, any digits. Matching
@@ -216,7 +158,7 @@ func FuzzOutOfRangeAttribute(f *testing.F) {
 			if ok != m || (!ok && len(why) == 0) {
 				t.Fatalf("Matches=%v, Explain=%v %q", m, ok, why)
 			}
-			if CheckQuantity(*q) != nil {
+			if attrvalue.CheckQuantity(*q) != nil {
 				if len(d.Problems()) != 1 {
 					t.Fatalf("an out-of-range memory is not a problem: %v", d.Problems())
 				}

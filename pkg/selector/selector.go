@@ -3,9 +3,9 @@
 //
 // A class selects a device when ANY of its selectors matches, and a selector matches
 // when ALL of its expressions do; a class or selector without expressions selects
-// nothing. Comparisons are typed by the attribute: a well-known attribute
-// (v1alpha1.WellKnownAttributes) has a fixed type, so a value that does not parse as
-// that type is a validation error when the class is created. Any other key is
+// nothing. Comparisons are typed by the attribute: a well-known attribute (one a
+// device kind declares, pkg/devicekind/kinds) has a fixed type, so a value that
+// does not parse as that type is a validation error when the class is created. Any other key is
 // compared with the type the device publishes it with; a class value that cannot be
 // read as that type makes the expression a non-match, which Explain reports.
 //
@@ -21,6 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/attrvalue"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 )
 
 // Keys that address the device itself rather than an attribute.
@@ -123,11 +125,11 @@ func parseAs(s string, t v1alpha1.AttributeType) (typed, error) {
 	case v1alpha1.AttributeTypeBool:
 		out.b, err = parseBool(s)
 	case v1alpha1.AttributeTypeQuantity:
-		out.q, err = ParseQuantity(s)
+		out.q, err = attrvalue.ParseQuantity(s)
 	case v1alpha1.AttributeTypeBandwidth:
-		out.q, err = ParseBandwidth(s)
+		out.q, err = attrvalue.ParseBandwidth(s)
 	case v1alpha1.AttributeTypeVersion:
-		out.v, err = ParseVersion(s)
+		out.v, err = attrvalue.ParseVersion(s)
 	default:
 		err = fmt.Errorf("unknown type %q", t)
 	}
@@ -193,7 +195,7 @@ func compileExpression(r *v1alpha1.ResourceSelectorRequirement, path *field.Path
 	case KeyID:
 		e.target, fixed = targetID, v1alpha1.AttributeTypeString
 	default:
-		fixed = v1alpha1.WellKnownAttributes[r.Key]
+		fixed = kinds.Builtin.AttributeType(r.Key)
 	}
 
 	o, ok := operators[r.Operator]

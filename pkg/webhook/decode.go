@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	sigsjson "sigs.k8s.io/json"
 
-	"github.com/resclass/resclass/pkg/selector"
+	"github.com/resclass/resclass/pkg/attrvalue"
 )
 
 // decode reads the object of an admission request into into, which must be
@@ -184,9 +184,9 @@ func checkQuantities(raw []byte) error {
 		}
 		where := fmt.Sprintf("%s.%s", joinPath(path), top.key)
 		if len(text) > maxQuantityText {
-			return fmt.Errorf("%s: a quantity of %d characters is %w (at most %d)", where, len(text), selector.ErrOutOfRange, maxQuantityText)
+			return fmt.Errorf("%s: a quantity of %d characters is %w (at most %d)", where, len(text), attrvalue.ErrOutOfRange, maxQuantityText)
 		}
-		if err := selector.CheckExponent(text, maxQuantityExponent); err != nil {
+		if err := attrvalue.CheckExponent(text, maxQuantityExponent); err != nil {
 			return fmt.Errorf("%s: %q: %w", where, text, err)
 		}
 	}

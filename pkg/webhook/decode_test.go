@@ -9,8 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/attrvalue"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
-	"github.com/resclass/resclass/pkg/selector"
 )
 
 // Decoding a quantity with apimachinery costs 10^|exponent|: the root cause of
@@ -49,7 +49,7 @@ func TestDecodeBoundsQuantities(t *testing.T) {
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, selector.ErrOutOfRange)):
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, attrvalue.ErrOutOfRange)):
 				t.Fatalf("got %v, want an out-of-range error containing %q", err, tc.want)
 			}
 		})

@@ -106,7 +106,7 @@ func internalError(ctx context.Context, path string, err error) admission.Respon
 
 // EmptyNamespaceSelectors reports every pod (anti-)affinity term, required or
 // preferred, whose namespaceSelector is the empty selector {}. The
-// namespaceSelector proposal (seed 000) makes {} invalid so that no pod selects
+// namespaceSelector policy (docs/webhook.md) makes {} invalid so that no pod selects
 // every namespace by accident; upstream Kubernetes later read it as "all
 // namespaces". A nil selector (the pod's own namespace) is fine.
 func EmptyNamespaceSelectors(spec *corev1.PodSpec, path *field.Path) field.ErrorList {

@@ -36,7 +36,7 @@ const (
 
 var distributionGVK = v1alpha1.SchemeGroupVersion.WithKind("ResourceDistribution")
 
-// resourceDistributions validates ResourceDistributions (seed 002) and
+// resourceDistributions validates ResourceDistributions (docs/distribution.md) and
 // authorizes them: the resource is a complete Secret or ConfigMap whose
 // apiVersion, kind and name never change; v1alpha1.AnnotationAuthor records
 // the requester (resourceDistributionAuthor writes it, this refuses any

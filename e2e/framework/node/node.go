@@ -246,7 +246,7 @@ func startAgent(cfg Config) (*exec.Cmd, error) {
 }
 
 // kubeletConfig is a KubeletConfiguration that works without cgroup management,
-// swap checks or real images (see ../../../shared/REAL-COMPONENTS.md).
+// swap checks or real images (docs/e2e.md, "What runs").
 func kubeletConfig(cfg Config) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration

@@ -23,8 +23,8 @@ import (
 	"github.com/jaypipes/pcidb"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/attrvalue"
 	"github.com/resclass/resclass/pkg/discovery/sysfs"
-	"github.com/resclass/resclass/pkg/selector"
 )
 
 // Options of a discovery.
@@ -148,7 +148,7 @@ func describe(classNet string, db *pcidb.DB, n *ghw.NIC) v1alpha1.Device {
 	}
 	// sysfs reports the speed in Mbit/s, and -1 or nothing without a link.
 	if mbps, ok := sysfs.ParseInt(n.Speed); ok && mbps > 0 && mbps < 1<<40 {
-		a[v1alpha1.AttributeSpeed] = v1alpha1.BandwidthAttribute(selector.FormatBandwidth(mbps * 1_000_000))
+		a[v1alpha1.AttributeSpeed] = v1alpha1.BandwidthAttribute(attrvalue.FormatBandwidth(mbps * 1_000_000))
 	}
 	if mtu, ok := sysfs.ReadInt(filepath.Join(netDir, "mtu")); ok {
 		a[v1alpha1.AttributeMTU] = v1alpha1.IntAttribute(mtu)

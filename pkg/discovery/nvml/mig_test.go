@@ -219,7 +219,7 @@ func TestMIGDevices(t *testing.T) {
 				t.Errorf("attributes %v, want %v", got, want)
 			}
 			for name, a := range mig.Attributes {
-				if wk, ok := v1alpha1.WellKnownAttributes[name]; ok && a.Type() != wk {
+				if wk, ok := wellKnown[name]; ok && a.Type() != wk {
 					t.Errorf("%s published as %s, the contract says %s", name, a.Type(), wk)
 				}
 			}

@@ -99,7 +99,7 @@ func TestNVLinkTopology(t *testing.T) {
 					t.Errorf("%s = %s, want none", name, a.String())
 				case want != "" && a.String() != want:
 					t.Errorf("%s = %s, want %s", name, a.String(), want)
-				case ok && a.Type() != v1alpha1.WellKnownAttributes[name]:
+				case ok && a.Type() != wellKnown[name]:
 					t.Errorf("%s published as %s", name, a.Type())
 				}
 			}

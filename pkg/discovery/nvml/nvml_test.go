@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
@@ -19,6 +20,9 @@ import (
 // dgx returns the DGX A100 mock of nvmlmock (PCI bus ids, GPUs 0-3 on NUMA node 0
 // and 4-7 on node 1 in a sysfs tree under root) with NVLink answered as NVML does
 // for a GPU without any: nvlink_test.go wires its own topologies.
+// wellKnown are the attribute types the device kinds declare.
+var wellKnown = kinds.Builtin.Attributes()
+
 func dgx(t *testing.T) (*dgxa100.Server, string) {
 	t.Helper()
 	server := nvmlmock.New()
@@ -87,7 +91,7 @@ func TestDiscoverDGXA100(t *testing.T) {
 		t.Errorf("%d attributes, want %d: %v", len(g.Attributes), len(want), g.Attributes)
 	}
 	for name, a := range g.Attributes {
-		if wk, ok := v1alpha1.WellKnownAttributes[name]; ok && a.Type() != wk {
+		if wk, ok := wellKnown[name]; ok && a.Type() != wk {
 			t.Errorf("%s published as %s, the contract says %s", name, a.Type(), wk)
 		}
 	}

@@ -126,7 +126,7 @@ func FuzzCacheIngest(f *testing.F) {
 			}
 			c.mu.RLock()
 			defer c.mu.RUnlock()
-			p, _ := c.place(c.nodes["n1"], demand, NUMAAligned)
+			p, _ := c.nodes["n1"].place(demand, NUMAAligned)
 			if p == nil || len(invalid) == 0 {
 				return
 			}

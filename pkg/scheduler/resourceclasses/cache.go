@@ -17,6 +17,8 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -280,12 +282,12 @@ func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 		if v := d.Attributes[v1alpha1.AttributeNUMANode].IntValue; v != nil {
 			ds.numa = int(*v)
 		}
-		// A GPU in MIG mode is served through its MIG devices; giving the whole
-		// GPU too would hand the same silicon to two pods.
-		if b := d.Attributes[v1alpha1.AttributeMIGEnabled].BoolValue; d.Kind == v1alpha1.DeviceKindNvidiaGPU && b != nil && *b {
+		// The device's kind says how it is counted (a GPU in MIG mode, for
+		// one, is given out only through its MIG devices).
+		switch kinds.Builtin.Allocation(d) {
+		case devicekind.Unallocatable:
 			ds.excluded = true
-		}
-		if d.Kind == v1alpha1.DeviceKindHugePages {
+		case devicekind.Pool:
 			ds.pool = newPool(d)
 			if ds.pool == nil {
 				ds.healthy = false
@@ -622,6 +624,139 @@ func (c *cache) isAssumed(uid types.UID) bool {
 	defer c.mu.RUnlock()
 	h := c.pods[uid]
 	return h != nil && h.assumed
+}
+
+// missingClass returns the first of classes that does not exist.
+func (c *cache) missingClass(classes []string) (string, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, class := range classes {
+		if c.classes[class] == nil {
+			return class, true
+		}
+	}
+	return "", false
+}
+
+// fits decides whether node name, as the pod's preemption view v changes it
+// (nil: as it is), serves every class request of d with strategy s; when it
+// does not, why says why. It runs for every pod on every node: on the common
+// path (quick) it allocates nothing.
+func (c *cache) fits(name string, v *nodeView, d *demand, s Strategy) (why unfit, ok bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	n := c.viewLocked(name, c.nodes[name], v)
+	if fits, _, _, handled := n.quick(d); handled {
+		if !fits {
+			return unfit{reason: "Insufficient free devices of class " + d.classes[0]}, false
+		}
+		return unfit{}, true
+	}
+	if _, u := n.place(d, s); u != nil {
+		return *u, false
+	}
+	return unfit{}, true
+}
+
+// nodeNames are the nodes that publish devices, sorted.
+func (c *cache) nodeNames() []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return slices.Sorted(maps.Keys(c.nodes))
+}
+
+// classesWithout are those of classes that select no device on node name.
+func (c *cache) classesWithout(name string, classes []string) []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var none []string
+	for _, class := range classes {
+		if n := c.nodes[name]; n == nil || len(n.matches[class]) == 0 {
+			none = append(none, class)
+		}
+	}
+	return none
+}
+
+// holdsOn reports whether the cache counts pod uid as holding devices on node.
+func (c *cache) holdsOn(uid types.UID, node string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	h := c.pods[uid]
+	return h != nil && h.node == node
+}
+
+// classStatus is every class's status (status.go), from one consistent view
+// of the nodes and the pods' holdings.
+func (c *cache) classStatus() map[string]v1alpha1.ResourceClassStatus {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.classStatusLocked()
+}
+
+// score reports whether d fits on node name with strategy s, how much of the
+// devices its classes select there would be held (0..100), and over how many
+// NUMA nodes it would spread (0: unknown).
+func (c *cache) score(name string, d *demand, s Strategy) (fits bool, util int64, numas int) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	n := c.nodes[name]
+	fits, util, numas, handled := n.quick(d)
+	if handled {
+		return fits, util, numas
+	}
+	pl, u := n.place(d, s)
+	if u != nil {
+		return false, 0, 0
+	}
+	return true, pl.util, pl.numas
+}
+
+// reservation is what Reserve decided for a pod.
+type reservation struct {
+	placement   *placement
+	assignment  *assignment.Assignment
+	annotations map[string]string // that carry the assignment to the node agent
+}
+
+// reserve chooses d's devices on node name with strategy s and holds them for
+// pod (assumed until the pod is seen bound), in one step under the write lock:
+// nothing comes between the choice and the hold. u says why d does not fit;
+// err that the assignment cannot be written.
+func (c *cache) reserve(pod *corev1.Pod, name string, d *demand, s Strategy) (r reservation, u *unfit, err error) {
+	c.mu.Lock()
+	pl, u := c.nodes[name].place(d, s)
+	if u != nil {
+		c.mu.Unlock()
+		return r, u, nil
+	}
+	a := d.assignment(name, pl)
+	anns, err := reservationAnnotations(a, pl)
+	if err != nil {
+		c.mu.Unlock()
+		return r, nil, err
+	}
+	h := newHolding(pod.UID, a, d)
+	h.assumed, h.raw = true, presentAnnotation(anns[assignment.AnnotationKey])
+	h.ref = &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+	c.holdLocked(h)
+	c.mu.Unlock()
+	c.changed()
+	return reservation{placement: pl, assignment: a, annotations: anns}, nil, nil
+}
+
+// markPreempted records, once, that pod uid is being preempted: ok is false
+// when it was already recorded or the pod holds no devices; else devices
+// describes what it holds on node.
+func (c *cache) markPreempted(uid types.UID) (devices, node string, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.pods[uid]
+	if h == nil || h.preemptionReported || len(h.devices) == 0 {
+		return "", "", false
+	}
+	h.preemptionReported = true
+	return describeDevices(h.devices), h.node, true
 }
 
 // holdingFromPod turns a bound pod's annotation into a holding learned from

@@ -30,16 +30,11 @@ type unfit struct {
 
 // eligible is PreFilter's decision: every class d requests exists (else the
 // set is nil), and the nodes where each of them selects a device (nodesFor),
-// not none (else the set is empty).
+// not none (else the set is empty). The plugin and Snapshot both ask it.
 func (c *cache) eligible(d *demand) (sets.Set[string], *unfit) {
-	c.mu.RLock()
-	for _, class := range d.classes {
-		if c.classes[class] == nil {
-			c.mu.RUnlock()
-			return nil, &unfit{unresolvable: true, reason: fmt.Sprintf("ResourceClass %q does not exist", class)}
-		}
+	if class, missing := c.missingClass(d.classes); missing {
+		return nil, &unfit{unresolvable: true, reason: fmt.Sprintf("ResourceClass %q does not exist", class)}
 	}
-	c.mu.RUnlock()
 	eligible := c.nodesFor(d.classes)
 	if eligible.Len() == 0 {
 		return eligible, &unfit{unresolvable: true, reason: "no node has devices of class " + strings.Join(d.classes, ", ")}
@@ -47,21 +42,9 @@ func (c *cache) eligible(d *demand) (sets.Set[string], *unfit) {
 	return eligible, nil
 }
 
-// filter is Filter's decision for d on n: nil when its class requests fit the
-// node's free devices now. The caller holds c.mu.
-func (c *cache) filter(n *nodeState, d *demand, s Strategy) *unfit {
-	if fits, _, _, handled := c.quick(n, d); handled {
-		if !fits {
-			return &unfit{reason: "Insufficient free devices of class " + d.classes[0]}
-		}
-		return nil
-	}
-	_, u := c.place(n, d, s)
-	return u
-}
-
-// place chooses pod's devices on node n with strategy s. The caller holds c.mu.
-func (c *cache) place(n *nodeState, d *demand, s Strategy) (*placement, *unfit) {
+// place chooses pod's devices on node n with strategy s. It only reads n: the
+// cache calls it under its lock (cache.fits, cache.score, cache.reserve).
+func (n *nodeState) place(d *demand, s Strategy) (*placement, *unfit) {
 	if n == nil {
 		return nil, &unfit{reason: "node publishes no devices (no NodeDevices)"}
 	}
@@ -90,7 +73,7 @@ func (c *cache) place(n *nodeState, d *demand, s Strategy) (*placement, *unfit) 
 		}
 	}
 	try := func(onlyNUMA int, order func([]int) []int) (*placement, *unfit) {
-		return c.tryPlace(n, d, exclusive, pools, free, onlyNUMA, order)
+		return n.tryPlace(d, exclusive, pools, free, onlyNUMA, order)
 	}
 	byNUMAFree := func(fullestFirst bool) func([]int) []int {
 		return func(idx []int) []int {
@@ -131,7 +114,7 @@ func (c *cache) place(n *nodeState, d *demand, s Strategy) (*placement, *unfit) 
 	if p == nil {
 		return nil, u
 	}
-	p.util = c.utilization(n, d, p)
+	p.util = n.utilization(d, p)
 	return p, nil
 }
 
@@ -148,7 +131,7 @@ func numaNodes(n *nodeState) []int {
 	return out
 }
 
-func (c *cache) tryPlace(n *nodeState, d *demand, exclusive, pools []string, free []bool, onlyNUMA int, order func([]int) []int) (*placement, *unfit) {
+func (n *nodeState) tryPlace(d *demand, exclusive, pools []string, free []bool, onlyNUMA int, order func([]int) []int) (*placement, *unfit) {
 	usable := func(i int) bool { return free[i] && (onlyNUMA == anyNUMA || n.devices[i].numa == onlyNUMA) }
 	p := &placement{drawn: map[string][]string{}}
 	prob := matching.Problem{Devices: len(n.devices)}
@@ -296,7 +279,7 @@ func explainShortage(classes []string, prob matching.Problem) *unfit {
 
 // utilization is the share (0..100) of the devices the pod's classes select on n
 // that are held once p is placed: what BinPack maximises and Spread minimises.
-func (c *cache) utilization(n *nodeState, d *demand, p *placement) int64 {
+func (n *nodeState) utilization(d *demand, p *placement) int64 {
 	seen := map[int]bool{}
 	var total, used int64
 	for _, class := range d.classes {
@@ -366,7 +349,7 @@ const maxNUMA = 16
 // pod: one class of exclusive devices. Filter and Score run for every pod on
 // hundreds of nodes, so this path must not allocate; Reserve, once per pod,
 // always takes the full path. handled is false for any other pod.
-func (c *cache) quick(n *nodeState, d *demand) (fits bool, util int64, numas int, handled bool) {
+func (n *nodeState) quick(d *demand) (fits bool, util int64, numas int, handled bool) {
 	if n == nil || len(d.classes) != 1 || len(n.blocked) > 0 {
 		return false, 0, 0, false
 	}

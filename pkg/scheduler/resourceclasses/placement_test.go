@@ -37,11 +37,11 @@ func TestUnknownNUMAIsNotAligned(t *testing.T) {
 	}
 	for node, want := range map[string]int{"unknown": 0, "known": 1} {
 		n := c.nodes[node]
-		fits, _, numas, handled := c.quick(n, d)
+		fits, _, numas, handled := n.quick(d)
 		if !handled || !fits || numas != want {
 			t.Errorf("%s: quick = fits %v, numas %d, handled %v; want fits, numas %d", node, fits, numas, handled, want)
 		}
-		p, u := c.place(n, d, NUMAAligned)
+		p, u := n.place(d, NUMAAligned)
 		if u != nil || p.numas != want || p.aligned != (want == 1) {
 			t.Errorf("%s: place = %+v, %v; want numas %d", node, p, u, want)
 		}

@@ -313,10 +313,13 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	p.mu.Unlock()
 
 	eligible, u := p.cache.eligible(d)
-	if u != nil {
+	if eligible == nil { // a class that does not exist
 		return nil, unfitStatus(u)
 	}
 	cs.Write(stateKey, &state{demand: d})
+	if u != nil { // no node has devices of every class
+		return nil, unfitStatus(u)
+	}
 	if eligible.Len() >= len(nodes) {
 		return nil, nil // no narrowing worth reporting: Filter decides per node
 	}
@@ -333,12 +336,9 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	if !ok {
 		return fwk.AsStatus(fmt.Errorf("%s: PreFilter state missing", Name))
 	}
-	p.cache.mu.RLock()
-	defer p.cache.mu.RUnlock()
 	name := ni.Node().Name
-	n := p.cache.viewOf(name, p.cache.nodes[name], s.views[name])
-	if u := p.cache.filter(n, s.demand, p.args.Strategy); u != nil {
-		return unfitStatus(u)
+	if why, ok := p.cache.fits(name, s.views[name], s.demand, p.args.Strategy); !ok {
+		return unfitStatus(&why)
 	}
 	return nil
 }
@@ -364,17 +364,7 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 	if !ok {
 		return 0, nil
 	}
-	p.cache.mu.RLock()
-	defer p.cache.mu.RUnlock()
-	n := p.cache.nodes[ni.Node().Name]
-	fits, util, numas, handled := p.cache.quick(n, s.demand)
-	if !handled {
-		pl, u := p.cache.place(n, s.demand, p.args.Strategy)
-		if u != nil {
-			return 0, nil
-		}
-		fits, util, numas = true, pl.util, pl.numas
-	}
+	fits, util, numas := p.cache.score(ni.Node().Name, s.demand, p.args.Strategy)
 	if !fits {
 		return 0, nil
 	}
@@ -409,23 +399,30 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 	if !ok {
 		return nil
 	}
-	c := p.cache
-	c.mu.Lock()
-	pl, u := c.place(c.nodes[nodeName], s.demand, p.args.Strategy)
-	if u != nil {
-		c.mu.Unlock()
+	r, u, err := p.cache.reserve(pod, nodeName, s.demand, p.args.Strategy)
+	switch {
+	case u != nil:
 		return unfitStatus(u)
-	}
-	a := s.demand.assignment(nodeName, pl)
-	anns, err := assignment.Annotations(a)
-	if err != nil {
-		c.mu.Unlock()
+	case err != nil:
 		assignments.WithLabelValues("invalid").Inc()
 		return fwk.AsStatus(err)
 	}
-	// The seed's key per device carries the quantity the pod takes of it:
-	// its fresh draws that the device serves (1 for an exclusive device; a
-	// hugepage pool may serve several containers' draws).
+	s.placed, s.annotations = r.assignment, r.annotations
+	p.forget(pod.UID)
+	reservations.WithLabelValues(string(p.args.Strategy), alignedLabel(r.placement)).Inc()
+	return nil
+}
+
+// reservationAnnotations are the annotations that carry a to the node agent:
+// the assignment, and the compatibility key per device (assignment.CompatKey)
+// with the quantity the pod takes of it: its fresh draws that the device
+// serves (1 for an exclusive device; a hugepage pool may serve several
+// containers' draws).
+func reservationAnnotations(a *assignment.Assignment, pl *placement) (map[string]string, error) {
+	anns, err := assignment.Annotations(a)
+	if err != nil {
+		return nil, err
+	}
 	for class, ids := range pl.drawn {
 		counts := map[string]int{}
 		for _, id := range ids {
@@ -435,16 +432,7 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 			anns[assignment.CompatKey(class, id)] = strconv.Itoa(n)
 		}
 	}
-	h := newHolding(pod.UID, a, s.demand)
-	h.assumed, h.raw = true, presentAnnotation(anns[assignment.AnnotationKey])
-	h.ref = &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
-	c.holdLocked(h)
-	c.mu.Unlock()
-	c.changed()
-	s.placed, s.annotations = a, anns
-	p.forget(pod.UID)
-	reservations.WithLabelValues(string(p.args.Strategy), alignedLabel(pl)).Inc()
-	return nil
+	return anns, nil
 }
 
 func alignedLabel(pl *placement) string {

@@ -1483,7 +1483,7 @@ func TestClassStatusIsWhatANewPodGets(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				_, u := c.place(n, d, FirstFit)
+				_, u := n.place(d, FirstFit)
 				return u == nil
 			}
 			if room > 0 && !fit(room) {

@@ -95,17 +95,10 @@ func (p *Plugin) RemovePod(_ context.Context, cs fwk.CycleState, _ *corev1.Pod, 
 	return nil
 }
 
-// holdsOn reports whether the cache counts pod uid as holding devices on node.
-func (c *cache) holdsOn(uid types.UID, node string) bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	h := c.pods[uid]
-	return h != nil && h.node == node
-}
-
-// viewOf returns node n as v changes it: a copy sharing every device that v
-// leaves as it is. The caller holds c.mu (read).
-func (c *cache) viewOf(name string, n *nodeState, v *nodeView) *nodeState {
+// viewLocked returns node n as v changes it: a copy sharing every device that
+// v leaves as it is. It reads the pods' holdings: the cache calls it under its
+// lock (cache.fits).
+func (c *cache) viewLocked(name string, n *nodeState, v *nodeView) *nodeState {
 	if n == nil || v == nil || v.empty() {
 		return n
 	}
@@ -178,16 +171,10 @@ func preemptedByScheduler(pod *corev1.Pod) bool {
 // frees: upstream's Event names the preemptor, this one the devices and
 // classes (kubectl describe pod shows both).
 func (p *Plugin) reportPreempted(pod *corev1.Pod) {
-	c := p.cache
-	c.mu.Lock()
-	h := c.pods[pod.UID]
-	if h == nil || h.preemptionReported || len(h.devices) == 0 {
-		c.mu.Unlock()
+	devices, node, ok := p.cache.markPreempted(pod.UID)
+	if !ok {
 		return
 	}
-	h.preemptionReported = true
-	devices, node := describeDevices(h.devices), h.node
-	c.mu.Unlock()
 	preemptedPods.Inc()
 	if r := p.handle.EventRecorder(); r != nil {
 		r.Eventf(pod, nil, corev1.EventTypeNormal, "DevicesPreempted", "Scheduling",

@@ -159,22 +159,13 @@ func (s *Snapshot) Fit(pod *corev1.Pod) (draws map[string]int, fits []NodeFit, e
 	if u != nil && eligible == nil {
 		return maps.Clone(d.draws), nil, errors.New(u.reason)
 	}
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	for _, name := range slices.Sorted(maps.Keys(c.nodes)) {
-		n := c.nodes[name]
+	for _, name := range c.nodeNames() {
 		f := NodeFit{Node: name}
 		if !eligible.Has(name) {
-			var none []string
-			for _, class := range d.classes {
-				if len(n.matches[class]) == 0 {
-					none = append(none, class)
-				}
-			}
 			f.Unresolvable = true
-			f.Reason = "no device of class " + strings.Join(none, ", ") + " on the node (PreFilter leaves it out)"
-		} else if u := c.filter(n, d, FirstFit); u != nil {
-			f.Reason, f.Unresolvable = u.reason, u.unresolvable
+			f.Reason = "no device of class " + strings.Join(c.classesWithout(name, d.classes), ", ") + " on the node (PreFilter leaves it out)"
+		} else if why, ok := c.fits(name, nil, d, FirstFit); !ok {
+			f.Reason, f.Unresolvable = why.reason, why.unresolvable
 		} else {
 			f.Fits = true
 		}

@@ -25,8 +25,8 @@ import (
 	"github.com/resclass/resclass/pkg/scheduler/matching"
 )
 
-// statusWriter keeps every ResourceClass's status (seed 003's
-// ResourceClassStatus) in step with the cache: allocatable, the healthy devices
+// statusWriter keeps every ResourceClass's status
+// (v1alpha1.ResourceClassStatus; docs/scheduler.md, "ResourceClass status") in step with the cache: allocatable, the healthy devices
 // the class selects cluster-wide, and requested, the devices pods hold through
 // it, with the same per node. Changes are debounced: a burst of bindings is one
 // write per class. Only the holder of a Lease writes, so replicas do not fight;
@@ -145,8 +145,8 @@ func (w *statusWriter) sync(ctx context.Context, logger klog.Logger) error {
 	return failed
 }
 
-// classStatus computes every known class's status from the cache, per node
-// and cluster-wide:
+// classStatusLocked computes every known class's status from the cache, per
+// node and cluster-wide (cache.classStatus calls it under the read lock):
 //   - allocatable: the devices the class selects that are healthy and may be
 //     given out (not a GPU in MIG mode); a hugepage pool counts as one;
 //   - requested: of those, the ones a new pod of the class cannot get: held by
@@ -156,9 +156,7 @@ func (w *statusWriter) sync(ctx context.Context, logger klog.Logger) error {
 //
 // So allocatable − requested is how many devices a new pod of the class can
 // get, and a device counts in every class that selects it.
-func (c *cache) classStatus() map[string]v1alpha1.ResourceClassStatus {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
+func (c *cache) classStatusLocked() map[string]v1alpha1.ResourceClassStatus {
 	type counts struct{ allocatable, requested int64 }
 	perNode := map[string]map[string]*counts{} // class -> node -> counts
 	for name, n := range c.nodes {

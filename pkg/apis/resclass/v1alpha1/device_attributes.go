@@ -31,10 +31,10 @@ const (
 )
 
 // Well-known attribute names: the contract between the node agent, which publishes
-// them with the type given in WellKnownAttributes, and ResourceClass selectors,
-// whose values for these keys are checked against that type when the class is
-// created. Any other key is allowed too; its values are then compared with
-// whatever type the device publishes.
+// them with the type their device kind declares (devicekind.Kind.Attributes,
+// pkg/devicekind), and ResourceClass selectors, whose values for these keys are
+// checked against that type when the class is created. Any other key is allowed
+// too; its values are then compared with whatever type the device publishes.
 const (
 	AttributeMemory            = "memory"            // GPU memory (quantity)
 	AttributeProduct           = "product"           // e.g. "NVIDIA A100-SXM4-40GB"
@@ -72,45 +72,6 @@ const (
 	AttributeNVLinkPeers       = "nvlinkPeers"       // comma-separated NVML indices of the GPUs reached over active NVLinks, ascending
 	AttributeNVLinks           = "nvlinks"           // number of active NVLinks
 )
-
-// WellKnownAttributes gives the type of every well-known attribute.
-var WellKnownAttributes = map[string]AttributeType{
-	AttributeMemory:            AttributeTypeQuantity,
-	AttributeProduct:           AttributeTypeString,
-	AttributeBrand:             AttributeTypeString,
-	AttributeArchitecture:      AttributeTypeString,
-	AttributeComputeCapability: AttributeTypeVersion,
-	AttributeDriverVersion:     AttributeTypeVersion,
-	AttributeCUDADriverVersion: AttributeTypeVersion,
-	AttributeMIGEnabled:        AttributeTypeBool,
-	AttributeIndex:             AttributeTypeInt,
-	AttributeMinor:             AttributeTypeInt,
-	AttributePCIAddress:        AttributeTypeString,
-	AttributeNUMANode:          AttributeTypeInt,
-	AttributeVendorID:          AttributeTypeString,
-	AttributeDeviceID:          AttributeTypeString,
-	AttributeVendor:            AttributeTypeString,
-	AttributeDriver:            AttributeTypeString,
-	AttributeInterface:         AttributeTypeString,
-	AttributeMAC:               AttributeTypeString,
-	AttributeSpeed:             AttributeTypeBandwidth,
-	AttributeLinkUp:            AttributeTypeBool,
-	AttributeMTU:               AttributeTypeInt,
-	AttributeSRIOVTotalVFs:     AttributeTypeInt,
-	AttributeSRIOVNumVFs:       AttributeTypeInt,
-	AttributePhysicalFunction:  AttributeTypeString,
-	AttributeSize:              AttributeTypeQuantity,
-	AttributePagesTotal:        AttributeTypeInt,
-	AttributePagesFree:         AttributeTypeInt,
-	AttributeResourceName:      AttributeTypeString,
-	AttributeParent:            AttributeTypeString,
-	AttributeMIGProfile:        AttributeTypeString,
-	AttributeGPUInstanceID:     AttributeTypeInt,
-	AttributeComputeInstanceID: AttributeTypeInt,
-	AttributeMultiprocessors:   AttributeTypeInt,
-	AttributeNVLinkPeers:       AttributeTypeString,
-	AttributeNVLinks:           AttributeTypeInt,
-}
 
 // Type reports which field of the attribute is set, or "" when none or more than
 // one is (which the API schema forbids).

@@ -1,0 +1,255 @@
+// Package nvidiagpu is the device kind of NVIDIA GPUs and their MIG devices:
+// their attributes, node labels, how the scheduler counts them and what a
+// container gets. They are discovered through NVML (pkg/discovery/nvml),
+// which the node agent opens, retries and watches for health itself; this
+// package imports no cgo, so the scheduler and the webhook, built without
+// it, can ask it.
+package nvidiagpu
+
+import (
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/cdispec"
+	"github.com/resclass/resclass/pkg/devicekind"
+)
+
+// EnvVisibleDevices names the container's GPUs and MIG devices (every class's)
+// for NVIDIA's container runtime, with the envvar device-list strategy.
+const EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+
+// The node labels of the kind.
+const (
+	// LabelCount is the number of GPUs (whole GPUs, MIG mode or not).
+	LabelCount = devicekind.LabelPrefix + "gpu.count"
+	// LabelProduct is the GPUs' product name with spaces as dashes
+	// ("NVIDIA-A100-SXM4-40GB"), or "mixed" when the node has several.
+	LabelProduct = devicekind.LabelPrefix + "gpu.product"
+	// LabelMemory is the memory of the node's smallest GPU ("40Gi").
+	LabelMemory = devicekind.LabelPrefix + "gpu.memory"
+	// LabelMIG is "true" when a GPU is in MIG mode.
+	LabelMIG = devicekind.LabelPrefix + "gpu.mig"
+)
+
+// cdiAnnotationPlugin is the plugin part of the cdi.k8s.io/ annotation key
+// (cdi.AnnotationKey: "vendor.device-type" by convention).
+const cdiAnnotationPlugin = "resclass.io.gpu"
+
+// controlDevices are the device nodes every CUDA container needs besides its
+// GPUs'.
+var controlDevices = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+
+// Kind is the nvidia-gpu kind.
+type Kind struct{}
+
+var _ devicekind.Kind = Kind{}
+
+// Names: GPUs and the MIG devices of GPUs in MIG mode.
+func (Kind) Names() []string {
+	return []string{v1alpha1.DeviceKindNvidiaGPU, v1alpha1.DeviceKindNvidiaMIG}
+}
+
+// Attributes are what NVML discovery publishes.
+func (Kind) Attributes() map[string]v1alpha1.AttributeType {
+	return map[string]v1alpha1.AttributeType{
+		v1alpha1.AttributeMemory:            v1alpha1.AttributeTypeQuantity,
+		v1alpha1.AttributeProduct:           v1alpha1.AttributeTypeString,
+		v1alpha1.AttributeBrand:             v1alpha1.AttributeTypeString,
+		v1alpha1.AttributeArchitecture:      v1alpha1.AttributeTypeString,
+		v1alpha1.AttributeComputeCapability: v1alpha1.AttributeTypeVersion,
+		v1alpha1.AttributeDriverVersion:     v1alpha1.AttributeTypeVersion,
+		v1alpha1.AttributeCUDADriverVersion: v1alpha1.AttributeTypeVersion,
+		v1alpha1.AttributeMIGEnabled:        v1alpha1.AttributeTypeBool,
+		v1alpha1.AttributeIndex:             v1alpha1.AttributeTypeInt,
+		v1alpha1.AttributeMinor:             v1alpha1.AttributeTypeInt,
+		v1alpha1.AttributePCIAddress:        v1alpha1.AttributeTypeString,
+		v1alpha1.AttributeNUMANode:          v1alpha1.AttributeTypeInt,
+		v1alpha1.AttributeParent:            v1alpha1.AttributeTypeString,
+		v1alpha1.AttributeMIGProfile:        v1alpha1.AttributeTypeString,
+		v1alpha1.AttributeGPUInstanceID:     v1alpha1.AttributeTypeInt,
+		v1alpha1.AttributeComputeInstanceID: v1alpha1.AttributeTypeInt,
+		v1alpha1.AttributeMultiprocessors:   v1alpha1.AttributeTypeInt,
+		v1alpha1.AttributeNVLinkPeers:       v1alpha1.AttributeTypeString,
+		v1alpha1.AttributeNVLinks:           v1alpha1.AttributeTypeInt,
+	}
+}
+
+// Allocation: a GPU in MIG mode is served through its MIG devices; giving the
+// whole GPU too would hand the same silicon to two pods.
+func (Kind) Allocation(d *v1alpha1.Device) devicekind.Allocation {
+	if b := d.Attributes[v1alpha1.AttributeMIGEnabled].BoolValue; d.Kind == v1alpha1.DeviceKindNvidiaGPU && b != nil && *b {
+		return devicekind.Unallocatable
+	}
+	return devicekind.Exclusive
+}
+
+// LabelKeys lists the labels of the kind.
+func (Kind) LabelKeys() []string { return []string{LabelCount, LabelProduct, LabelMemory, LabelMIG} }
+
+// Labels summarise the whole GPUs (MIG devices are not counted).
+func (Kind) Labels(devices []*v1alpha1.Device) map[string]string {
+	labels := map[string]string{}
+	var (
+		gpus      int
+		products  = map[string]bool{}
+		productOK = true
+		minMemory *resource.Quantity
+		mig       bool
+	)
+	for _, d := range devices {
+		if d.Kind != v1alpha1.DeviceKindNvidiaGPU {
+			continue
+		}
+		a := d.Attributes
+		gpus++
+		if p := a[v1alpha1.AttributeProduct].StringValue; p != nil {
+			products[*p] = true
+		} else {
+			productOK = false
+		}
+		if m := a[v1alpha1.AttributeMemory].QuantityValue; m != nil && (minMemory == nil || m.Cmp(*minMemory) < 0) {
+			minMemory = m
+		}
+		if b := a[v1alpha1.AttributeMIGEnabled].BoolValue; b != nil && *b {
+			mig = true
+		}
+	}
+	if gpus == 0 {
+		return labels
+	}
+	labels[LabelCount] = strconv.Itoa(gpus)
+	switch {
+	case len(products) == 1 && productOK:
+		for p := range products {
+			if v := devicekind.LabelValue(p); v != "" {
+				labels[LabelProduct] = v
+			}
+		}
+	case len(products) > 1:
+		labels[LabelProduct] = "mixed"
+	}
+	if minMemory != nil {
+		labels[LabelMemory] = minMemory.String()
+	}
+	if mig {
+		labels[LabelMIG] = "true"
+	}
+	return labels
+}
+
+// Summarize counts whole GPUs.
+func (Kind) Summarize(s v1alpha1.DeviceSummary, d *v1alpha1.Device) v1alpha1.DeviceSummary {
+	if d.Kind == v1alpha1.DeviceKindNvidiaGPU {
+		s.GPUs++
+	}
+	return s
+}
+
+// ContainerEdits follow the device-list strategies: envvar sets
+// NVIDIA_VISIBLE_DEVICES (every class's GPUs of the container: the kubelet
+// merges the classes' responses, the last one wins) and the device nodes;
+// cdi-cri and cdi-annotations name the devices in the CDI spec the agent
+// writes (pkg/cdispec).
+func (Kind) ContainerEdits(h *devicekind.Handoff, class, all []*v1alpha1.Device, e *devicekind.ContainerEdits) error {
+	if h.EnvVar {
+		e.Env[EnvVisibleDevices] = joinIDs(gpusFirst(all))
+		e.AddDeviceNodes(deviceNodes(h, class))
+	}
+	if !h.CDICRI && !h.CDIAnnotations {
+		return nil
+	}
+	names := make([]string, len(class))
+	for i, d := range class {
+		names[i] = cdispec.DeviceName(d.ID)
+	}
+	if h.CDICRI {
+		e.CDIDevices = append(e.CDIDevices, names...)
+	}
+	if h.CDIAnnotations {
+		key, err := cdiAnnotationKey(class[0].ID)
+		if err != nil {
+			return err
+		}
+		value, err := cdi.AnnotationValue(names)
+		if err != nil {
+			return fmt.Errorf("CDI annotation: %w", err)
+		}
+		if e.Annotations == nil {
+			e.Annotations = map[string]string{}
+		}
+		e.Annotations[key] = value
+	}
+	return nil
+}
+
+// gpusFirst orders devices GPUs first, then MIG devices, each in the order
+// given; without MIG devices (the common case) it returns devices as they are.
+func gpusFirst(devices []*v1alpha1.Device) []*v1alpha1.Device {
+	if !slices.ContainsFunc(devices, func(d *v1alpha1.Device) bool { return d.Kind == v1alpha1.DeviceKindNvidiaMIG }) {
+		return devices
+	}
+	out := make([]*v1alpha1.Device, 0, len(devices))
+	for _, kind := range []string{v1alpha1.DeviceKindNvidiaGPU, v1alpha1.DeviceKindNvidiaMIG} {
+		for _, d := range devices {
+			if d.Kind == kind {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
+// deviceNodes lists the device nodes of gpus (a MIG device's are its
+// parent's) and the control devices; the hand-off keeps those the host has:
+// a runtime fails a container whose device node is missing, and NVIDIA's
+// runtime or CDI injects them anyway where the driver is installed.
+func deviceNodes(h *devicekind.Handoff, gpus []*v1alpha1.Device) []string {
+	var paths []string
+	for _, d := range gpus {
+		src := d
+		if d.Kind == v1alpha1.DeviceKindNvidiaMIG {
+			src = nil
+			if p := d.Attributes[v1alpha1.AttributeParent].StringValue; p != nil {
+				src = h.Device(*p)
+			}
+		}
+		if src == nil {
+			continue
+		}
+		if n := src.Attributes[v1alpha1.AttributeMinor].IntValue; n != nil {
+			if p := "/dev/nvidia" + strconv.FormatInt(*n, 10); !slices.Contains(paths, p) {
+				paths = append(paths, p)
+			}
+		}
+	}
+	return append(paths, controlDevices...)
+}
+
+// cdiAnnotationKey is the annotation key of a class's response. The kubelet
+// merges the annotations of all classes of a container, so each class needs
+// its own key: its first device's id is unique in the container. An id too
+// long or odd for a key (at most 63 characters with the plugin part) is
+// hashed.
+func cdiAnnotationKey(firstID string) (string, error) {
+	if key, err := cdi.AnnotationKey(cdiAnnotationPlugin, firstID); err == nil {
+		return key, nil
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(firstID))
+	return cdi.AnnotationKey(cdiAnnotationPlugin, strconv.FormatUint(h.Sum64(), 16))
+}
+
+func joinIDs(devices []*v1alpha1.Device) string {
+	ids := make([]string, len(devices))
+	for i, d := range devices {
+		ids[i] = d.ID
+	}
+	return strings.Join(ids, ",")
+}

@@ -1,0 +1,11 @@
+package hugepages
+
+import "github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+
+// NUMAFixture is numaFixture, for the tests of package hugepages_test.
+var NUMAFixture = numaFixture
+
+// WellKnown is the type of a well-known attribute. The contract lives in
+// pkg/devicekind/kinds, which imports this package: contract_test.go hands
+// it in before any test runs.
+var WellKnown func(name string) v1alpha1.AttributeType
