@@ -176,7 +176,9 @@ func (n *nodeState) bestSets(cand []int, k int, base, freeDev []int, keep int) [
 		}
 		rest[x] = rest[x].sub(toBase[x])
 	}
-	var top []rankedSet
+	// The best keep sets, best first; their position slices are reused, so
+	// that the enumeration allocates nothing per set.
+	top := make([]rankedSet, 0, keep)
 	consider := func(pos []int, score, cut topoScore) {
 		r := rankedSet{pos: pos, score: score, cut: cut}
 		at := len(top)
@@ -186,11 +188,13 @@ func (n *nodeState) bestSets(cand []int, k int, base, freeDev []int, keep int) [
 		if at >= keep {
 			return
 		}
-		r.pos = slices.Clone(pos)
-		top = slices.Insert(top, at, r)
-		if len(top) > keep {
-			top = top[:keep]
+		if len(top) < keep {
+			top = append(top, rankedSet{pos: make([]int, k)})
 		}
+		buf := top[len(top)-1].pos // the slot that falls off, or the new one
+		copy(top[at+1:], top[at:len(top)-1])
+		copy(buf, pos)
+		top[at] = rankedSet{pos: buf, score: score, cut: cut}
 	}
 	if binomialAtMost(m, k, exhaustiveSets) {
 		w := make([]topoScore, m*m)
