@@ -729,10 +729,10 @@ func (c *cache) score(name string, d *demand, s Strategy) (fits bool, util int64
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	n := c.nodes[name]
-	if s != Topology {
-		if fits, util, numas, handled := n.quick(d); handled {
-			return fits, util, numas, 0
-		}
+	// Topology scores by the set's connectivity, which the quick path does
+	// not know, except for one device: quality 100 on any node.
+	if fits, util, numas, handled := n.quick(d); handled && (s != Topology || d.draws[d.classes[0]] == 1) {
+		return fits, util, numas, 100
 	}
 	pl, u := n.place(d, s)
 	if u != nil {

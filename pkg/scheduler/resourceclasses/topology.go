@@ -73,6 +73,49 @@ func linksTo(peers []peerLink, pos int) int32 {
 	return 0
 }
 
+// pairTable is pair for the devices of one decision, computed once: a search
+// asks for the same pairs many times.
+type pairTable struct {
+	n    *nodeState
+	slot []int32 // by device position: its row in w, or -1
+	size int
+	w    []topoScore
+}
+
+// maxPairTable bounds the devices a table holds (64 KiB of scores); pairs of
+// others are computed when asked.
+const maxPairTable = 64
+
+func (n *nodeState) pairTable(devs []int) *pairTable {
+	t := &pairTable{n: n}
+	if len(devs) == 0 || len(devs) > maxPairTable {
+		return t
+	}
+	t.slot = make([]int32, len(n.devices))
+	for i := range t.slot {
+		t.slot[i] = -1
+	}
+	t.size = len(devs)
+	t.w = make([]topoScore, t.size*t.size)
+	for x, i := range devs {
+		t.slot[i] = int32(x)
+		for y := 0; y < x; y++ {
+			t.w[x*t.size+y] = n.pair(i, devs[y])
+			t.w[y*t.size+x] = t.w[x*t.size+y]
+		}
+	}
+	return t
+}
+
+func (t *pairTable) pair(i, j int) topoScore {
+	if t.slot != nil {
+		if si, sj := t.slot[i], t.slot[j]; si >= 0 && sj >= 0 {
+			return t.w[int(si)*t.size+int(sj)]
+		}
+	}
+	return t.n.pair(i, j)
+}
+
 // pairQuality rates a pair 0..100 for the node score: NVLink 100, one PCIe
 // switch 75, one root complex 50, one NUMA node 25, nothing shared 0.
 func pairQuality(s topoScore) int64 {
@@ -156,7 +199,7 @@ func (a *rankedSet) better(b *rankedSet) bool {
 // and cand among them); best first. The score counts pairs within the set and
 // with base; the cut, the pairs from the set to the free devices outside the
 // set and base.
-func (n *nodeState) bestSets(cand []int, k int, base, freeDev []int, keep int) []rankedSet {
+func (t *pairTable) bestSets(cand []int, k int, base, freeDev []int, keep int) []rankedSet {
 	m := len(cand)
 	if k <= 0 || k > m {
 		return nil
@@ -167,11 +210,11 @@ func (n *nodeState) bestSets(cand []int, k int, base, freeDev []int, keep int) [
 	rest := make([]topoScore, m)
 	for x, i := range cand {
 		for _, b := range base {
-			toBase[x] = toBase[x].add(n.pair(i, b))
+			toBase[x] = toBase[x].add(t.pair(i, b))
 		}
 		for _, f := range freeDev {
 			if f != i {
-				rest[x] = rest[x].add(n.pair(i, f))
+				rest[x] = rest[x].add(t.pair(i, f))
 			}
 		}
 		rest[x] = rest[x].sub(toBase[x])
@@ -200,7 +243,7 @@ func (n *nodeState) bestSets(cand []int, k int, base, freeDev []int, keep int) [
 		w := make([]topoScore, m*m)
 		for x := range m {
 			for y := x + 1; y < m; y++ {
-				w[x*m+y] = n.pair(cand[x], cand[y])
+				w[x*m+y] = t.pair(cand[x], cand[y])
 				w[y*m+x] = w[x*m+y]
 			}
 		}
@@ -258,7 +301,7 @@ func (n *nodeState) bestSets(cand []int, k int, base, freeDev []int, keep int) [
 					continue
 				}
 				if y != x {
-					cut = cut.sub(n.pair(cand[x], cand[y])).sub(n.pair(cand[x], cand[y]))
+					cut = cut.sub(t.pair(cand[x], cand[y])).sub(t.pair(cand[x], cand[y]))
 				}
 			}
 			if len(pos) == k {
@@ -269,7 +312,7 @@ func (n *nodeState) bestSets(cand []int, k int, base, freeDev []int, keep int) [
 				if in[y] {
 					continue
 				}
-				gain[y] = gain[y].add(n.pair(cand[x], cand[y]))
+				gain[y] = gain[y].add(t.pair(cand[x], cand[y]))
 				if next < 0 {
 					next = y
 					continue
@@ -316,13 +359,14 @@ func (n *nodeState) topologySets(d *demand, exclusive []string, free []bool, usa
 	}
 	var best map[string][]int
 	var bestSet *rankedSet
-	for _, first := range n.bestSets(candidates(classes[0], nil), d.draws[classes[0]], nil, freeDev, keep) {
+	t := n.pairTable(freeDev)
+	for _, first := range t.bestSets(candidates(classes[0], nil), d.draws[classes[0]], nil, freeDev, keep) {
 		chosen := map[string][]int{classes[0]: first.pos}
 		taken := slices.Clone(first.pos)
 		ok := alone || n.restFits(d, classes[1:], taken, usable, free)
 		for ci := 1; ok && ci < len(classes); ci++ {
 			ok = false
-			for _, s := range n.bestSets(candidates(classes[ci], taken), d.draws[classes[ci]], taken, freeDev, keptFirstSets) {
+			for _, s := range t.bestSets(candidates(classes[ci], taken), d.draws[classes[ci]], taken, freeDev, keptFirstSets) {
 				if n.restFits(d, classes[ci+1:], append(slices.Clone(taken), s.pos...), usable, free) {
 					chosen[classes[ci]] = s.pos
 					taken = append(taken, s.pos...)
@@ -338,7 +382,7 @@ func (n *nodeState) topologySets(d *demand, exclusive []string, free []bool, usa
 			return chosen
 		}
 		all := rankedSet{pos: taken}
-		all.score, all.cut = n.setScore(taken, freeDev)
+		all.score, all.cut = t.setScore(taken, freeDev)
 		if bestSet == nil || all.better(bestSet) {
 			best, bestSet = chosen, &all
 		}
@@ -347,14 +391,14 @@ func (n *nodeState) topologySets(d *demand, exclusive []string, free []bool, usa
 }
 
 // setScore is the score of the set pos and its cut to the other free devices.
-func (n *nodeState) setScore(pos, freeDev []int) (score, cut topoScore) {
+func (t *pairTable) setScore(pos, freeDev []int) (score, cut topoScore) {
 	for x, i := range pos {
 		for _, j := range pos[x+1:] {
-			score = score.add(n.pair(i, j))
+			score = score.add(t.pair(i, j))
 		}
 		for _, f := range freeDev {
 			if !slices.Contains(pos, f) {
-				cut = cut.add(n.pair(i, f))
+				cut = cut.add(t.pair(i, f))
 			}
 		}
 	}
@@ -364,6 +408,9 @@ func (n *nodeState) setScore(pos, freeDev []int) (score, cut topoScore) {
 // restFits reports whether classes, and the pods whose devices are blocked,
 // can still be served once taken is gone.
 func (n *nodeState) restFits(d *demand, classes []string, taken []int, usable func(int) bool, free []bool) bool {
+	if len(classes) == 0 && len(n.blocked) == 0 {
+		return true
+	}
 	left := slices.Clone(free)
 	for _, i := range taken {
 		left[i] = false

@@ -69,7 +69,7 @@ func BenchmarkTopologyPlacement(b *testing.B) {
 		}
 		cases = append(cases, arrival{held: held, d: d})
 		set := append(placed(n, p, gpuClass.Name), placed(n, p, nicClass.Name)...)
-		score, _ := n.setScore(set, nil)
+		score, _ := n.pairTable(nil).setScore(set, nil)
 		best := topoScore{-1, 0, 0, 0}
 		free := func(idx []int) []int {
 			return slices.DeleteFunc(slices.Clone(idx), func(i int) bool { return n.devices[i].holders > 0 })
@@ -77,7 +77,7 @@ func BenchmarkTopologyPlacement(b *testing.B) {
 		subsets(free(gpus), k, func(g []int) {
 			g = slices.Clone(g)
 			consider := func(all []int) {
-				if s, _ := n.setScore(all, nil); s.cmp(best) > 0 {
+				if s, _ := n.pairTable(nil).setScore(all, nil); s.cmp(best) > 0 {
 					best = s
 				}
 			}

@@ -408,3 +408,49 @@ func TestTopologyArrivals(t *testing.T) {
 		}
 	}
 }
+
+// TestTopologyGreedyBeyondTheLimit: past exhaustiveSets (16 GPUs, C(16,4) =
+// 1820 sets) the greedy search still gives k distinct free GPUs, and finds a
+// fully NVLink-connected group where one is left: GPUs in groups of four,
+// linked within the group, with one GPU of each of the first three groups
+// taken.
+func TestTopologyGreedyBeyondTheLimit(t *testing.T) {
+	var devs []v1alpha1.Device
+	for i := range 16 {
+		var links []string
+		for j := i / 4 * 4; j < i/4*4+4; j++ {
+			if j != i {
+				links = append(links, strconv.Itoa(j)+":1")
+			}
+		}
+		devs = append(devs, v1alpha1.Device{ID: "g" + strconv.Itoa(i), Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{
+			v1alpha1.AttributeIndex: v1alpha1.IntAttribute(int64(i)), v1alpha1.AttributeNVLinkPeerLinks: v1alpha1.StringAttribute(strings.Join(links, ","))}})
+	}
+	c := newCache()
+	c.setClass(gpuClass)
+	c.setNodeDevices(nodeDevices("n16", devs...))
+	n := c.nodes["n16"]
+	if binomialAtMost(16, 4, exhaustiveSets) {
+		t.Fatal("C(16,4) within the exhaustive limit: the test would not reach the greedy search")
+	}
+	for _, i := range []int{0, 5, 10} {
+		n.devices[i].holders = 1
+	}
+	for k := 1; k <= 13; k++ {
+		d, err := podDemand(gpuPod("p", gpuClass.Name, k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, u := n.place(d, Topology)
+		if u != nil {
+			t.Fatalf("k=%d: %s", k, u.reason)
+		}
+		got := placed(n, p, gpuClass.Name)
+		if len(got) != k || len(slices.Compact(slices.Clone(got))) != k || slices.ContainsFunc(got, func(i int) bool { return n.devices[i].holders > 0 }) {
+			t.Fatalf("k=%d: %v is not %d distinct free GPUs", k, got, k)
+		}
+		if k == 4 && (!slices.Equal(got, []int{12, 13, 14, 15}) || p.quality != 100) {
+			t.Errorf("k=4: %v (quality %d), want the whole group 12-15", got, p.quality)
+		}
+	}
+}
