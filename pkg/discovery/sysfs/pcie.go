@@ -151,7 +151,7 @@ func isLowerHex(c rune) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= '
 
 // truncate keeps error messages short whatever the input.
 func truncate(s string) string {
-	const limit = 120
+	const limit = 80
 	if len(s) <= limit {
 		return s
 	}
