@@ -13,11 +13,12 @@ import (
 // placement is a pod's devices on one node: per class, one device id per draw
 // (a pool id may serve several draws).
 type placement struct {
-	drawn   map[string][]string
-	numas   int   // distinct NUMA nodes among the chosen devices
-	aligned bool  // all on one NUMA node
-	util    int64 // 0..100: share of the requested classes' devices in use once placed
-	quality int64 // 0..100: how well the exclusive devices are connected (Topology only)
+	drawn     map[string][]string
+	numas     int   // distinct NUMA nodes among the chosen devices
+	aligned   bool  // all on one NUMA node
+	util      int64 // 0..100: share of the requested classes' devices in use once placed
+	quality   int64 // 0..100: how well the exclusive devices are connected (Topology only)
+	exclusive int   // how many exclusive devices (Topology only)
 }
 
 // unfit says why a pod does not fit a node. unresolvable means no change to the
@@ -153,7 +154,7 @@ func (n *nodeState) placeTopology(d *demand, exclusive, pools []string, free []b
 			pos = append(pos, n.index[id])
 		}
 	}
-	p.quality = n.quality(pos)
+	p.quality, p.exclusive = n.quality(pos), len(pos)
 	return p, nil
 }
 

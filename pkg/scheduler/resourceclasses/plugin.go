@@ -415,6 +415,10 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 	s.placed, s.annotations = r.assignment, r.annotations
 	p.forget(pod.UID)
 	reservations.WithLabelValues(string(p.args.Strategy), alignedLabel(r.placement)).Inc()
+	if p.args.Strategy == Topology && r.placement.exclusive > 1 {
+		topologyQuality.Observe(float64(r.placement.quality))
+		klog.FromContext(ctx).V(4).Info("Reserved a topology placement", "pod", klog.KObj(pod), "node", nodeName, "quality", r.placement.quality)
+	}
 	return nil
 }
 

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/component-base/metrics/legacyregistry"
+	"k8s.io/component-base/metrics/testutil"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -452,5 +454,42 @@ func TestTopologyGreedyBeyondTheLimit(t *testing.T) {
 		if k == 4 && (!slices.Equal(got, []int{12, 13, 14, 15}) || p.quality != 100) {
 			t.Errorf("k=4: %v (quality %d), want the whole group 12-15", got, p.quality)
 		}
+	}
+}
+
+// TestTopologyThroughThePlugin: with strategy Topology the plugin scores the
+// hybrid mesh, whose free GPUs include a fully NVLink-connected quad, above
+// the PCIe box, whose GPUs share only switches; Reserve gives the quad and
+// observes its quality (100) in resclass_scheduler_topology_placement_quality.
+func TestTopologyThroughThePlugin(t *testing.T) {
+	var nds []*v1alpha1.NodeDevices
+	for _, profile := range []string{"dgx1-hybrid-mesh", "pcie-4gpu"} {
+		_, _, devs := profileNode(t, profile)
+		nds = append(nds, nodeDevices(profile, devs...))
+	}
+	h := newHarness(t, Topology, nds, allClasses)
+	pod := gpuPod("quad", gpuClass.Name, 4)
+	cs, _, st := h.preFilter(pod)
+	if !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	scores := h.scores(cs, pod, "dgx1-hybrid-mesh", "pcie-4gpu")
+	if scores["dgx1-hybrid-mesh"] <= scores["pcie-4gpu"] {
+		t.Errorf("scores %v: want the hybrid mesh above the PCIe box", scores)
+	}
+	observed := func() (uint64, float64) {
+		vec, err := testutil.GetHistogramVecFromGatherer(legacyregistry.DefaultGatherer, "resclass_scheduler_topology_placement_quality", nil)
+		if err != nil {
+			return 0, 0 // nothing observed yet
+		}
+		return vec.GetAggregatedSampleCount(), vec.GetAggregatedSampleSum()
+	}
+	before, sumBefore := observed()
+	_, placed := h.reserve(pod, "dgx1-hybrid-mesh")
+	if got := placed.Devices("app", gpuClass.Name); len(got) != 4 {
+		t.Fatalf("placed %v", got)
+	}
+	if after, sum := observed(); after != before+1 || sum-sumBefore != 100 {
+		t.Errorf("topology_placement_quality: %d observations (before %d), sum grew by %v; want one more, of 100", after, before, sum-sumBefore)
 	}
 }
