@@ -451,7 +451,7 @@ func TestHelmChart(t *testing.T) {
 	})
 
 	t.Run("scheduler options", func(t *testing.T) {
-		for _, strategy := range []string{"FirstFit", "BinPack", "Spread", "NUMAAligned"} {
+		for _, strategy := range []string{"FirstFit", "BinPack", "Spread", "NUMAAligned", "Topology"} {
 			set := check(t, helmTemplate(t, map[string]any{"scheduler": map[string]any{"strategy": strategy, "assignmentWrite": "PreBind"}}))
 			args := schedulerArgs(t, set)
 			if string(args.Strategy) != strategy || args.AssignmentWrite != resourceclasses.WriteInPreBind {

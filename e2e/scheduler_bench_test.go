@@ -26,6 +26,8 @@ import (
 //     ResourceClasses plugin picks node and device and writes the assignment.
 //   - class-prebind: the same, with the assignment written by a PreBind patch
 //     instead of in the Binding (assignmentWrite: PreBind), one more write.
+//   - class-topology: the same, with strategy Topology (the plugin's Score
+//     runs the topology search on every node, Reserve once more).
 //   - baseline-extended-resource: the same binary schedules the same pods
 //     requesting a plain extended resource (example.com/gpu, 8 per node), which
 //     the plugin skips: what kube-scheduler does without device selection.
@@ -84,6 +86,9 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	b.Run("class", func(b *testing.B) { run(b, resclassScheduler, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)) })
 	b.Run("class-prebind", func(b *testing.B) {
 		run(b, framework.PreBindSchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
+	})
+	b.Run("class-topology", func(b *testing.B) {
+		run(b, framework.TopologySchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
 	})
 }
 

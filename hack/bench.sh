@@ -15,6 +15,12 @@
 #
 #   bench: NAME-ratio R UNIT
 #
+# A benchmark that compares against a reference it computes itself (an
+# optimum found by exhaustive search, say) reports the quotient with the unit
+# "ratio", printed as
+#
+#   bench: NAME-ratio R
+#
 #   hack/bench.sh               every benchmark
 #   hack/bench.sh SelectorMatch one benchmark (with its sub-benchmarks)
 set -euo pipefail
@@ -37,6 +43,7 @@ awk '
 /^Benchmark/ {
   n = $1; sub(/^Benchmark/, "", n); sub(/-[0-9]+$/, "", n)
   for (i = 3; i < NF; i += 2) {
+    if ($(i+1) == "ratio") { printf "bench: %s-ratio %s\n", n, $i; continue }
     printf "bench: %s %s %s\n", n, $i, $(i+1)
     if ($(i+1) == "ns/op") ns[n] = $i
     else if ($(i+1) !~ /^(B\/op|allocs\/op|MB\/s)$/) { units[n] = units[n] " " $(i+1); val[n, $(i+1)] = $i }

@@ -427,6 +427,10 @@ func (c *Cluster) BindAsScheduler(ctx context.Context, pod *corev1.Pod, node str
 // with assignmentWrite: PreBind.
 const PreBindSchedulerName = "resclass-scheduler-prebind"
 
+// TopologySchedulerName is the embedded cluster's fourth profile: the shipped
+// one with strategy: Topology.
+const TopologySchedulerName = "resclass-scheduler-topology"
+
 const resclassNamespace = `apiVersion: v1
 kind: Namespace
 metadata:
@@ -436,7 +440,8 @@ metadata:
 // it: with kubeconfig, without leader election (one replica), client QPS as
 // scheduler_perf sets it (the default 50 caps binding at ~55 pods/s), and the
 // resclass-scheduler profile also named default-scheduler, because here it is
-// the cluster's only scheduler, and once more as PreBindSchedulerName.
+// the cluster's only scheduler, once more as PreBindSchedulerName, and once
+// more as TopologySchedulerName.
 func SchedulerConfig(kubeconfig string) ([]byte, error) {
 	var cfg map[string]any
 	if err := yaml.Unmarshal(deployscheduler.Config, &cfg); err != nil {
@@ -475,7 +480,18 @@ func SchedulerConfig(kubeconfig string) ([]byte, error) {
 			pc["args"].(map[string]any)["assignmentWrite"] = "PreBind"
 		}
 	}
-	cfg["profiles"] = append(profiles, def, prebind)
+	// The same profile with the Topology strategy, for its tests and
+	// benchmarks.
+	topology, err := clone(TopologySchedulerName)
+	if err != nil {
+		return nil, err
+	}
+	for _, pc := range topology["pluginConfig"].([]any) {
+		if pc := pc.(map[string]any); pc["name"] == "ResourceClasses" {
+			pc["args"].(map[string]any)["strategy"] = "Topology"
+		}
+	}
+	cfg["profiles"] = append(profiles, def, prebind, topology)
 	return yaml.Marshal(cfg)
 }
 

@@ -114,6 +114,9 @@ func TestBuiltinAttributes(t *testing.T) {
 		v1alpha1.AttributeMultiprocessors:   v1alpha1.AttributeTypeInt,
 		v1alpha1.AttributeNVLinkPeers:       v1alpha1.AttributeTypeString,
 		v1alpha1.AttributeNVLinks:           v1alpha1.AttributeTypeInt,
+		v1alpha1.AttributeNVLinkPeerLinks:   v1alpha1.AttributeTypeString,
+		v1alpha1.AttributePCIeRoot:          v1alpha1.AttributeTypeString,
+		v1alpha1.AttributePCIeSwitch:        v1alpha1.AttributeTypeString,
 	}
 	if got := kinds.Builtin.Attributes(); !maps.Equal(got, want) {
 		t.Errorf("the kinds declare %v\nwant %v", got, want)

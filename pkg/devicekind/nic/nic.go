@@ -67,6 +67,8 @@ func (Kind) Attributes() map[string]v1alpha1.AttributeType {
 		v1alpha1.AttributeSRIOVTotalVFs:    v1alpha1.AttributeTypeInt,
 		v1alpha1.AttributeSRIOVNumVFs:      v1alpha1.AttributeTypeInt,
 		v1alpha1.AttributePhysicalFunction: v1alpha1.AttributeTypeString,
+		v1alpha1.AttributePCIeRoot:         v1alpha1.AttributeTypeString,
+		v1alpha1.AttributePCIeSwitch:       v1alpha1.AttributeTypeString,
 	}
 }
 

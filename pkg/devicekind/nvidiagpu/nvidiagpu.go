@@ -78,6 +78,9 @@ func (Kind) Attributes() map[string]v1alpha1.AttributeType {
 		v1alpha1.AttributeMultiprocessors:   v1alpha1.AttributeTypeInt,
 		v1alpha1.AttributeNVLinkPeers:       v1alpha1.AttributeTypeString,
 		v1alpha1.AttributeNVLinks:           v1alpha1.AttributeTypeInt,
+		v1alpha1.AttributeNVLinkPeerLinks:   v1alpha1.AttributeTypeString,
+		v1alpha1.AttributePCIeRoot:          v1alpha1.AttributeTypeString,
+		v1alpha1.AttributePCIeSwitch:        v1alpha1.AttributeTypeString,
 	}
 }
 

@@ -192,6 +192,14 @@ func describe(classNet string, db *pcidb.DB, n *ghw.NIC) v1alpha1.Device {
 			a[v1alpha1.AttributeSRIOVNumVFs] = v1alpha1.IntAttribute(num)
 		}
 	}
+	// Where it sits in the PCIe tree, for the scheduler's Topology strategy;
+	// a directory of another shape (not under a root complex) publishes none.
+	if loc, err := sysfs.LocatePCIeDir(pciDir); err == nil {
+		a[v1alpha1.AttributePCIeRoot] = v1alpha1.StringAttribute(loc.Root)
+		if loc.Switch != "" {
+			a[v1alpha1.AttributePCIeSwitch] = v1alpha1.StringAttribute(loc.Switch)
+		}
+	}
 	if pf, err := os.Readlink(filepath.Join(pciDir, "physfn")); err == nil {
 		a[v1alpha1.AttributePhysicalFunction] = v1alpha1.StringAttribute(filepath.Base(pf))
 	}

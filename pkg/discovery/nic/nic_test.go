@@ -111,6 +111,7 @@ func TestDiscoverFixture(t *testing.T) {
 			"interface": "ens1f0", "mac": "0c:42:a1:00:00:01", "pciAddress": "0000:3b:00.0", "speed": "100Gbps",
 			"mtu": "9000", "linkUp": "true", "numaNode": "1", "driver": "mlx5_core", "vendorID": "15b3",
 			"deviceID": "1017", "sriovTotalVFs": "8", "sriovNumVFs": "2", "physicalFunction": "<none>",
+			"pcieRoot": "pci0000:3a", "pcieSwitch": "<none>", // on a root port
 		},
 	}, {
 		dev: devs[2], healthy: false,
@@ -123,7 +124,7 @@ func TestDiscoverFixture(t *testing.T) {
 		dev: devs[0], healthy: true,
 		want: map[string]string{
 			"interface": "eth0", "pciAddress": "0000:00:03.0", "driver": "virtio_net", "vendorID": "1af4",
-			"speed": "<none>", "numaNode": "<none>", "mtu": "1500",
+			"speed": "<none>", "numaNode": "<none>", "mtu": "1500", "pcieRoot": "pci0000:00",
 		},
 	}} {
 		if tc.dev.Healthy != tc.healthy || tc.dev.Kind != v1alpha1.DeviceKindNIC {

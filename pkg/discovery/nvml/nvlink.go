@@ -9,11 +9,12 @@ import (
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 )
 
 // addNVLinks gives each of gpus, which describe devs in order, its active
-// NVLink count (nvlinks) and the GPUs it reaches over them (nvlinkPeers), each
-// only when there are any.
+// NVLink count (nvlinks), the GPUs it reaches over them (nvlinkPeers) and the
+// links to each (nvlinkPeerLinks), each only when there are any.
 //
 // A link's far end is matched to one of this node's GPUs by PCI address. Any
 // other far end is taken to be an NVSwitch: the NVLink endpoints of the systems
@@ -22,7 +23,9 @@ import (
 // every other, so the GPUs with a switch link are all peers of one another: a
 // node is taken to have one NVSwitch fabric, as HGX and DGX boards do. Peers are
 // this node's GPUs only; those a multi-node NVLink domain reaches on other nodes
-// are not devices here.
+// are not devices here. Over the switch a pair's link count is the smaller of
+// the two GPUs' switch links: the switch gives each GPU its full NVLink
+// bandwidth to any other, so the slower end bounds the pair.
 func (d *Discoverer) addNVLinks(devs []lib.Device, gpus []v1alpha1.Device) {
 	byAddress := map[string]string{}
 	index := map[string]int{} // by NVML index, which a GPU left out makes differ from i
@@ -36,13 +39,13 @@ func (d *Discoverer) addNVLinks(devs []lib.Device, gpus []v1alpha1.Device) {
 		}
 	}
 	links := make([]nvlinks, len(gpus))
-	var switched []string
+	var switched []int // positions in gpus
 	for i, dev := range devs {
 		var p problems
 		links[i] = readNVLinks(dev, byAddress, &p)
 		p.report(&gpus[i])
 		if links[i].toSwitch {
-			switched = append(switched, gpus[i].ID)
+			switched = append(switched, i)
 		}
 	}
 	for i, l := range links {
@@ -50,8 +53,8 @@ func (d *Discoverer) addNVLinks(devs []lib.Device, gpus []v1alpha1.Device) {
 			continue
 		}
 		if l.toSwitch {
-			for _, id := range switched {
-				l.peers[id] = true
+			for _, j := range switched {
+				l.peers[gpus[j].ID] += min(l.switchLinks, links[j].switchLinks)
 			}
 		}
 		delete(l.peers, gpus[i].ID)
@@ -60,8 +63,10 @@ func (d *Discoverer) addNVLinks(devs []lib.Device, gpus []v1alpha1.Device) {
 			// Peers by NVML index, as nvidia-smi topo shows them: UUIDs
 			// would outgrow an attribute's 256 characters at 7 peers.
 			indices := make([]int, 0, len(l.peers))
-			for id := range l.peers {
+			perPeer := nvidiagpu.PeerLinks{}
+			for id, n := range l.peers {
 				indices = append(indices, index[id])
+				perPeer[index[id]] = min(n, nvidiagpu.MaxNVLinks)
 			}
 			slices.Sort(indices)
 			peers := make([]string, len(indices))
@@ -69,15 +74,17 @@ func (d *Discoverer) addNVLinks(devs []lib.Device, gpus []v1alpha1.Device) {
 				peers[j] = strconv.Itoa(n)
 			}
 			gpus[i].Attributes[v1alpha1.AttributeNVLinkPeers] = v1alpha1.StringAttribute(strings.Join(peers, ","))
+			gpus[i].Attributes[v1alpha1.AttributeNVLinkPeerLinks] = v1alpha1.StringAttribute(perPeer.String())
 		}
 	}
 }
 
 // nvlinks is what one GPU's links reach.
 type nvlinks struct {
-	active   int
-	peers    map[string]bool // UUIDs of GPUs at the far end of a link
-	toSwitch bool            // a link ends at something that is not a GPU
+	active      int
+	peers       map[string]int // UUIDs of GPUs at the far end of a link: the links to each
+	toSwitch    bool           // a link ends at something that is not a GPU
+	switchLinks int            // the links that do
 }
 
 // readNVLinks reads dev's links, byAddress naming this node's GPUs by PCI
@@ -85,7 +92,7 @@ type nvlinks struct {
 // no such link: a GPU without NVLink answers so for every index, an A100 for
 // those past its twelfth. Neither is a problem.
 func readNVLinks(dev lib.Device, byAddress map[string]string, p *problems) nvlinks {
-	l := nvlinks{peers: map[string]bool{}}
+	l := nvlinks{peers: map[string]int{}}
 	for link := range lib.NVLINK_MAX_LINKS {
 		state, ret := dev.GetNvLinkState(link)
 		if ret == lib.ERROR_NOT_SUPPORTED || ret == lib.ERROR_INVALID_ARGUMENT {
@@ -103,9 +110,10 @@ func readNVLinks(dev lib.Device, byAddress map[string]string, p *problems) nvlin
 		switch address := pciBusID(remote); {
 		case address == "":
 		case byAddress[address] != "":
-			l.peers[byAddress[address]] = true
+			l.peers[byAddress[address]]++
 		default:
 			l.toSwitch = true
+			l.switchLinks++
 		}
 	}
 	return l

@@ -79,20 +79,21 @@ func TestNVLinkTopology(t *testing.T) {
 		name         string
 		gpu          int
 		links, peers string // "" for no attribute
+		peerLinks    string
 		problem      string // "" for a healthy GPU
 	}{
-		{name: "direct", gpu: 0, links: "2", peers: uuids(1)},
-		{name: "direct, other end", gpu: 1, links: "2", peers: uuids(0)},
-		{name: "switch", gpu: 2, links: "6", peers: uuids(4, 5)},
+		{name: "direct", gpu: 0, links: "2", peers: uuids(1), peerLinks: "1:2"},
+		{name: "direct, other end", gpu: 1, links: "2", peers: uuids(0), peerLinks: "0:2"},
+		{name: "switch", gpu: 2, links: "6", peers: uuids(4, 5), peerLinks: "4:6,5:1"},
 		{name: "no NVLink", gpu: 3},
-		{name: "switch, other GPU", gpu: 4, links: "6", peers: uuids(2, 5)},
-		{name: "switch, one link", gpu: 5, links: "1", peers: uuids(2, 4)},
+		{name: "switch, other GPU", gpu: 4, links: "6", peers: uuids(2, 5), peerLinks: "2:6,5:1"},
+		{name: "switch, one link", gpu: 5, links: "1", peers: uuids(2, 4), peerLinks: "2:1,4:1"},
 		{name: "links down", gpu: 6},
 		{name: "unreadable", gpu: 7, links: "1", problem: "NVLink 0: ERROR_UNKNOWN"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := gpus[tc.gpu]
-			for name, want := range map[string]string{v1alpha1.AttributeNVLinks: tc.links, v1alpha1.AttributeNVLinkPeers: tc.peers} {
+			for name, want := range map[string]string{v1alpha1.AttributeNVLinks: tc.links, v1alpha1.AttributeNVLinkPeers: tc.peers, v1alpha1.AttributeNVLinkPeerLinks: tc.peerLinks} {
 				a, ok := g.Attributes[name]
 				switch {
 				case want == "" && ok:

@@ -235,6 +235,14 @@ func (d *Discoverer) describe(s slot) v1alpha1.Device {
 			if numa, ok := d.numaNode(busID); ok {
 				attrs[v1alpha1.AttributeNUMANode] = v1alpha1.IntAttribute(numa)
 			}
+			// Where it sits in the PCIe tree, for the scheduler's Topology
+			// strategy; a path of another shape publishes none.
+			if loc, err := sysfs.PCIeTopology(d.hostRoot, busID); err == nil {
+				attrs[v1alpha1.AttributePCIeRoot] = v1alpha1.StringAttribute(loc.Root)
+				if loc.Switch != "" {
+					attrs[v1alpha1.AttributePCIeSwitch] = v1alpha1.StringAttribute(loc.Switch)
+				}
+			}
 		}
 	}
 	// The UUID it had names it; that NVML no longer answers for it says it

@@ -81,6 +81,8 @@ func TestDiscoverDGXA100(t *testing.T) {
 		AttributeDevicePath:                 "/dev/nvidia5",
 		v1alpha1.AttributePCIAddress:        "0000:05:00.0",
 		v1alpha1.AttributeNUMANode:          "1",
+		v1alpha1.AttributePCIeRoot:          nvmlmock.PCIeRoot(5),
+		v1alpha1.AttributePCIeSwitch:        nvmlmock.PCIeSwitch(5),
 	}
 	for name, w := range want {
 		if got := g.Attributes[name].String(); got != w {

@@ -32,9 +32,16 @@ const (
 	// fullest NUMA node that fits; nodes where the pod fits on one NUMA node score
 	// highest.
 	NUMAAligned Strategy = "NUMAAligned"
+	// Topology gives each class of a pod the set of free devices with the
+	// best interconnect: NVLinks between the chosen pairs first, then one PCIe
+	// switch, one PCIe root complex, one NUMA node, counted across all of the
+	// pod's devices (a GPU and a NIC under one switch), ties broken toward
+	// leaving well-connected sets free; nodes score by the best set they
+	// offer (docs/scheduler.md, "Topology").
+	Topology Strategy = "Topology"
 )
 
-var strategies = []Strategy{FirstFit, BinPack, Spread, NUMAAligned}
+var strategies = []Strategy{FirstFit, BinPack, Spread, NUMAAligned, Topology}
 
 // AssignmentWrite is how the assignment annotations reach the pod.
 type AssignmentWrite string
@@ -58,7 +65,8 @@ const (
 //	    assignmentWrite: Binding
 //	    statusUpdateInterval: 2s
 type Args struct {
-	// Strategy is one of FirstFit (default), BinPack, Spread, NUMAAligned.
+	// Strategy is one of FirstFit (default), BinPack, Spread, NUMAAligned,
+	// Topology.
 	Strategy Strategy `json:"strategy,omitempty"`
 	// AssignmentWrite is Binding (default) or PreBind.
 	AssignmentWrite AssignmentWrite `json:"assignmentWrite,omitempty"`

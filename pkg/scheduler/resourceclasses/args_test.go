@@ -74,7 +74,7 @@ func TestDecodeArgsRejects(t *testing.T) {
 		// Field names match exactly: a capitalised key is a misspelling, not an alias.
 		{"field in the wrong case", `{"Strategy":"BinPack"}`, "", []string{"unknown field", "Strategy"}},
 		{"duplicate field", `{"strategy":"BinPack","strategy":"Spread"}`, "", []string{"duplicate field", "strategy"}},
-		{"unsupported strategy", `{"strategy":"Random"}`, "", []string{"args.strategy", `"Random"`, `"FirstFit"`, `"BinPack"`, `"Spread"`, `"NUMAAligned"`}},
+		{"unsupported strategy", `{"strategy":"Random"}`, "", []string{"args.strategy", `"Random"`, `"FirstFit"`, `"BinPack"`, `"Spread"`, `"NUMAAligned"`, `"Topology"`}},
 		{"strategy in the wrong case", `{"strategy":"binpack"}`, "", []string{"args.strategy", "supported values"}},
 		{"unsupported assignmentWrite", `{"assignmentWrite":"Patch"}`, "", []string{"args.assignmentWrite", `"Patch"`, `"Binding"`, `"PreBind"`}},
 		{"negative interval", `{"statusUpdateInterval":"-1s"}`, "", []string{"args.statusUpdateInterval", "must not be negative"}},

@@ -19,6 +19,7 @@ import (
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -76,6 +77,10 @@ type deviceState struct {
 	sel      *selector.Device
 	pool     *poolState // huge-pages only
 	holders  int        // pods holding an exclusive device (more than 1 is a conflict)
+	// Where it sits, for the Topology strategy: its PCIe root complex and
+	// switch, numbered per node (-1: not published), and its NVLink peers.
+	root, sw int
+	peers    []peerLink
 }
 
 // poolState is a hugepage pool: shared by the pods it serves, which draw pages.
@@ -264,15 +269,35 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) (invalid []invalidDevic
 // newNodeState decodes a node's published devices.
 func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 	n := &nodeState{resourceVersion: nd.ResourceVersion, index: map[string]int{}, matches: map[string][]int{}}
+	places := map[string]int{} // PCIe roots and switches, numbered
+	place := func(a v1alpha1.DeviceAttribute) int {
+		if a.StringValue == nil {
+			return -1
+		}
+		if _, ok := places[*a.StringValue]; !ok {
+			places[*a.StringValue] = len(places)
+		}
+		return places[*a.StringValue]
+	}
+	gpuAt := map[int64]int{}                   // NVML index -> position
+	peerLinks := map[int]nvidiagpu.PeerLinks{} // position -> its NVLink peers by NVML index
 	for i := range nd.Status.Devices {
 		d := &nd.Status.Devices[i]
 		if _, dup := n.index[d.ID]; dup {
 			continue // ids are unique on a node; the first one wins
 		}
-		ds := &deviceState{id: d.ID, healthy: d.Healthy, numa: -1, sel: selector.NewDevice(d)}
+		ds := &deviceState{id: d.ID, healthy: d.Healthy, numa: -1, root: -1, sw: -1, sel: selector.NewDevice(d)}
 		n.index[d.ID] = len(n.devices)
 		n.devices = append(n.devices, ds)
-		if problems := ds.sel.Problems(); len(problems) > 0 {
+		problems := ds.sel.Problems()
+		if a, ok := d.Attributes[v1alpha1.AttributeNVLinkPeerLinks]; ok && a.StringValue != nil && len(problems) == 0 {
+			links, err := nvidiagpu.ParsePeerLinks(*a.StringValue)
+			if err != nil {
+				problems = append(problems, err)
+			}
+			peerLinks[len(n.devices)-1] = links
+		}
+		if len(problems) > 0 {
 			// Nothing else reads the attributes of such a device: a pool's
 			// size, for one, is only safe to convert once it is in bounds.
 			ds.excluded, ds.invalid = true, true
@@ -281,6 +306,13 @@ func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 		}
 		if v := d.Attributes[v1alpha1.AttributeNUMANode].IntValue; v != nil {
 			ds.numa = int(*v)
+		}
+		ds.root = place(d.Attributes[v1alpha1.AttributePCIeRoot])
+		ds.sw = place(d.Attributes[v1alpha1.AttributePCIeSwitch])
+		if v := d.Attributes[v1alpha1.AttributeIndex].IntValue; v != nil && d.Kind == v1alpha1.DeviceKindNvidiaGPU {
+			if _, dup := gpuAt[*v]; !dup {
+				gpuAt[*v] = len(n.devices) - 1
+			}
 		}
 		// The device's kind says how it is counted (a GPU in MIG mode, for
 		// one, is given out only through its MIG devices).
@@ -293,6 +325,18 @@ func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 				ds.healthy = false
 			}
 		}
+	}
+	// Peers are named by NVML index; one no GPU of the node has is left out.
+	for i, links := range peerLinks {
+		if n.devices[i].invalid {
+			continue
+		}
+		for index, count := range links {
+			if j, ok := gpuAt[int64(index)]; ok && j != i {
+				n.devices[i].peers = append(n.devices[i].peers, peerLink{pos: int32(j), links: int32(count)})
+			}
+		}
+		slices.SortFunc(n.devices[i].peers, func(a, b peerLink) int { return int(a.pos - b.pos) })
 	}
 	return n
 }
@@ -642,7 +686,7 @@ func (c *cache) missingClass(classes []string) (string, bool) {
 // (nil: as it is), serves every class request of d with strategy s; when it
 // does not, why says why. It runs for every pod on every node: on the common
 // path (quick) it allocates nothing.
-func (c *cache) fits(name string, v *nodeView, d *demand, s Strategy) (why unfit, ok bool) {
+func (c *cache) fits(name string, v *nodeView, d *demand) (why unfit, ok bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	n := c.viewLocked(name, c.nodes[name], v)
@@ -652,7 +696,10 @@ func (c *cache) fits(name string, v *nodeView, d *demand, s Strategy) (why unfit
 		}
 		return unfit{}, true
 	}
-	if _, u := n.place(d, s); u != nil {
+	// Whether the pod fits is the matching's answer, the same in any order:
+	// the plain order, whatever the strategy, so that no strategy's search
+	// runs on every node in Filter.
+	if _, u := n.place(d, FirstFit); u != nil {
 		return *u, false
 	}
 	return unfit{}, true
@@ -695,21 +742,23 @@ func (c *cache) classStatus() map[string]v1alpha1.ResourceClassStatus {
 }
 
 // score reports whether d fits on node name with strategy s, how much of the
-// devices its classes select there would be held (0..100), and over how many
-// NUMA nodes it would spread (0: unknown).
-func (c *cache) score(name string, d *demand, s Strategy) (fits bool, util int64, numas int) {
+// devices its classes select there would be held (0..100), over how many
+// NUMA nodes it would spread (0: unknown) and, for Topology, how well the set
+// it would get is connected (0..100).
+func (c *cache) score(name string, d *demand, s Strategy) (fits bool, util int64, numas int, quality int64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	n := c.nodes[name]
-	fits, util, numas, handled := n.quick(d)
-	if handled {
-		return fits, util, numas
+	// Topology scores by the set's connectivity, which the quick path does
+	// not know, except for one device: quality 100 on any node.
+	if fits, util, numas, handled := n.quick(d); handled && (s != Topology || d.draws[d.classes[0]] == 1) {
+		return fits, util, numas, 100
 	}
 	pl, u := n.place(d, s)
 	if u != nil {
-		return false, 0, 0
+		return false, 0, 0, 0
 	}
-	return true, pl.util, pl.numas
+	return true, pl.util, pl.numas, pl.quality
 }
 
 // reservation is what Reserve decided for a pod.

@@ -38,6 +38,13 @@ var (
 		Help:           "Published devices given to no pod because an attribute cannot be read (out of its bounds or of the wrong type); the NodeDevices object has a Warning Event naming them.",
 		StabilityLevel: metrics.ALPHA,
 	})
+	topologyQuality = metrics.NewHistogram(&metrics.HistogramOpts{
+		Namespace: "resclass", Subsystem: "scheduler", Name: "topology_placement_quality",
+		Help: "With strategy Topology, how well the devices reserved for a pod of two or more exclusive devices are connected: the mean over their pairs of 100 (NVLink), " +
+			"75 (one PCIe switch), 50 (one PCIe root complex), 25 (one NUMA node) or 0.",
+		Buckets:        []float64{0, 25, 50, 75, 99, 100},
+		StabilityLevel: metrics.ALPHA,
+	})
 	preemptedPods = metrics.NewCounter(&metrics.CounterOpts{
 		Namespace: "resclass", Subsystem: "scheduler", Name: "preempted_device_pods_total",
 		Help:           "Pods holding devices that the scheduler's preemption evicted for a higher-priority pod (each has a DevicesPreempted Event naming its devices).",
@@ -46,5 +53,5 @@ var (
 )
 
 func init() {
-	legacyregistry.MustRegister(reservations, assignments, statusWrites, untrustedAssignments, conflicts, invalidDevices, preemptedPods)
+	legacyregistry.MustRegister(reservations, assignments, statusWrites, untrustedAssignments, conflicts, invalidDevices, topologyQuality, preemptedPods)
 }

@@ -15,10 +15,12 @@ import (
 // placement is a pod's devices on one node: per class, one device id per draw
 // (a pool id may serve several draws).
 type placement struct {
-	drawn   map[string][]string
-	numas   int   // distinct NUMA nodes among the chosen devices
-	aligned bool  // all on one NUMA node
-	util    int64 // 0..100: share of the requested classes' devices in use once placed
+	drawn     map[string][]string
+	numas     int   // distinct NUMA nodes among the chosen devices
+	aligned   bool  // all on one NUMA node
+	util      int64 // 0..100: share of the requested classes' devices in use once placed
+	quality   int64 // 0..100: how well the exclusive devices are connected (Topology only)
+	exclusive int   // how many exclusive devices (Topology only)
 }
 
 // unfit says why a pod does not fit a node. unresolvable means no change to the
@@ -73,7 +75,7 @@ func (n *nodeState) place(d *demand, s Strategy) (*placement, *unfit) {
 		}
 	}
 	try := func(onlyNUMA int, order func([]int) []int) (*placement, *unfit) {
-		return n.tryPlace(d, exclusive, pools, free, onlyNUMA, order)
+		return n.tryPlace(d, exclusive, pools, free, onlyNUMA, func(_ string, idx []int) []int { return order(idx) })
 	}
 	byNUMAFree := func(fullestFirst bool) func([]int) []int {
 		return func(idx []int) []int {
@@ -108,6 +110,8 @@ func (n *nodeState) place(d *demand, s Strategy) (*placement, *unfit) {
 		if p == nil {
 			p, u = try(anyNUMA, byNUMAFree(false))
 		}
+	case Topology:
+		p, u = n.placeTopology(d, exclusive, pools, free)
 	default:
 		p, u = try(anyNUMA, slices.Clone[[]int])
 	}
@@ -131,7 +135,48 @@ func numaNodes(n *nodeState) []int {
 	return out
 }
 
-func (n *nodeState) tryPlace(d *demand, exclusive, pools []string, free []bool, onlyNUMA int, order func([]int) []int) (*placement, *unfit) {
+// placeTopology places with the devices topologySets prefers first: the
+// matching still decides feasibility, so a node fits with Topology exactly
+// when it fits with any other strategy.
+func (n *nodeState) placeTopology(d *demand, exclusive, pools []string, free []bool) (*placement, *unfit) {
+	var prefer map[string][]int
+	if len(exclusive) > 0 {
+		prefer = n.topologySets(d, exclusive, free, func(i int) bool { return free[i] })
+	}
+	p, u := n.tryPlace(d, exclusive, pools, free, anyNUMA, func(class string, idx []int) []int {
+		first := prefer[class]
+		if len(first) == 0 {
+			return slices.Clone(idx)
+		}
+		out := make([]int, 0, len(idx))
+		for _, i := range first {
+			if slices.Contains(idx, i) {
+				out = append(out, i)
+			}
+		}
+		for _, i := range idx {
+			if !slices.Contains(first, i) {
+				out = append(out, i)
+			}
+		}
+		return out
+	})
+	if p == nil {
+		return nil, u
+	}
+	var pos []int
+	for _, class := range exclusive {
+		for _, id := range p.drawn[class] {
+			pos = append(pos, n.index[id])
+		}
+	}
+	p.quality, p.exclusive = n.quality(pos), len(pos)
+	return p, nil
+}
+
+// tryPlace solves the matching of d's exclusive classes on n, each class's
+// candidates in the order order gives them, then picks its pools.
+func (n *nodeState) tryPlace(d *demand, exclusive, pools []string, free []bool, onlyNUMA int, order func(class string, idx []int) []int) (*placement, *unfit) {
 	usable := func(i int) bool { return free[i] && (onlyNUMA == anyNUMA || n.devices[i].numa == onlyNUMA) }
 	p := &placement{drawn: map[string][]string{}}
 	prob := matching.Problem{Devices: len(n.devices)}
@@ -143,7 +188,7 @@ func (n *nodeState) tryPlace(d *demand, exclusive, pools []string, free []bool, 
 			}
 		}
 		prob.Demand = append(prob.Demand, d.draws[class])
-		prob.Candidates = append(prob.Candidates, order(cand))
+		prob.Candidates = append(prob.Candidates, order(class, cand))
 	}
 	// Pods whose assignment is not believed hold devices of their classes,
 	// which ones unknown: they join the matching, so that whatever this pod
@@ -175,7 +220,7 @@ func (n *nodeState) tryPlace(d *demand, exclusive, pools []string, free []bool, 
 		for _, users := range draws {
 			chosen := -1
 			sized := false // a usable pool of a size the containers request exists
-			for _, i := range order(n.matches[class]) {
+			for _, i := range order(class, n.matches[class]) {
 				pool := n.devices[i].pool
 				if pool == nil || !usable(i) {
 					continue

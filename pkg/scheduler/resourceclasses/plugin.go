@@ -337,7 +337,7 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 		return fwk.AsStatus(fmt.Errorf("%s: PreFilter state missing", Name))
 	}
 	name := ni.Node().Name
-	if why, ok := p.cache.fits(name, s.views[name], s.demand, p.args.Strategy); !ok {
+	if why, ok := p.cache.fits(name, s.views[name], s.demand); !ok {
 		return unfitStatus(&why)
 	}
 	return nil
@@ -364,7 +364,7 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 	if !ok {
 		return 0, nil
 	}
-	fits, util, numas := p.cache.score(ni.Node().Name, s.demand, p.args.Strategy)
+	fits, util, numas, quality := p.cache.score(ni.Node().Name, s.demand, p.args.Strategy)
 	if !fits {
 		return 0, nil
 	}
@@ -385,6 +385,11 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 			return fwk.MaxScore, nil
 		}
 		return fwk.MaxScore / int64(numas+1), nil
+	case Topology:
+		// The best set the node offers, then how full it is: among nodes
+		// that offer equally connected sets, the fuller one, so that empty
+		// nodes stay whole for large pods.
+		return (quality*9 + util) / 10, nil
 	}
 	return 0, nil
 }
@@ -410,6 +415,10 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 	s.placed, s.annotations = r.assignment, r.annotations
 	p.forget(pod.UID)
 	reservations.WithLabelValues(string(p.args.Strategy), alignedLabel(r.placement)).Inc()
+	if p.args.Strategy == Topology && r.placement.exclusive > 1 {
+		topologyQuality.Observe(float64(r.placement.quality))
+		klog.FromContext(ctx).V(4).Info("Reserved a topology placement", "pod", klog.KObj(pod), "node", nodeName, "quality", r.placement.quality)
+	}
 	return nil
 }
 

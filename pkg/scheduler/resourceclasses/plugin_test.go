@@ -668,14 +668,16 @@ func holdDirectly(c *cache, uid types.UID, node, class string, ids ...string) {
 func TestStrategiesChooseDevices(t *testing.T) {
 	// Two NUMA nodes with two GPUs each; one GPU is taken. BinPack and NUMAAligned
 	// take the last free GPU of the fuller NUMA node, Spread one of the emptier,
-	// FirstFit the first free one published.
+	// FirstFit the first free one published; Topology, like BinPack, the one
+	// whose taking leaves the fewest free pairs broken (the GPU alone on its
+	// NUMA node).
 	fourGPUs := nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"), gpu("g2", 1, "80Gi"), gpu("g3", 1, "80Gi"))
 	for _, tc := range []struct {
 		taken string
 		want  map[Strategy]string
 	}{
-		{"g3", map[Strategy]string{FirstFit: "g0", BinPack: "g2", Spread: "g0", NUMAAligned: "g2"}},
-		{"g0", map[Strategy]string{FirstFit: "g1", BinPack: "g1", Spread: "g2", NUMAAligned: "g1"}},
+		{"g3", map[Strategy]string{FirstFit: "g0", BinPack: "g2", Spread: "g0", NUMAAligned: "g2", Topology: "g2"}},
+		{"g0", map[Strategy]string{FirstFit: "g1", BinPack: "g1", Spread: "g2", NUMAAligned: "g1", Topology: "g1"}},
 	} {
 		for _, s := range strategies {
 			t.Run(fmt.Sprintf("%s taken/%s", tc.taken, s), func(t *testing.T) {

@@ -164,7 +164,7 @@ func (s *Snapshot) Fit(pod *corev1.Pod) (draws map[string]int, fits []NodeFit, e
 		if !eligible.Has(name) {
 			f.Unresolvable = true
 			f.Reason = "no device of class " + strings.Join(c.classesWithout(name, d.classes), ", ") + " on the node (PreFilter leaves it out)"
-		} else if why, ok := c.fits(name, nil, d, FirstFit); !ok {
+		} else if why, ok := c.fits(name, nil, d); !ok {
 			f.Reason, f.Unresolvable = why.reason, why.unresolvable
 		} else {
 			f.Fits = true

@@ -71,6 +71,9 @@ const (
 	AttributeMultiprocessors   = "multiprocessors"   // streaming multiprocessors
 	AttributeNVLinkPeers       = "nvlinkPeers"       // comma-separated NVML indices of the GPUs reached over active NVLinks, ascending
 	AttributeNVLinks           = "nvlinks"           // number of active NVLinks
+	AttributeNVLinkPeerLinks   = "nvlinkPeerLinks"   // per peer GPU (NVML index) the NVLinks to it: "1:2,2:1,3:1"
+	AttributePCIeRoot          = "pcieRoot"          // PCIe root complex, "pci0000:00" (Kubernetes DRA's resource.kubernetes.io/pcieRoot)
+	AttributePCIeSwitch        = "pcieSwitch"        // PCI address of the upstream port of the closest PCIe switch above the device
 )
 
 // Type reports which field of the attribute is set, or "" when none or more than

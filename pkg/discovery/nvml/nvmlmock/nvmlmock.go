@@ -142,20 +142,65 @@ func New() *Server {
 	return s
 }
 
-// WriteSysfs writes the sysfs files NVML discovery reads below root: each GPU's
-// PCI device directory with its NUMA node.
+// WriteSysfs writes the sysfs files NVML discovery reads below root, laid out
+// as on a DGX A100: each GPU's PCI device directory, with its NUMA node, below
+// a PCIe switch (GPUs 0-1, 2-3, 4-5, 6-7 share one) below a root port of the
+// socket's root complex (pci0000:00 for GPUs 0-3, pci0000:80 for 4-7), and
+// the /sys/bus/pci/devices link to it; the bridges report class 0x060400.
 func (s *Server) WriteSysfs(root string) error {
+	bus := filepath.Join(root, "sys/bus/pci/devices")
+	if err := os.MkdirAll(bus, 0o755); err != nil {
+		return err
+	}
 	for i, d := range s.Devices {
-		dir := filepath.Join(root, "sys/bus/pci/devices", d.(*dgxa100.Device).PciBusID)
+		sw := i / 2
+		rootBus := []int{0x00, 0x80}[i/4]
+		bridges := []string{
+			fmt.Sprintf("0000:%02x:%02x.0", rootBus, 1+sw%2),              // root port
+			fmt.Sprintf("0000:%02x:00.0", rootBus+0x10*(sw%2+1)),          // switch upstream port
+			fmt.Sprintf("0000:%02x:%02x.0", rootBus+0x10*(sw%2+1)+1, i%2), // switch downstream port
+		}
+		dir := filepath.Join(root, "sys/devices", fmt.Sprintf("pci0000:%02x", rootBus))
+		for _, b := range bridges {
+			dir = filepath.Join(dir, b)
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, "class"), []byte("0x060400\n"), 0o644); err != nil {
+				return err
+			}
+		}
+		busID := d.(*dgxa100.Device).PciBusID
+		dir = filepath.Join(dir, busID)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "class"), []byte("0x030200\n"), 0o644); err != nil {
 			return err
 		}
 		if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte([]string{"0\n", "1\n"}[i/4]), 0o644); err != nil {
 			return err
 		}
+		rel, err := filepath.Rel(bus, dir)
+		if err != nil {
+			return err
+		}
+		if err := os.Symlink(rel, filepath.Join(bus, busID)); err != nil && !os.IsExist(err) {
+			return err
+		}
 	}
 	return nil
 }
+
+// PCIeSwitch is the PCIe switch WriteSysfs puts GPU i under (the address of
+// its upstream port), and PCIeRoot its root complex.
+func PCIeSwitch(i int) string {
+	sw, rootBus := i/2, []int{0x00, 0x80}[i/4]
+	return fmt.Sprintf("0000:%02x:00.0", rootBus+0x10*(sw%2+1))
+}
+
+// PCIeRoot is GPU i's root complex in WriteSysfs's layout.
+func PCIeRoot(i int) string { return fmt.Sprintf("pci0000:%02x", []int{0x00, 0x80}[i/4]) }
 
 // UUIDs lists the GPUs' UUIDs by index.
 func (s *Server) UUIDs() []string {

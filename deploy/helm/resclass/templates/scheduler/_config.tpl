@@ -4,8 +4,8 @@ The checksum of it rolls the scheduler's pods: kube-scheduler reads it once.
 */}}
 {{- define "resclass.schedulerConfig" -}}
 {{- $v := .Values.scheduler -}}
-{{- if not (has $v.strategy (list "FirstFit" "BinPack" "Spread" "NUMAAligned")) -}}
-{{- fail (printf "scheduler.strategy %q: want FirstFit, BinPack, Spread or NUMAAligned" $v.strategy) -}}
+{{- if not (has $v.strategy (list "FirstFit" "BinPack" "Spread" "NUMAAligned" "Topology")) -}}
+{{- fail (printf "scheduler.strategy %q: want FirstFit, BinPack, Spread, NUMAAligned or Topology" $v.strategy) -}}
 {{- end -}}
 {{- if not (has $v.assignmentWrite (list "Binding" "PreBind")) -}}
 {{- fail (printf "scheduler.assignmentWrite %q: want Binding or PreBind" $v.assignmentWrite) -}}
