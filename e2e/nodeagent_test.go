@@ -78,6 +78,7 @@ func TestNodeAgents(t *testing.T) {
 		{"agent-nic", lib.New(lib.WithLibraryPath("/nonexistent/libnvidia-ml.so.1")), "/"},
 	}
 	agentCtx, stopAgents := context.WithCancel(ctx)
+	running := map[string]*nodeagent.Agent{}
 	var agents sync.WaitGroup
 	t.Cleanup(func() { stopAgents(); agents.Wait() })
 	for _, n := range nodes {
@@ -97,6 +98,7 @@ func TestNodeAgents(t *testing.T) {
 			// Recovery must come within the test: a quiet period of seconds.
 			Health: nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
 		}, arc, akc)
+		running[n.name] = agent
 		agents.Add(1)
 		go func() {
 			defer agents.Done()
@@ -123,6 +125,11 @@ func TestNodeAgents(t *testing.T) {
 		nd := waitNodeDevices(t, ctx, rc, name, func(nd *v1alpha1.NodeDevices) bool {
 			return nd.Status.Summary == summary
 		})
+		// Every publish so far was accepted: none went out before the agent
+		// knew its GPUs (an empty NVML condition, which the apiserver refuses).
+		if failed := publishErrors(t, running[name]); failed != 0 {
+			t.Errorf("%s: %v inventory publishes refused by the apiserver, want none", name, failed)
+		}
 		// The labels follow the NodeDevices write.
 		wantLabels := kinds.Builtin.NodeLabels(nd.Status.Devices)
 		var node *corev1.Node
@@ -317,4 +324,26 @@ func mockDGX(t *testing.T) (*nvmlmock.Server, string) {
 		t.Fatal(err)
 	}
 	return dgx, root
+}
+
+// publishErrors is the agent's resclass_node_agent_publishes_total{result="error"}.
+func publishErrors(t *testing.T, agent *nodeagent.Agent) float64 {
+	t.Helper()
+	families, err := agent.Metrics().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "resclass_node_agent_publishes_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == "error" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

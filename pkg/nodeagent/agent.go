@@ -228,6 +228,10 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 	ctx, cancel := context.WithCancel(ctx)
 	r := &running{a: a, node: node, cancel: cancel, stopWatch: func() {}, health: &gpuHealth{unhealthy: map[string]string{}}}
 	r.queue = workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Logger: &logger})
+	// The first pass opens NVML, queued before any informer can queue a
+	// publish: a publish before it would carry an empty NVML condition,
+	// which the apiserver refuses.
+	r.queue.Add(passGPUs)
 	r.publishing = workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, time.Minute)
 	r.opening = workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, a.config.NVMLRetryMax)
 
@@ -314,11 +318,10 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 		})
 	}
 
-	// The triggers: the poll, the resync, and a first pass that opens NVML.
+	// The triggers: the poll and the resync (the first pass is queued above).
 	r.pub = &inventory.Publisher{Resclass: a.resclass, Kube: a.kube, Node: node, Kinds: a.config.Kinds}
 	r.goroutine(func() { r.every(ctx, a.config.PollInterval, passPublish) })
 	r.goroutine(func() { r.every(ctx, a.config.ResyncInterval, passGPUs) })
-	r.queue.Add(passGPUs)
 	r.onStop(r.queue.ShutDown)
 	return r, nil
 }

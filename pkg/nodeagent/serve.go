@@ -220,6 +220,10 @@ func selfSignedTLS() (*tls.Config, error) {
 // Published says whether the agent has published its inventory at least once.
 func (a *Agent) Published() bool { return a.published.Load() }
 
+// Metrics is the agent's own registry, as /metrics serves it beside
+// component-base's.
+func (a *Agent) Metrics() prometheus.Gatherer { return a.metrics.registry }
+
 // xidList is --ignored-xids: parsed by nvmldiscovery.ParseXIDs, so a bad entry stops
 // the agent at start with a message naming it.
 type xidList []uint64
