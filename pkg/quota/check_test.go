@@ -365,7 +365,7 @@ func parseTestConfig(t *testing.T, config string) *Config {
 	return cfg
 }
 
-// withSeedQuota replaces nil entries with seed 001's quota.
+// withSeedQuota replaces nil entries with the covering-quota proposal's quota.
 func withSeedQuota(t *testing.T, quotas []*corev1.ResourceQuota) []*corev1.ResourceQuota {
 	out := make([]*corev1.ResourceQuota, len(quotas))
 	for i, q := range quotas {

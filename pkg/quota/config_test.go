@@ -87,17 +87,17 @@ func TestParse(t *testing.T) {
 		wantWarnings      []string // substrings, one per warning
 	}{
 		{
-			name:       "seed 001 story 1: AdmissionConfiguration v1alpha1, Configuration v1alpha1",
+			name:       "covering-quota story 1: AdmissionConfiguration v1alpha1, Configuration v1alpha1",
 			data:       seed001Story1,
 			wantScopes: []corev1.ScopedResourceSelectorRequirement{scopeClusterServices},
 		},
 		{
-			name:       "seed 001 story 2: Exists",
+			name:       "covering-quota story 2: Exists",
 			data:       seed001Story2,
 			wantScopes: []corev1.ScopedResourceSelectorRequirement{scopeAnyPriority},
 		},
 		{
-			name:       "seed 000: alias and missing operator normalized",
+			name:       "namespaceSelector proposal: alias and missing operator normalized",
 			data:       seed000,
 			wantScopes: []corev1.ScopedResourceSelectorRequirement{scopeCrossNamespace},
 		},

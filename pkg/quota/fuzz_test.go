@@ -141,7 +141,7 @@ func FuzzReload(f *testing.F) {
 				t.Fatal(err)
 			}
 			if err := file.Reload(); err != nil {
-				t.Fatalf("reloading seed 000: %v", err)
+				t.Fatalf("reloading the namespaceSelector proposal's configuration: %v", err)
 			}
 			good := file.Current()
 			if err := os.WriteFile(path, []byte(content), 0o600); err != nil {

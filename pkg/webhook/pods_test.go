@@ -392,7 +392,7 @@ limitedResources:
 		reader     client.Reader // instead of quotas
 		want       want
 	}{
-		// The namespaceSelector policy (seed 000).
+		// The namespaceSelector policy (the namespaceSelector proposal).
 		{name: "{} denied", req: create(emptySelectorPod), want: want{code: http.StatusForbidden,
 			contains: []string{emptyPath, `Invalid value: "{}"`, "select the namespaces you mean"}, denial: reasonEmptyNamespaceSelector}},
 		{name: "{} in preferred anti-affinity denied", req: create(newPod(affinity(&corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
