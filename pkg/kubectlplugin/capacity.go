@@ -45,11 +45,7 @@ selected by two classes counts in both.`,
 			if err := o.checkOutput(); err != nil {
 				return err
 			}
-			c, err := o.clients()
-			if err != nil {
-				return err
-			}
-			w, err := c.load(cmd.Context())
+			w, err := o.world(cmd.Context())
 			if err != nil {
 				return err
 			}

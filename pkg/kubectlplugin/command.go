@@ -98,39 +98,63 @@ type world struct {
 // load lists what the scheduler's cache holds. Listing is paged (500 at a
 // time), as kubectl get does, so a large cluster is not one response.
 func (c *clients) load(ctx context.Context) (*world, error) {
-	w := &world{}
+	var w world
+	var err error
+	rc := c.resclass.ResclassV1alpha1()
+	if w.classes, err = listAll(ctx, "resourceclasses.resclass.io", func(ctx context.Context, o metav1.ListOptions) ([]v1alpha1.ResourceClass, string, error) {
+		l, err := rc.ResourceClasses().List(ctx, o)
+		if err != nil {
+			return nil, "", err
+		}
+		return l.Items, l.Continue, nil
+	}); err != nil {
+		return nil, err
+	}
+	if w.nodes, err = listAll(ctx, "nodedevices.resclass.io", func(ctx context.Context, o metav1.ListOptions) ([]v1alpha1.NodeDevices, string, error) {
+		l, err := rc.NodeDevices().List(ctx, o)
+		if err != nil {
+			return nil, "", err
+		}
+		return l.Items, l.Continue, nil
+	}); err != nil {
+		return nil, err
+	}
+	if w.pods, err = listAll(ctx, "pods (all namespaces: the devices they hold)", func(ctx context.Context, o metav1.ListOptions) ([]corev1.Pod, string, error) {
+		l, err := c.kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
+		if err != nil {
+			return nil, "", err
+		}
+		return l.Items, l.Continue, nil
+	}); err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// listAll pages through one list, what naming it in errors.
+func listAll[T any](ctx context.Context, what string, list func(context.Context, metav1.ListOptions) ([]T, string, error)) ([]T, error) {
+	var all []T
 	opts := metav1.ListOptions{Limit: 500}
 	for {
-		l, err := c.resclass.ResclassV1alpha1().ResourceClasses().List(ctx, opts)
+		items, next, err := list(ctx, opts)
 		if err != nil {
-			return nil, readError("resourceclasses.resclass.io", err)
+			return nil, readError(what, err)
 		}
-		w.classes = append(w.classes, l.Items...)
-		if opts.Continue = l.Continue; opts.Continue == "" {
-			break
+		all = append(all, items...)
+		if next == "" {
+			return all, nil
 		}
+		opts.Continue = next
 	}
-	for {
-		l, err := c.resclass.ResclassV1alpha1().NodeDevices().List(ctx, opts)
-		if err != nil {
-			return nil, readError("nodedevices.resclass.io", err)
-		}
-		w.nodes = append(w.nodes, l.Items...)
-		if opts.Continue = l.Continue; opts.Continue == "" {
-			break
-		}
+}
+
+// world connects and loads: what every subcommand but why-pending starts with.
+func (o *options) world(ctx context.Context) (*world, error) {
+	c, err := o.clients()
+	if err != nil {
+		return nil, err
 	}
-	for {
-		l, err := c.kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
-		if err != nil {
-			return nil, readError("pods (all namespaces: the devices they hold)", err)
-		}
-		w.pods = append(w.pods, l.Items...)
-		if opts.Continue = l.Continue; opts.Continue == "" {
-			break
-		}
-	}
-	return w, nil
+	return c.load(ctx)
 }
 
 func (w *world) snapshot() *resourceclasses.Snapshot {

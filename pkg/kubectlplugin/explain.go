@@ -42,11 +42,7 @@ func (o *options) explainCommand() *cobra.Command {
 			if err := o.checkOutput(); err != nil {
 				return err
 			}
-			c, err := o.clients()
-			if err != nil {
-				return err
-			}
-			w, err := c.load(cmd.Context())
+			w, err := o.world(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -149,11 +145,7 @@ cluster: preview writes nothing.`,
 			if err != nil {
 				return err
 			}
-			c, err := o.clients()
-			if err != nil {
-				return err
-			}
-			w, err := c.load(cmd.Context())
+			w, err := o.world(cmd.Context())
 			if err != nil {
 				return err
 			}
