@@ -51,7 +51,7 @@ func inPrivateKubeletDir(t *testing.T) bool {
 	case err != nil:
 		t.Fatalf("the test in its private mount namespace: %v", err)
 	case bytes.Contains(out, []byte("--- SKIP: "+t.Name()+" ")):
-		t.Skip("skipped in its private mount namespace: see above")
+		t.Skipf("skipped in its private mount namespace: %s", skipReason(out, t.Name()))
 	case !bytes.Contains(out, []byte("--- PASS: "+t.Name()+" ")):
 		t.Fatal("the test did not run in its private mount namespace: see above")
 	}
@@ -79,4 +79,37 @@ func privateKubeletDir(t *testing.T) {
 		return
 	}
 	t.Fatalf("no /var/lib on this machine to mount the kubelet's device-plugin directory in")
+}
+
+// skipReason is the child's own skip message: with -test.v, go test prints
+// a test's last log entry, the t.Skip text, just above its "--- SKIP:" line
+// ("    file.go:N: message", continued on more indented lines).
+func skipReason(out []byte, name string) string {
+	before, _, _ := strings.Cut(string(out), "--- SKIP: "+name+" ")
+	lines := strings.Split(strings.TrimRight(before, "\n"), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if logEntry.MatchString(lines[i]) {
+			reason := lines[i:]
+			for j := range reason {
+				reason[j] = strings.TrimSpace(reason[j])
+			}
+			return strings.Join(reason, " ")
+		}
+	}
+	return "the child gave no reason (its output is above)"
+}
+
+// logEntry is the first line of a test's log entry in go test's output.
+var logEntry = regexp.MustCompile(`^    \S+\.go:\d+: `)
+
+// TestSkipReason: the parent reports the child's own skip message, not a
+// pointer to output a reader must search.
+func TestSkipReason(t *testing.T) {
+	out := []byte("=== RUN   TestX\n    x_test.go:5: opening NVML\n    x_test.go:9: no NVIDIA driver\n        on this machine\n--- SKIP: TestX (0.00s)\nPASS\n")
+	if got, want := skipReason(out, "TestX"), "x_test.go:9: no NVIDIA driver on this machine"; got != want {
+		t.Errorf("skipReason = %q, want %q", got, want)
+	}
+	if got := skipReason([]byte("--- SKIP: TestX (0.00s)\nPASS\n"), "TestX"); !strings.Contains(got, "no reason") {
+		t.Errorf("skipReason without a message = %q", got)
+	}
 }
