@@ -15,8 +15,12 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 	volumeutil "k8s.io/kubernetes/pkg/volume/util"
 	"sigs.k8s.io/yaml"
 
@@ -291,10 +295,10 @@ func (w *Webhook) RotatorLog() string {
 // the kubelet keeps a Secret volume with items: with the kubelet's own
 // atomic writer (a timestamped directory behind the ..data symlink, swapped
 // in one rename), so the webhook sees the very file operations it sees in a
-// pod. The kubelet refreshes a volume about once a minute; this reads the
-// Secret every 200ms, so a renewal reaches the webhook within a second. It reads the
-// Secret as the cluster's admin: the kubelet's identity, not the webhook's.
-// It runs until ctx is done.
+// pod. The kubelet refreshes a volume about once a minute; this watches the
+// one Secret, so a renewal reaches the webhook within a second at no
+// apiserver cost while nothing changes. It reads the Secret as the cluster's
+// admin: the kubelet's identity, not the webhook's. It runs until ctx is done.
 func (c *Cluster) projectSecret(ctx context.Context, namespace, name, dir string, keys []string) {
 	// The kubelet creates the mount point before it writes the volume.
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -306,11 +310,10 @@ func (c *Cluster) projectSecret(ctx context.Context, namespace, name, dir string
 		c.progress("projecting Secret %s/%s: %v", namespace, name, err)
 		return
 	}
-	var last string
-	_ = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		s, err := c.Client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil || s.ResourceVersion == last {
-			return false, nil
+	project := func(obj any) {
+		s, ok := obj.(*corev1.Secret)
+		if !ok {
+			return
 		}
 		payload := map[string]volumeutil.FileProjection{}
 		for _, k := range keys {
@@ -322,11 +325,23 @@ func (c *Cluster) projectSecret(ctx context.Context, namespace, name, dir string
 		}
 		if err := writer.Write(payload, nil); err != nil {
 			c.progress("projecting Secret %s/%s: %v", namespace, name, err)
-			return false, nil
 		}
-		last = s.ResourceVersion
-		return false, nil
-	})
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
+	// One handler goroutine: the writes never overlap.
+	if _, err := factory.Core().V1().Secrets().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    project,
+		UpdateFunc: func(_, obj any) { project(obj) },
+	}); err != nil {
+		c.progress("projecting Secret %s/%s: %v", namespace, name, err)
+		return
+	}
+	factory.Start(ctx.Done())
+	<-ctx.Done()
+	factory.Shutdown()
 }
 
 // PID is the webhook process's id.
