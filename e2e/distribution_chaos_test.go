@@ -467,8 +467,12 @@ func (w *chaosWorld) check(ctx context.Context, rc versioned.Interface, name, da
 	if got := slices.Sorted(maps.Keys(st.DistributedResources)); !slices.Equal(got, wantSynced) {
 		problems = append(problems, fmt.Sprintf("status.distributedResources has %d namespaces, want %d: %s", len(got), len(wantSynced), setDiff(got, wantSynced)))
 	}
-	if got := sortedNamespaceNames(st.ConflictingNamespaces); !slices.Equal(got, wantConflicts) {
-		problems = append(problems, fmt.Sprintf("status.conflictingNamespaces has %d, want %d: %s", len(got), len(wantConflicts), setDiff(got, wantConflicts)))
+	if int(st.Conflicting) != len(wantConflicts) {
+		problems = append(problems, fmt.Sprintf("status.conflicting %d, want %d", st.Conflicting, len(wantConflicts)))
+	}
+	listed := wantConflicts[:min(len(wantConflicts), v1alpha1.MaxConflictingNamespaces)]
+	if got := sortedNamespaceNames(st.ConflictingNamespaces); !slices.Equal(got, listed) {
+		problems = append(problems, fmt.Sprintf("status.conflictingNamespaces has %d, want %d: %s", len(got), len(listed), setDiff(got, listed)))
 	}
 	c := meta.FindStatusCondition(st.Conditions, "Synced")
 	switch {

@@ -149,6 +149,41 @@ func TestResourceDistribution(t *testing.T) {
 		d.wantCopies("later", []string{a}, nil)
 	})
 
+	t.Run("more conflicts than the status lists: counted, the first 100 named by name", func(t *testing.T) {
+		d := d.with(t)
+		team := d.uniqueLabel()
+		const n = v1alpha1.MaxConflictingNamespaces + 5
+		conflicting := make([]string, n)
+		for i := range conflicting {
+			conflicting[i] = d.ns(team)
+			d.foreignSecret(conflicting[i], "crowded")
+		}
+		clean := d.ns(team)
+		rd := d.create("crowded", secret("crowded", map[string]string{"k": "v"}), v1alpha1.ResourceDistributionTargets{NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: team}})
+		slices.Sort(conflicting)
+		var st v1alpha1.ResourceDistributionStatus
+		poll(t, ctx, 60*time.Second, fmt.Sprintf("%d conflicts counted", n), func(ctx context.Context) (bool, error) {
+			got, err := d.rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, rd.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			st = got.Status
+			return st.ObservedGeneration == got.Generation && st.Conflicting == n, nil
+		})
+		if got := namespaceNamesOf(st.ConflictingNamespaces); !slices.Equal(got, conflicting[:v1alpha1.MaxConflictingNamespaces]) {
+			t.Errorf("status.conflictingNamespaces = %d names (%s ... %s), want the first %d by name (%s ... %s)", len(got), got[0], got[len(got)-1],
+				v1alpha1.MaxConflictingNamespaces, conflicting[0], conflicting[v1alpha1.MaxConflictingNamespaces-1])
+		}
+		if st.Desired != n+1 || st.Succeeded != 1 {
+			t.Errorf("desired %d, succeeded %d; want %d, 1", st.Desired, st.Succeeded, n+1)
+		}
+		c := meta.FindStatusCondition(st.Conditions, "Synced")
+		if c == nil || c.Reason != "Conflict" || !strings.Contains(c.Message, fmt.Sprintf("in %d target namespace(s)", n)) || !strings.Contains(c.Message, "and 85 more") {
+			t.Errorf("Synced = %+v, want Conflict naming %d namespaces, 20 by name", c, n)
+		}
+		d.wantCopies("crowded", []string{clean}, nil)
+	})
+
 	t.Run("spec changes: content updates every copy, targets move them", func(t *testing.T) {
 		d := d.with(t)
 		blue, green := d.uniqueLabel(), d.uniqueLabel()
@@ -281,6 +316,15 @@ func (d *distEnv) label(ns string, labels map[string]string) {
 	if _, err := cluster.Client.CoreV1().Namespaces().Patch(d.ctx, ns, "application/merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
 		d.t.Fatal(err)
 	}
+}
+
+// namespaceNamesOf is the names in the status's order.
+func namespaceNamesOf(nss []v1alpha1.ResourceDistributionNamespace) []string {
+	names := make([]string, len(nss))
+	for i, ns := range nss {
+		names[i] = ns.Name
+	}
+	return names
 }
 
 func (d *distEnv) foreignSecret(ns, name string) *corev1.Secret {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -170,6 +171,7 @@ func TestAuthorizerSharesAReviewInFlight(t *testing.T) {
 		return true, sar, nil
 	})
 	authz := &Authorizer{SAR: c.AuthorizationV1().SubjectAccessReviews(), TTL: 10 * time.Second}
+	before := checksCounted()
 	var wg sync.WaitGroup
 	for range 16 {
 		wg.Go(func() {
@@ -183,5 +185,57 @@ func TestAuthorizerSharesAReviewInFlight(t *testing.T) {
 	wg.Wait()
 	if got := n.Load(); got != 1 {
 		t.Errorf("%d reviews for 16 concurrent identical questions, want 1", got)
+	}
+	// Each question counted once: one review, fifteen answered by it.
+	got := checksCounted()
+	got.reviews -= before.reviews
+	got.cached -= before.cached
+	if got != (checks{reviews: 1, cached: 15}) {
+		t.Errorf("metric: %+v for 16 questions and one review, want 1 review and 15 cached", got)
+	}
+}
+
+// TestAuthorizerCountsEveryQuestion: the metric counts every question once,
+// including the one whose caller found no answer in the cache, but then,
+// leading the flight, found the answer of a review that ended meanwhile (it
+// was counted nowhere).
+func TestAuthorizerCountsEveryQuestion(t *testing.T) {
+	ctx := context.Background()
+	alice := Author{Username: "alice"}
+	authz, asked := sarCounter(map[string]bool{"create ": true})
+	authz.TTL = 10 * time.Second
+	before := checksCounted()
+	var fired atomic.Bool
+	// The outer question misses the cache; before it leads its flight, an
+	// inner one asks the same, is reviewed and caches the answer.
+	authz.beforeFlight = func() {
+		if fired.CompareAndSwap(false, true) {
+			if ok, err := authz.Allowed(ctx, alice, VerbCreate, "secrets", "a"); err != nil || !ok {
+				t.Errorf("inner Allowed = %v, %v", ok, err)
+			}
+		}
+	}
+	if ok, err := authz.Allowed(ctx, alice, VerbCreate, "secrets", "a"); err != nil || !ok {
+		t.Fatalf("Allowed = %v, %v", ok, err)
+	}
+	if !fired.Load() || asked.Load() != 1 {
+		t.Fatalf("inner question asked: %v, reviews %d; want true, 1", fired.Load(), asked.Load())
+	}
+	got := checksCounted()
+	got.reviews -= before.reviews
+	got.cached -= before.cached
+	if got != (checks{reviews: 1, cached: 1}) {
+		t.Errorf("metric: %+v for two questions and one review, want 1 review and 1 cached", got)
+	}
+}
+
+type checks struct{ reviews, cached float64 }
+
+// checksCounted reads resclass_distribution_authorization_checks_total's
+// allowed answers.
+func checksCounted() checks {
+	return checks{
+		reviews: testutil.ToFloat64(authorizationChecks.WithLabelValues("allowed", "false")),
+		cached:  testutil.ToFloat64(authorizationChecks.WithLabelValues("allowed", "true")),
 	}
 }

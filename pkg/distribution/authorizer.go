@@ -54,6 +54,9 @@ type Authorizer struct {
 	// controller's workers start together, and without it each asked the
 	// same cluster-wide question before the first answer was cached.
 	inflight singleflight.Group
+	// beforeFlight, when set (tests), runs between a caller's look at the
+	// cache and its turn in inflight: where another review can end unseen.
+	beforeFlight func()
 }
 
 type authzKey struct {
@@ -129,23 +132,36 @@ func (a *Authorizer) review(ctx context.Context, author Author, encoded, verb, r
 			authorizationChecks.WithLabelValues(verdict(ans.allowed), "true").Inc()
 			return ans.allowed, nil
 		}
-		v, err, shared := a.inflight.Do(fmt.Sprintf("%q %q %q %q", encoded, verb, resource, namespace), func() (any, error) {
+		if a.beforeFlight != nil {
+			a.beforeFlight()
+		}
+		// Each question is counted once: by ask when this caller's review
+		// answers it, as cached when the answer is another's (a review that
+		// ended just now, or one in flight that this caller waited for).
+		leader := false
+		v, err, _ := a.inflight.Do(fmt.Sprintf("%q %q %q %q", encoded, verb, resource, namespace), func() (any, error) {
+			leader = true
 			// A review that ended between this caller's look at the cache
 			// and here has answered already.
 			a.mu.Lock()
 			ans, ok := a.cache[key]
 			a.mu.Unlock()
 			if ok && now.Before(ans.expires) {
+				authorizationChecks.WithLabelValues(verdict(ans.allowed), "true").Inc()
 				return ans.allowed, nil
 			}
 			return a.ask(ctx, author, key, now)
 		})
+		if !leader {
+			// Answered by another worker's review: no review of its own.
+			result := "error"
+			if err == nil {
+				result = verdict(v.(bool))
+			}
+			authorizationChecks.WithLabelValues(result, "true").Inc()
+		}
 		if err != nil {
 			return false, err
-		}
-		if shared {
-			// Answered by another worker's review: no review of its own.
-			authorizationChecks.WithLabelValues(verdict(v.(bool)), "true").Inc()
 		}
 		return v.(bool), nil
 	}

@@ -174,6 +174,8 @@ func (r *Reconciler) enqueueFor(ctx context.Context, q workqueue.TypedRateLimiti
 			ct = compiledTargets{generation: rd.Generation, targets: t}
 		}
 		fresh[rd.UID] = ct
+		// status.conflictingNamespaces names only the first 100; the
+		// others are target namespaces, which the targets' match finds.
 		_, copied := rd.Status.DistributedResources[name]
 		concerned := copied || ct.targets.Matches(oldNS) || ct.targets.Matches(newNS) ||
 			slices.ContainsFunc(rd.Status.ConflictingNamespaces, func(n v1alpha1.ResourceDistributionNamespace) bool { return n.Name == name })
@@ -323,15 +325,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 
 	slices.Sort(conflicts)
-	newConflicts := !slices.Equal(conflicts, namespaceNames(status.ConflictingNamespaces))
+	oldConflicting, oldConflicts := status.Conflicting, status.ConflictingNamespaces
+	status.Conflicting, status.ConflictingNamespaces = conflictingNamespaces(conflicts)
+	newConflicts := status.Conflicting != oldConflicting || !slices.Equal(status.ConflictingNamespaces, oldConflicts)
 	status.Unauthorized, status.UnauthorizedNamespaces = unauthorizedNamespaces(author, res, forbidden)
 	status.Desired = int32(len(desired))
 	status.Succeeded = int32(succeeded)
 	status.DistributedResources = distributed
-	status.ConflictingNamespaces = make([]v1alpha1.ResourceDistributionNamespace, len(conflicts))
-	for i, ns := range conflicts {
-		status.ConflictingNamespaces[i] = v1alpha1.ResourceDistributionNamespace{Name: ns}
-	}
 
 	var problems []string
 	var conflictMsg, forbiddenMsg string
@@ -451,6 +451,21 @@ func unauthorizedNamespaces(author Author, res *Resource, forbidden map[string][
 		all = all[:v1alpha1.MaxUnauthorizedNamespaces]
 	}
 	return total, all
+}
+
+// conflictingNamespaces is status.conflicting and
+// status.conflictingNamespaces: how many target namespaces hold a foreign
+// object of the copy's name, and the first v1alpha1.MaxConflictingNamespaces
+// of them (sorted is sorted by name).
+func conflictingNamespaces(sorted []string) (int32, []v1alpha1.ResourceDistributionNamespace) {
+	if len(sorted) == 0 {
+		return 0, nil
+	}
+	listed := make([]v1alpha1.ResourceDistributionNamespace, min(len(sorted), v1alpha1.MaxConflictingNamespaces))
+	for i := range listed {
+		listed[i] = v1alpha1.ResourceDistributionNamespace{Name: sorted[i]}
+	}
+	return int32(len(sorted)), listed
 }
 
 // ownedCopies returns this distribution's copies by namespace, from the cache
@@ -575,7 +590,7 @@ func statusEqual(a, b *v1alpha1.ResourceDistributionStatus) bool {
 	return sameCondition(ConditionSynced) && sameCondition(ConditionAuthorized) && a.ObservedGeneration == b.ObservedGeneration && a.Description == b.Description &&
 		a.Desired == b.Desired && a.Succeeded == b.Succeeded &&
 		maps.Equal(a.DistributedResources, b.DistributedResources) &&
-		slices.Equal(a.ConflictingNamespaces, b.ConflictingNamespaces) &&
+		a.Conflicting == b.Conflicting && slices.Equal(a.ConflictingNamespaces, b.ConflictingNamespaces) &&
 		a.Unauthorized == b.Unauthorized && slices.Equal(a.UnauthorizedNamespaces, b.UnauthorizedNamespaces)
 }
 
@@ -583,14 +598,6 @@ func setCondition(status *v1alpha1.ResourceDistributionStatus, typ string, gener
 	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
 		Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: generation,
 	})
-}
-
-func namespaceNames(nss []v1alpha1.ResourceDistributionNamespace) []string {
-	names := make([]string, len(nss))
-	for i, ns := range nss {
-		names[i] = ns.Name
-	}
-	return names
 }
 
 func newList(res *Resource) client.ObjectList {

@@ -126,3 +126,24 @@ func TestUnauthorizedNamespacesBounded(t *testing.T) {
 		t.Errorf("message of %d bytes: %.300s", len(msg), msg)
 	}
 }
+
+// TestConflictingNamespacesBounded: the status counts every conflicting
+// namespace and names the first v1alpha1.MaxConflictingNamespaces.
+func TestConflictingNamespacesBounded(t *testing.T) {
+	if total, listed := conflictingNamespaces(nil); total != 0 || listed != nil {
+		t.Errorf("no conflict: got %d %v", total, listed)
+	}
+	total, listed := conflictingNamespaces([]string{"a", "b"})
+	if want := []v1alpha1.ResourceDistributionNamespace{{Name: "a"}, {Name: "b"}}; total != 2 || !slices.Equal(listed, want) {
+		t.Errorf("got %d %+v, want 2 %+v", total, listed, want)
+	}
+	var many []string
+	for i := range 5000 {
+		many = append(many, fmt.Sprintf("team-%04d", i))
+	}
+	total, listed = conflictingNamespaces(many)
+	if total != 5000 || len(listed) != v1alpha1.MaxConflictingNamespaces || listed[0].Name != "team-0000" || listed[len(listed)-1].Name != "team-0099" {
+		t.Errorf("5000 conflicts: total %d, %d listed from %s to %s; want 5000, the first %d",
+			total, len(listed), listed[0].Name, listed[len(listed)-1].Name, v1alpha1.MaxConflictingNamespaces)
+	}
+}

@@ -125,11 +125,18 @@ type ResourceDistributionStatus struct {
 	// +optional
 	DistributedResources map[string]string `json:"distributedResources,omitempty"`
 
-	// ConflictingNamespaces hold a same-named object this distribution does not own;
-	// it is left untouched there.
+	// Conflicting is the number of target namespaces holding a same-named
+	// object this distribution does not own; it is left untouched there.
+	// +optional
+	Conflicting int32 `json:"conflicting,omitempty"`
+
+	// ConflictingNamespaces names them, the first MaxConflictingNamespaces
+	// (100) by name; Conflicting minus its length were left out, so that the
+	// status stays small however many namespaces hold such an object.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=100
 	ConflictingNamespaces []ResourceDistributionNamespace `json:"conflictingNamespaces,omitempty"`
 
 	// Unauthorized is the number of namespaces where the distribution's
@@ -157,6 +164,9 @@ type ResourceDistributionStatus struct {
 
 // MaxUnauthorizedNamespaces bounds status.unauthorizedNamespaces.
 const MaxUnauthorizedNamespaces = 100
+
+// MaxConflictingNamespaces bounds status.conflictingNamespaces.
+const MaxConflictingNamespaces = 100
 
 // ResourceDistributionUnauthorizedNamespace is a namespace where the
 // distribution's author may not make the write its copy needs.

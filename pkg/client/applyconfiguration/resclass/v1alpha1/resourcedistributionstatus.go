@@ -22,8 +22,12 @@ type ResourceDistributionStatusApplyConfiguration struct {
 	// DistributedResources maps each namespace holding a copy to the copy's
 	// resourceVersion.
 	DistributedResources map[string]string `json:"distributedResources,omitempty"`
-	// ConflictingNamespaces hold a same-named object this distribution does not own;
-	// it is left untouched there.
+	// Conflicting is the number of target namespaces holding a same-named
+	// object this distribution does not own; it is left untouched there.
+	Conflicting *int32 `json:"conflicting,omitempty"`
+	// ConflictingNamespaces names them, the first MaxConflictingNamespaces
+	// (100) by name; Conflicting minus its length were left out, so that the
+	// status stays small however many namespaces hold such an object.
 	ConflictingNamespaces []ResourceDistributionNamespaceApplyConfiguration `json:"conflictingNamespaces,omitempty"`
 	// Unauthorized is the number of namespaces where the distribution's
 	// author may not make a write the copy needs (SubjectAccessReview), so
@@ -87,6 +91,14 @@ func (b *ResourceDistributionStatusApplyConfiguration) WithDistributedResources(
 	for k, v := range entries {
 		b.DistributedResources[k] = v
 	}
+	return b
+}
+
+// WithConflicting sets the Conflicting field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Conflicting field is set to the value of the last call.
+func (b *ResourceDistributionStatusApplyConfiguration) WithConflicting(value int32) *ResourceDistributionStatusApplyConfiguration {
+	b.Conflicting = &value
 	return b
 }
 
