@@ -2,6 +2,7 @@ package quota
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -45,16 +46,62 @@ func (c *Config) Check(pod *corev1.Pod, quotas []*corev1.ResourceQuota) (*Denial
 	if c.Empty() || pod == nil {
 		return nil, nil
 	}
-	if d, err := c.checkResources(pod, quotas); d != nil || err != nil {
+	m := &scopeMatcher{pod: pod}
+	if d, err := c.checkResources(pod, quotas, m); d != nil || err != nil {
 		return d, err
 	}
-	return c.checkScopes(pod, quotas)
+	return c.checkScopes(pod, quotas, m)
+}
+
+// scopeMatcher answers whether the pod matches a scope selector, by the
+// apiserver's evaluator, once per distinct selector: the limited scopes of
+// the configuration and the quotas that cover them are usually the same
+// selectors, and each evaluator call copies the pod into a new object (the
+// largest allocation of the pod webhook after decoding, docs/webhook.md).
+type scopeMatcher struct {
+	pod  *corev1.Pod
+	seen []scopeMatch
+}
+
+type scopeMatch struct {
+	selector corev1.ScopedResourceSelectorRequirement
+	matches  bool
+}
+
+// matching returns the selectors among selectors that the pod matches, in
+// their order, as podEvaluator.MatchingScopes does.
+func (m *scopeMatcher) matching(selectors []corev1.ScopedResourceSelectorRequirement) ([]corev1.ScopedResourceSelectorRequirement, error) {
+	var out []corev1.ScopedResourceSelectorRequirement
+	for _, s := range selectors {
+		ok, err := m.matches(s)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+func (m *scopeMatcher) matches(s corev1.ScopedResourceSelectorRequirement) (bool, error) {
+	for _, seen := range m.seen {
+		if seen.selector.ScopeName == s.ScopeName && seen.selector.Operator == s.Operator && slices.Equal(seen.selector.Values, s.Values) {
+			return seen.matches, nil
+		}
+	}
+	matched, err := podEvaluator.MatchingScopes(m.pod, []corev1.ScopedResourceSelectorRequirement{s})
+	if err != nil {
+		return false, err
+	}
+	m.seen = append(m.seen, scopeMatch{selector: s, matches: len(matched) == 1})
+	return len(matched) == 1, nil
 }
 
 // checkResources denies a pod that consumes a limited resource no matching
 // quota lists (upstream CheckRequest's limitedByDefault and
 // restrictedResourcesSet).
-func (c *Config) checkResources(pod *corev1.Pod, quotas []*corev1.ResourceQuota) (*Denial, error) {
+func (c *Config) checkResources(pod *corev1.Pod, quotas []*corev1.ResourceQuota, m *scopeMatcher) (*Denial, error) {
 	if len(c.matchContains) == 0 {
 		return nil, nil
 	}
@@ -88,13 +135,17 @@ func (c *Config) checkResources(pod *corev1.Pod, quotas []*corev1.ResourceQuota)
 		if !limited.HasAny(covered...) {
 			continue
 		}
-		// Matches reads status.hard; coverage is about the quota's
-		// existence, so judge it by spec.hard (see the package doc).
-		q := *rq
-		q.Status.Hard = q.Spec.Hard
-		match, err := podEvaluator.Matches(&q, pod)
-		if err != nil {
-			return nil, fmt.Errorf("matching quota %s: %w", rq.Name, err)
+		// The evaluator's Matches: the quota covers one of the pod's
+		// resources (judged by spec.hard: coverage is about the quota's
+		// existence, see the package doc; covered is not empty here) and the
+		// pod matches every scope selector of the quota.
+		match := true
+		for _, s := range scopeSelectors(rq) {
+			ok, err := m.matches(s)
+			if err != nil {
+				return nil, fmt.Errorf("matching quota %s: %w", rq.Name, err)
+			}
+			match = match && ok
 		}
 		if match {
 			limited.Delete(covered...)
@@ -117,11 +168,11 @@ func (c *Config) checkResources(pod *corev1.Pod, quotas []*corev1.ResourceQuota)
 // checkScopes denies a pod that matches a limited scope no quota of the
 // namespace has a matching scope of the same name for (upstream
 // CheckRequest's limitedScopes and restrictedScopes).
-func (c *Config) checkScopes(pod *corev1.Pod, quotas []*corev1.ResourceQuota) (*Denial, error) {
+func (c *Config) checkScopes(pod *corev1.Pod, quotas []*corev1.ResourceQuota, m *scopeMatcher) (*Denial, error) {
 	if len(c.scopes) == 0 {
 		return nil, nil
 	}
-	limited, err := podEvaluator.MatchingScopes(pod, c.scopes)
+	limited, err := m.matching(c.scopes)
 	if err != nil {
 		return nil, fmt.Errorf("matching limited scopes: %w", err)
 	}
@@ -133,7 +184,7 @@ func (c *Config) checkScopes(pod *corev1.Pod, quotas []*corev1.ResourceQuota) (*
 		if rq == nil {
 			continue
 		}
-		matched, err := podEvaluator.MatchingScopes(pod, scopeSelectors(rq))
+		matched, err := m.matching(scopeSelectors(rq))
 		if err != nil {
 			return nil, fmt.Errorf("matching scopes of quota %s: %w", rq.Name, err)
 		}

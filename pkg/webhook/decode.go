@@ -23,7 +23,7 @@ import (
 // Quantities are checked first (checkQuantities): decoding one with
 // apimachinery costs 10^|exponent|, so a pod asking for "1e-999999999" CPUs
 // would hold a webhook goroutine, and a core, forever.
-func decode(raw runtime.RawExtension, gvk schema.GroupVersionKind, into runtime.Object) error {
+func decode(raw runtime.RawExtension, gvk schema.GroupVersionKind, into kinded) error {
 	if len(raw.Raw) == 0 {
 		return errors.New("the request carries no object")
 	}
@@ -40,6 +40,12 @@ func decode(raw runtime.RawExtension, gvk schema.GroupVersionKind, into runtime.
 		return fmt.Errorf("the object is a %q, want a %q", got, gvk)
 	}
 	return nil
+}
+
+// kinded is what decode decodes into: an API object, or a struct that embeds
+// metav1.TypeMeta and holds only the fields a policy reads (policyPod).
+type kinded interface {
+	GetObjectKind() schema.ObjectKind
 }
 
 // Bounds on the quantities of admitted objects, looser than the device

@@ -2,15 +2,18 @@ package webhook
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionv1beta1 "k8s.io/api/admission/v1beta1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -201,4 +204,74 @@ func postReview(t *testing.T, h http.Handler, path string, body []byte) *admissi
 		t.Errorf("%s: refused without an error code and a reason: %+v", path, resp.Result)
 	}
 	return resp
+}
+
+// FuzzPolicyPodAgrees: the pod webhook decodes only the fields its policies
+// read (policyPod); on any pod that decodes whole, it must decode too, and
+// both policies must answer the same as on the whole pod. A field the
+// apiserver's quota evaluator starts to read, and policyPod lacks, shows
+// here as a different answer.
+func FuzzPolicyPodAgrees(f *testing.F) {
+	sidecar := corev1.ContainerRestartPolicyAlways
+	for _, pod := range []*corev1.Pod{
+		benchPod(),
+		newPod(),
+		newPod(affinity(requiredAffinity(affinityTerm(emptySelector)))),
+		newPod(priority("cluster-services"), extendedResource("class.resclass.io/nvidia-big", "1"),
+			affinity(requiredAffinity(affinityTerm(teamSelector), affinityTerm(nil, "other")))),
+		func() *corev1.Pod { // BestEffort, terminating, with a sidecar asking for the class
+			p := newPod(priority("system-high"))
+			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+			p.Spec.ActiveDeadlineSeconds = ptr.To[int64](60)
+			p.Spec.InitContainers = []corev1.Container{{Name: "side", RestartPolicy: &sidecar, Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{"class.resclass.io/nvidia-big": resource.MustParse("1")}}}}
+			return p
+		}(),
+		func() *corev1.Pod { // pod-level resources, overhead, a finished pod being deleted
+			p := newPod(priority("cluster-services"), extendedResource("class.resclass.io/nvidia-big", "2"))
+			p.Spec.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}}
+			p.Spec.Overhead = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("10Mi")}
+			p.Status = corev1.PodStatus{Phase: corev1.PodSucceeded, QOSClass: corev1.PodQOSBurstable}
+			p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &metav1.Time{Time: time.Unix(1, 0)}, ptr.To[int64](0)
+			return p
+		}(),
+	} {
+		f.Add(mustJSON(f, pod))
+	}
+	f.Add([]byte(`{"apiVersion":"v1","kind":"Pod","spec":{"containers":[{"name":"c","env":"not a list","resources":{"limits":{"class.resclass.io/nvidia-big":"1"}}}]}}`))
+	f.Add([]byte(`{"apiVersion":"v1","kind":"Pod","spec":{"containers":"not a list"}}`))
+
+	cfg := mustParseQuotaConfig(f, benchQuotaConfig)
+	// All five quotas, which cover every rule, and two of them (a priority
+	// class and the class resource), which leave scopes to deny.
+	all := benchQuotas()
+	policies := []*podPolicies{
+		{config: func() *quota.Config { return cfg }, quotas: indexerReader(f, all...)},
+		{config: func() *quota.Config { return cfg }, quotas: indexerReader(f, all[1], all[4])},
+	}
+	gvk := corev1.SchemeGroupVersion.WithKind("Pod")
+	f.Fuzz(func(t *testing.T, data []byte) {
+		watchdog.Run(t, func() {
+			raw := runtime.RawExtension{Raw: data}
+			var whole corev1.Pod
+			wholeErr := decode(raw, gvk, &whole)
+			var part policyPod
+			partErr := decode(raw, gvk, &part)
+			if wholeErr != nil {
+				return // the apiserver sends only pods that decode whole
+			}
+			if partErr != nil {
+				t.Fatalf("the pod decodes whole but not as policyPod: %v", partErr)
+			}
+			ctx := context.Background()
+			for i, p := range policies {
+				want := p.check(ctx, PodsPath, "team-a", &whole, "", nil)
+				got := p.check(ctx, PodsPath, "team-a", part.pod(), "", nil)
+				if got.Allowed != want.Allowed || (got.Result == nil) != (want.Result == nil) ||
+					got.Result != nil && (got.Result.Code != want.Result.Code || got.Result.Message != want.Result.Message) {
+					t.Fatalf("quotas %d: on the policy fields: %v %+v; on the whole pod: %v %+v", i, got.Allowed, got.Result, want.Allowed, want.Result)
+				}
+			}
+		})
+	})
 }

@@ -7,6 +7,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -44,13 +45,70 @@ func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admissi
 	if req.Operation != admissionv1.Create || req.Kind.Kind != "Pod" || req.SubResource != "" {
 		return admission.Allowed("")
 	}
-	pod := &corev1.Pod{}
-	if err := decode(req.Object, corev1.SchemeGroupVersion.WithKind("Pod"), pod); err != nil {
+	var decoded policyPod
+	if err := decode(req.Object, corev1.SchemeGroupVersion.WithKind("Pod"), &decoded); err != nil {
 		denials.WithLabelValues(PodsPath, reasonBadRequest).Inc()
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the pod: %w", err))
 	}
 	// The pod's namespace may be unset in a create; the request's is authoritative.
-	return p.check(ctx, PodsPath, req.Namespace, pod, "", nil)
+	return p.check(ctx, PodsPath, req.Namespace, decoded.pod(), "", nil)
+}
+
+// policyPod is the part of a pod that the two policies read: the affinity
+// terms, and what the apiserver's pod quota evaluator reads for usage and
+// scopes (resources, priority class, activeDeadlineSeconds, QoS, phase,
+// deletion). Decoding only these skips the rest of the object (environment,
+// volumes, labels, annotations, managedFields) without building it: the full
+// decode was the pod webhook's largest cost and most of its allocations
+// (docs/webhook.md, "Performance"). TestPolicyPodAgrees and
+// FuzzPolicyPodAgrees check that the policies decide the same on it as on the
+// whole pod.
+type policyPod struct {
+	metav1.TypeMeta `json:",inline"`
+	Metadata        struct {
+		DeletionTimestamp          *metav1.Time `json:"deletionTimestamp,omitempty"`
+		DeletionGracePeriodSeconds *int64       `json:"deletionGracePeriodSeconds,omitempty"`
+	} `json:"metadata"`
+	Spec struct {
+		InitContainers        []policyContainer            `json:"initContainers,omitempty"`
+		Containers            []policyContainer            `json:"containers"`
+		ActiveDeadlineSeconds *int64                       `json:"activeDeadlineSeconds,omitempty"`
+		Affinity              *corev1.Affinity             `json:"affinity,omitempty"`
+		PriorityClassName     string                       `json:"priorityClassName,omitempty"`
+		Priority              *int32                       `json:"priority,omitempty"`
+		Overhead              corev1.ResourceList          `json:"overhead,omitempty"`
+		Resources             *corev1.ResourceRequirements `json:"resources,omitempty"`
+	} `json:"spec"`
+	// Status is small on a create (the apiserver sets phase and qosClass);
+	// the evaluator reads phase, qosClass and the containers' statuses.
+	Status corev1.PodStatus `json:"status"`
+}
+
+type policyContainer struct {
+	Name          string                         `json:"name"`
+	Resources     corev1.ResourceRequirements    `json:"resources"`
+	RestartPolicy *corev1.ContainerRestartPolicy `json:"restartPolicy,omitempty"`
+}
+
+// pod is the decoded part as a Pod, every other field empty.
+func (d *policyPod) pod() *corev1.Pod {
+	pod := &corev1.Pod{TypeMeta: d.TypeMeta, Status: d.Status}
+	pod.DeletionTimestamp, pod.DeletionGracePeriodSeconds = d.Metadata.DeletionTimestamp, d.Metadata.DeletionGracePeriodSeconds
+	s := &pod.Spec
+	s.ActiveDeadlineSeconds, s.Affinity, s.PriorityClassName, s.Priority, s.Overhead, s.Resources =
+		d.Spec.ActiveDeadlineSeconds, d.Spec.Affinity, d.Spec.PriorityClassName, d.Spec.Priority, d.Spec.Overhead, d.Spec.Resources
+	containers := func(in []policyContainer) []corev1.Container {
+		if in == nil {
+			return nil
+		}
+		out := make([]corev1.Container, len(in))
+		for i, c := range in {
+			out[i] = corev1.Container{Name: c.Name, Resources: c.Resources, RestartPolicy: c.RestartPolicy}
+		}
+		return out
+	}
+	s.InitContainers, s.Containers = containers(d.Spec.InitContainers), containers(d.Spec.Containers)
+	return pod
 }
 
 // check applies both policies to pod in namespace ns: a pod being created,
