@@ -76,12 +76,22 @@ func TestResourceDistribution(t *testing.T) {
 
 	t.Run("default targets: every namespace but kube-system, kube-public, resclass's own and the excluded", func(t *testing.T) {
 		d := d.with(t)
+		// The node agent's namespace (--node-agent-namespace, default
+		// resclass-node) is protected too; the cluster here runs no agent
+		// pod, so the namespace may not exist yet.
+		if _, err := cluster.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "resclass-node"}}, metav1.CreateOptions{}); err == nil {
+			t.Cleanup(func() {
+				_ = cluster.Client.CoreV1().Namespaces().Delete(context.Background(), "resclass-node", metav1.DeleteOptions{})
+			})
+		} else if !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
 		kept, excluded := d.ns(nil), d.ns(nil)
 		name := "e2e-default-" + strings.ToLower(kept[len(kept)-5:])
 		d.create(name, configMap(name, map[string]string{"k": "v"}), v1alpha1.ResourceDistributionTargets{
 			ExcludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: excluded}},
 		})
-		d.waitCopies(name, []string{kept, "default"}, []string{excluded, "kube-system", "kube-public", "resclass-system"}, "configmap")
+		d.waitCopies(name, []string{kept, "default"}, []string{excluded, "kube-system", "kube-public", "resclass-system", "resclass-node"}, "configmap")
 	})
 
 	t.Run("a foreign same-named object is left alone and reported; the copy follows within seconds of it going", func(t *testing.T) {

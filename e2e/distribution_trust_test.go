@@ -363,6 +363,25 @@ func TestResourceDistributionTrust(t *testing.T) {
 				return ignoreResult(ctl.CoreV1().Secrets(ns).Create(ctx, token, metav1.CreateOptions{}))
 			},
 		}
+		// A real copy: the policy lets the controller keep it, not hand it to
+		// another owner nor make it a plain Secret.
+		rd := d.create("fenced", secret("fenced", map[string]string{"k": "v"}), v1alpha1.ResourceDistributionTargets{
+			IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: ns}}})
+		d.waitSynced(rd, 1)
+		realCopy, err := cluster.Client.CoreV1().Secrets(ns).Get(ctx, "fenced", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reowned := realCopy.DeepCopy()
+		reowned.OwnerReferences[0].UID, reowned.OwnerReferences[0].Name = "another-distribution", "another"
+		unmarked := realCopy.DeepCopy()
+		unmarked.OwnerReferences, unmarked.Labels = nil, nil
+		attempts["give a copy another owner"] = func() error {
+			return ignoreResult(ctl.CoreV1().Secrets(ns).Update(ctx, reowned, metav1.UpdateOptions{}))
+		}
+		attempts["make a copy a plain Secret"] = func() error {
+			return ignoreResult(ctl.CoreV1().Secrets(ns).Update(ctx, unmarked, metav1.UpdateOptions{}))
+		}
 		for what, attempt := range attempts {
 			// The policy was applied when the controller started; the
 			// apiserver enforces it once its policy informer has it.
@@ -381,6 +400,11 @@ func TestResourceDistributionTrust(t *testing.T) {
 		}
 		if now.ResourceVersion != foreign.ResourceVersion {
 			t.Errorf("the foreign Secret changed: resourceVersion %s -> %s", foreign.ResourceVersion, now.ResourceVersion)
+		}
+		if now, err := cluster.Client.CoreV1().Secrets(ns).Get(ctx, "fenced", metav1.GetOptions{}); err != nil {
+			t.Error(err)
+		} else if now.ResourceVersion != realCopy.ResourceVersion || !metav1.IsControlledBy(now, rd) {
+			t.Errorf("the copy changed: resourceVersion %s -> %s, owners %v", realCopy.ResourceVersion, now.ResourceVersion, now.OwnerReferences)
 		}
 	})
 }
