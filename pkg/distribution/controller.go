@@ -15,13 +15,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -66,10 +66,12 @@ const DefaultConflictRetry = 3 * time.Second
 // does not own.
 type Reconciler struct {
 	// Client reads from the manager's cache: distributions, namespaces, and
-	// only the Secrets and ConfigMaps labelled LabelDistribution (the copies).
+	// only the metadata of the Secrets and ConfigMaps labelled
+	// LabelDistribution (the copies).
 	Client client.Client
-	// APIReader reads the apiserver directly, for an object the cache does
-	// not hold: a same-named object found when a create collides.
+	// APIReader reads the apiserver directly, for what the cache does not
+	// hold: a same-named object found when a create collides, and the whole
+	// copy before it is updated or recreated.
 	APIReader client.Reader
 	Recorder  events.EventRecorder
 	// Workers is how many copies one reconcile writes at once.
@@ -117,8 +119,14 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("resourcedistribution").
 		For(&v1alpha1.ResourceDistribution{}).
-		Owns(&corev1.Secret{}).
-		Owns(&corev1.ConfigMap{}).
+		// The copies are watched, and cached, as metadata only: deciding
+		// whether a copy is ours and up to date needs its owner, labels,
+		// content-hash annotation and resourceVersion, never its data. So
+		// the controller's memory holds no Secret data between reconciles,
+		// and the apiserver sends no data on the watch; the few writes that
+		// need the whole object (an update, a recreate) read it first.
+		Owns(&corev1.Secret{}, builder.OnlyMetadata).
+		Owns(&corev1.ConfigMap{}, builder.OnlyMetadata).
 		Watches(&corev1.Namespace{}, handler.Funcs{
 			CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 				r.enqueueFor(ctx, q, nil, e.Object)
@@ -471,21 +479,22 @@ func conflictingNamespaces(sorted []string) (int32, []v1alpha1.ResourceDistribut
 // ownedCopies returns this distribution's copies by namespace, from the cache
 // of labelled copies, checked by owner UID (a label alone proves nothing).
 func (r *Reconciler) ownedCopies(ctx context.Context, rd *v1alpha1.ResourceDistribution, res *Resource) (map[string]client.Object, error) {
-	list := newList(res)
-	// Not copied either: syncCopy copies a copy before changing it.
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind(res.Kind + "List"))
+	// Not copied: nothing here changes them (syncCopy reads the whole object
+	// from the apiserver before changing it).
 	if err := r.Client.List(ctx, list, client.UnsafeDisableDeepCopy,
 		client.MatchingLabelsSelector{Selector: labels.SelectorFromSet(labels.Set{LabelDistribution: LabelValue(rd.Name)})}); err != nil {
 		return nil, err
 	}
 	owned := map[string]client.Object{}
-	err := meta.EachListItem(list, func(o runtime.Object) error {
-		obj := o.(client.Object)
+	for i := range list.Items {
+		obj := &list.Items[i]
 		if obj.GetName() == res.Name && res.Owned(obj, rd) {
 			owned[obj.GetNamespace()] = obj
 		}
-		return nil
-	})
-	return owned, err
+	}
+	return owned, nil
 }
 
 // copyResult is what became of one target namespace.
@@ -535,6 +544,26 @@ func (r *Reconciler) syncCopy(ctx context.Context, rd *v1alpha1.ResourceDistribu
 	}
 	if res.UpToDate(existing) {
 		return copyResult{rv: existing.GetResourceVersion()}
+	}
+	if _, metadataOnly := existing.(*metav1.PartialObjectMetadata); metadataOnly {
+		// The cache holds the copy's metadata: its type, immutability and
+		// data come from the apiserver.
+		whole := res.NewObject()
+		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: res.Name}, whole); err != nil {
+			if !apierrors.IsNotFound(err) {
+				return copyResult{err: err}
+			}
+			// Deleted meanwhile: its delete event queues this
+			// distribution again, which creates it.
+			return copyResult{err: fmt.Errorf("the copy in %s was deleted while being updated; it is created again", ns)}
+		}
+		if !res.Owned(whole, rd) {
+			return copyResult{conflict: true}
+		}
+		existing = whole
+		if res.UpToDate(existing) {
+			return copyResult{rv: existing.GetResourceVersion()}
+		}
 	}
 	if res.NeedsRecreate(existing) {
 		// A Secret's type, or an immutable object's content, cannot change in
@@ -598,11 +627,4 @@ func setCondition(status *v1alpha1.ResourceDistributionStatus, typ string, gener
 	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
 		Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: generation,
 	})
-}
-
-func newList(res *Resource) client.ObjectList {
-	if res.Kind == "Secret" {
-		return &corev1.SecretList{}
-	}
-	return &corev1.ConfigMapList{}
 }

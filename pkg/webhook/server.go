@@ -243,10 +243,12 @@ func runDistributionController(ctx context.Context, o *Options, cfg *rest.Config
 	opts := managerOptions(o, scheme, metrics)
 	opts.Cache = cache.Options{ByObject: map[client.Object]cache.ByObject{
 		// Of all Secrets and ConfigMaps, the cache holds only the
-		// ResourceDistribution copies; a same-named foreign object is read
-		// from the apiserver when a create collides with it.
-		&corev1.Secret{}:    {Label: copiesSelector},
-		&corev1.ConfigMap{}: {Label: copiesSelector},
+		// ResourceDistribution copies, and of those only their metadata
+		// (the controller watches them as metadata, pkg/distribution) without
+		// managedFields; a same-named foreign object, or a copy about to be
+		// updated, is read from the apiserver.
+		&corev1.Secret{}:    {Label: copiesSelector, Transform: cache.TransformStripManagedFields()},
+		&corev1.ConfigMap{}: {Label: copiesSelector, Transform: cache.TransformStripManagedFields()},
 	}}
 	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
