@@ -55,6 +55,12 @@ import (
 //     admission policy that fences the controller's writes
 //     (resclass-distribution-writes) removed: the policy's share.
 //
+// Each side converges convergenceRepeats (3) times per iteration and reports
+// the median, with the spread of the repeats (slowest / fastest); above
+// maxConvergenceSpread the benchmark fails instead of reporting, since the
+// machine was busy with something else (docs/development.md, "Benchmarks").
+// The copies are deleted by the benchmark between repeats, not timed.
+//
 // Both sides write to the same apiserver, 16 writes at a time (the
 // controller's default --distribution-workers=16), through unthrottled
 // clients: the controller runs with --kube-api-qps=5000 --kube-api-burst=10000
