@@ -31,7 +31,7 @@
 // Every copy carries the resource's own labels and annotations plus the
 // distribution's: an owner reference to the distribution (controller, so deleting
 // the distribution garbage-collects its copies), the label LabelDistribution (so a
-// controller can cache and watch only copies), and the annotations
+// controller can cache and watch only copies, and only their metadata), and the annotations
 // v1alpha1.AnnotationDistributedBy, AnnotationDistributedTime and
 // AnnotationContentHash. See Resource.Copy.
 //
