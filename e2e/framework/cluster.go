@@ -71,6 +71,7 @@ type Cluster struct {
 	mu        sync.Mutex
 	processes []*process // in start order
 	apiserver string     // https://127.0.0.1:port
+	etcd      string     // http://127.0.0.1:port
 	saKey     string     // service account signing key
 
 	kwokStarted bool
@@ -134,6 +135,7 @@ func (c *Cluster) startEtcdAndAPIServer(ctx context.Context) error {
 	}
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(clientPort)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
+	c.etcd = etcdURL
 	c.progress("starting etcd")
 	if _, err := c.start("etcd", c.bins.etcd, nil,
 		"--data-dir="+filepath.Join(c.Dir, "etcd"),
