@@ -87,6 +87,7 @@ var extensionPoints = []string{"PreFilter", "Filter", "PreScore", "Score", "Rese
 // runFigures is a breakdown's difference over one run of pods bound pods.
 type runFigures struct {
 	wall    time.Duration
+	pods    float64
 	cpuMS   map[string]float64 // per pod, by cpuGroups' metric, plus "client", "other-cluster" and "total"
 	outside float64            // cores used by processes outside the cluster and the benchmark
 	plugin  map[string]float64 // µs per scheduling cycle, by extension point
@@ -99,7 +100,7 @@ type runFigures struct {
 
 func (before *breakdown) figures(b testing.TB, after *breakdown, pods int) runFigures {
 	n := float64(pods)
-	f := runFigures{wall: after.at.Sub(before.at), cpuMS: map[string]float64{}, plugin: map[string]float64{}, fw: map[string]float64{},
+	f := runFigures{wall: after.at.Sub(before.at), pods: n, cpuMS: map[string]float64{}, plugin: map[string]float64{}, fw: map[string]float64{},
 		writes: map[string]float64{}, inBytes: map[string]float64{}, watchB: map[string]float64{}}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / n }
 	var cluster time.Duration
@@ -171,7 +172,7 @@ func (f runFigures) report(b *testing.B) {
 	b.ReportMetric(sum(f.inBytes), "request-B/pod")
 	b.ReportMetric(sum(f.watchB), "watch-B/pod")
 	b.ReportMetric(f.walB, "etcd-wal-B/pod")
-	b.Logf("CPU ms per pod: %s; other work on the machine: %.2f cores over %v", fmtMap(f.cpuMS, "%.2f"), f.outside, f.wall.Round(time.Millisecond))
+	b.Logf("CPU ms per pod: %s; other work on the machine: %.2f cores over %v (%.1f pods/s)", fmtMap(f.cpuMS, "%.2f"), f.outside, f.wall.Round(time.Millisecond), f.pods/f.wall.Seconds())
 	b.Logf("ResourceClasses µs per cycle (sampled): %s", fmtMap(f.plugin, "%.1f"))
 	b.Logf("all plugins µs per pod: %s", fmtMap(f.fw, "%.1f"))
 	b.Logf("writes per pod: %s", fmtMap(f.writes, "%.3f"))
@@ -188,15 +189,17 @@ func sum(m map[string]float64) float64 {
 	return s
 }
 
-// fmtMap prints m's entries, largest first.
+// fmtMap prints m's entries, largest first: the ten largest, and only those
+// at least a hundredth of the largest.
 func fmtMap(m map[string]float64, format string) string {
 	keys := slices.Collect(maps.Keys(m))
 	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
 	parts := make([]string, 0, len(keys))
-	for _, k := range keys {
-		if m[k] != 0 {
-			parts = append(parts, fmt.Sprintf("%s="+format, k, m[k]))
+	for i, k := range keys {
+		if i == 10 || m[k] < m[keys[0]]/100 {
+			break
 		}
+		parts = append(parts, fmt.Sprintf("%s="+format, k, m[k]))
 	}
 	return strings.Join(parts, " ")
 }

@@ -93,31 +93,48 @@ func MachineCPU() (time.Duration, error) {
 	return time.Duration(ticks) * clockTick, nil
 }
 
-// Metrics returns the Prometheus text of a component's /metrics:
-// "kube-apiserver", "etcd" or "scheduler" (read as the admin).
+// Metrics returns the samples of a component's /metrics: "kube-apiserver",
+// "etcd" or "scheduler" (read as the admin).
 func (c *Cluster) Metrics(ctx context.Context, component string) (Samples, error) {
+	raw, err := c.get(ctx, component, "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	return parseSamples(bytes.NewReader(raw))
+}
+
+// CPUProfile returns a pprof CPU profile of the "scheduler" or the
+// "kube-apiserver" (which serves one only when the cluster was started with
+// RESCLASS_E2E_PROFILING=1) over the next d.
+func (c *Cluster) CPUProfile(ctx context.Context, component string, d time.Duration) ([]byte, error) {
+	return c.get(ctx, component, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds())))
+}
+
+func (c *Cluster) get(ctx context.Context, component, path string) ([]byte, error) {
 	var (
 		url    string
-		client = &http.Client{Timeout: 30 * time.Second}
+		client = &http.Client{Timeout: 2 * time.Minute}
 	)
 	switch component {
 	case "kube-apiserver":
-		raw, err := c.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-		if err != nil {
-			return nil, err
+		p, query, _ := strings.Cut(path, "?")
+		req := c.Client.CoreV1().RESTClient().Get().AbsPath(p)
+		if query != "" {
+			k, v, _ := strings.Cut(query, "=")
+			req = req.Param(k, v)
 		}
-		return parseSamples(bytes.NewReader(raw))
+		return req.DoRaw(ctx)
 	case "etcd":
-		url = c.etcd + "/metrics"
+		url = c.etcd + path
 	case "scheduler":
 		if c.scheduler == nil {
 			return nil, fmt.Errorf("the cluster runs no scheduler")
 		}
-		url = fmt.Sprintf("https://127.0.0.1:%d/metrics", c.schedulerPort)
+		url = fmt.Sprintf("https://127.0.0.1:%d%s", c.schedulerPort, path)
 		// The scheduler serves a self-signed certificate of its own.
 		client.Transport = &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // loopback metrics of a self-signed component
 	default:
-		return nil, fmt.Errorf("no metrics for component %q", component)
+		return nil, fmt.Errorf("no %s for component %q", path, component)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -135,7 +152,7 @@ func (c *Cluster) Metrics(ctx context.Context, component string) (Samples, error
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 		return nil, fmt.Errorf("%s: %s: %s", url, resp.Status, body)
 	}
-	return parseSamples(resp.Body)
+	return io.ReadAll(resp.Body)
 }
 
 // Samples are the samples of a Prometheus text exposition.

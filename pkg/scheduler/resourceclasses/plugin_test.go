@@ -643,6 +643,27 @@ func TestFilterSkipsUnusableDevices(t *testing.T) {
 	wantCode(t, st, fwk.Unschedulable, "Insufficient free devices of class gpu-big")
 }
 
+// TestFilterRefusesNodeWithoutTheClass: when most nodes have devices of every
+// class, PreFilter does not narrow (the framework's copy of a large set would
+// cost more per pod than it saves), and Filter refuses the others as
+// unresolvable, as PreFilter would have left them out.
+func TestFilterRefusesNodeWithoutTheClass(t *testing.T) {
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{
+		nodeDevices("n1", gpu("g0", 0, "80Gi"), nic("nic0", 0)),
+		nodeDevices("n2", gpu("g0", 0, "80Gi"), nic("nic0", 0)),
+		nodeDevices("n3", gpu("g0", 0, "80Gi")),
+	}, allClasses)
+	p := testPod("gpu-nic", ctr{name: "app", limits: map[corev1.ResourceName]string{cls("gpu"): "1", cls("nic"): "1"}})
+	cs, res, st := h.preFilter(p)
+	if !st.IsSuccess() || !res.AllNodes() {
+		t.Fatalf("PreFilter with 2 of 3 nodes eligible: %v, %v; want all nodes", res, st)
+	}
+	wantCode(t, h.filter(cs, p, "n3"), fwk.UnschedulableAndUnresolvable, "no device of class nic on the node")
+	if st := h.filter(cs, p, "n1"); !st.IsSuccess() {
+		t.Errorf("n1: %v, want it to fit", st)
+	}
+}
+
 func TestFilterNodeWithoutNodeDevices(t *testing.T) {
 	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses)
 	other := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "bare"}}

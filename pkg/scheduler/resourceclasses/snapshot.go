@@ -4,7 +4,6 @@ import (
 	"errors"
 	"maps"
 	"slices"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -163,7 +162,7 @@ func (s *Snapshot) Fit(pod *corev1.Pod) (draws map[string]int, fits []NodeFit, e
 		f := NodeFit{Node: name}
 		if !eligible.Has(name) {
 			f.Unresolvable = true
-			f.Reason = "no device of class " + strings.Join(c.classesWithout(name, d.classes), ", ") + " on the node (PreFilter leaves it out)"
+			f.Reason = noDeviceOfClass(c.classesWithout(name, d.classes))
 		} else if why, ok := c.fits(name, nil, d); !ok {
 			f.Reason, f.Unresolvable = why.reason, why.unresolvable
 		} else {
