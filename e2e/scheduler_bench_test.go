@@ -40,7 +40,8 @@ import (
 //     others: its ratio is the baseline's own spread in this run.
 //   - 5000-nodes/baseline-extended-resource and 5000-nodes/class: the
 //     baseline and class runs once 4000 more nodes joined the pool
-//     (scheduler_perf's 5000 nodes), unless RESCLASS_BENCH_NODES_5000=0.
+//     (scheduler_perf's 5000 nodes), unless RESCLASS_BENCH_NODES_5000=0;
+//     RESCLASS_BENCH_NODES_5000=only runs these alone.
 //
 // Each run creates the pods (16 writers) and measures from the first create to
 // the last pod bound; ns/op means nothing here and is suppressed. The ratio is
@@ -77,13 +78,13 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	client := fastClient(b)
 	// What the cluster uses with nothing to schedule (kwok's heartbeats for
 	// the nodes, the controllers): each run starts once it is back there.
-	measureIdle := func() float64 {
+	measureIdle := func(count int) float64 {
 		time.Sleep(5 * time.Second) // the nodes' first heartbeats and NodeDevices
 		idle := 1.3*clusterCores(b, 3*time.Second) + 0.05
-		b.Logf("%d nodes: the cluster idles at %.2f cores or less", nodes, idle)
+		b.Logf("%d nodes: the cluster idles at %.2f cores or less", count, idle)
 		return idle
 	}
-	idle := measureIdle()
+	idle := measureIdle(nodes)
 
 	baselines := map[string]float64{}
 	run := func(b *testing.B, schedulerName string, resourceName corev1.ResourceName) {
@@ -127,24 +128,27 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 			baselines[b.Name()] = podsPerSecond
 		}
 	}
-	b.Run("baseline-extended-resource", func(b *testing.B) { run(b, resclassScheduler, plain) })
-	b.Run("class", func(b *testing.B) { run(b, resclassScheduler, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)) })
-	b.Run("class-prebind", func(b *testing.B) {
-		run(b, framework.PreBindSchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
-	})
-	b.Run("class-topology", func(b *testing.B) {
-		run(b, framework.TopologySchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
-	})
-	b.Run("repeat-baseline-extended-resource", func(b *testing.B) {
-		run(b, resclassScheduler, plain)
-		refuseSpread(b, baselines, b.Name())
-	})
-	if os.Getenv("RESCLASS_BENCH_NODES_5000") == "0" {
+	scale := os.Getenv("RESCLASS_BENCH_NODES_5000")
+	if scale != "only" {
+		b.Run("baseline-extended-resource", func(b *testing.B) { run(b, resclassScheduler, plain) })
+		b.Run("class", func(b *testing.B) { run(b, resclassScheduler, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)) })
+		b.Run("class-prebind", func(b *testing.B) {
+			run(b, framework.PreBindSchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
+		})
+		b.Run("class-topology", func(b *testing.B) {
+			run(b, framework.TopologySchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
+		})
+		b.Run("repeat-baseline-extended-resource", func(b *testing.B) {
+			run(b, resclassScheduler, plain)
+			refuseSpread(b, baselines, b.Name())
+		})
+	}
+	if scale == "0" {
 		return
 	}
 	b.Run("5000-nodes", func(b *testing.B) {
 		addNodes("bench-dgx-more", more)
-		idle = measureIdle()
+		idle = measureIdle(nodes + more)
 		b.Run("baseline-extended-resource", func(b *testing.B) { run(b, resclassScheduler, plain) })
 		b.Run("class", func(b *testing.B) { run(b, resclassScheduler, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)) })
 		b.Run("repeat-baseline-extended-resource", func(b *testing.B) {
