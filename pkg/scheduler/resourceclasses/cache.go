@@ -754,7 +754,16 @@ func (c *cache) holdsOn(uid types.UID, node string) bool {
 func (c *cache) classStatus() map[string]v1alpha1.ResourceClassStatus {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return c.classStatusLocked()
+	status, _ := c.classStatusLocked(false)
+	return status
+}
+
+// classNodeStatus is every class's status per node (status.go).
+func (c *cache) classNodeStatus() map[string][]NodeStatus {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	_, nodes := c.classStatusLocked(true)
+	return nodes
 }
 
 // score reports whether d fits on node name with strategy s, how much of the

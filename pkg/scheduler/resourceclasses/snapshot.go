@@ -130,6 +130,12 @@ func (s *Snapshot) Status() map[string]v1alpha1.ResourceClassStatus {
 	return s.c.classStatus()
 }
 
+// NodeStatus is what Status sums, per class and node (sorted by node name):
+// the per-node breakdown the class status does not hold.
+func (s *Snapshot) NodeStatus() map[string][]NodeStatus {
+	return s.c.classNodeStatus()
+}
+
 // NodeFit is the plugin's answer for a pod on one node.
 type NodeFit struct {
 	Node string `json:"node"`
