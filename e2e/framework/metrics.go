@@ -212,7 +212,7 @@ func parseSamples(r io.Reader) (Samples, error) {
 			continue
 		}
 		var x Sample
-		rest := line
+		var rest string
 		if i := strings.IndexByte(line, '{'); i >= 0 {
 			j := strings.LastIndexByte(line, '}')
 			if j < i {
