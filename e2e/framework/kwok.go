@@ -102,7 +102,10 @@ func (c *Cluster) AddSimulatedNodes(ctx context.Context, opts SimulatedNodes) ([
 	// Each poll lists every simulated node: poll big batches less often, so the
 	// wait does not compete with kwok and the apiserver for the CPU.
 	interval := min(200*time.Millisecond+time.Duration(opts.Count)*time.Millisecond, 2*time.Second)
-	err = wait.PollUntilContextTimeout(ctx, interval, 300*time.Second, true, func(ctx context.Context) (bool, error) {
+	// kwok initializes the nodes one by one, through an apiserver it shares the
+	// machine with: a large batch takes longer (5000 nodes: minutes on 2 cores).
+	timeout := max(300*time.Second, time.Duration(opts.Count)*150*time.Millisecond)
+	err = wait.PollUntilContextTimeout(ctx, interval, timeout, true, func(ctx context.Context) (bool, error) {
 		if err := c.alive("kwok"); err != nil {
 			return false, err
 		}
