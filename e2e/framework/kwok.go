@@ -101,7 +101,7 @@ func (c *Cluster) AddSimulatedNodes(ctx context.Context, opts SimulatedNodes) ([
 	c.progress("created %d simulated nodes; waiting for kwok to make them Ready", opts.Count)
 	// Each poll lists every simulated node: poll big batches less often, so the
 	// wait does not compete with kwok and the apiserver for the CPU.
-	interval := min(200*time.Millisecond+time.Duration(opts.Count)*time.Millisecond, 2*time.Second)
+	interval := min(200*time.Millisecond+time.Duration(opts.Count)*time.Millisecond, 5*time.Second)
 	// kwok initializes the nodes one by one, through an apiserver it shares the
 	// machine with: a large batch takes longer (5000 nodes: minutes on 2 cores).
 	timeout := max(300*time.Second, time.Duration(opts.Count)*150*time.Millisecond)
@@ -109,7 +109,9 @@ func (c *Cluster) AddSimulatedNodes(ctx context.Context, opts SimulatedNodes) ([
 		if err := c.alive("kwok"); err != nil {
 			return false, err
 		}
-		list, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: SimulatedNodeLabel + "=true"})
+		// From the apiserver's watch cache (ResourceVersion "0"), not a quorum
+		// read of every node from etcd.
+		list, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: SimulatedNodeLabel + "=true", ResourceVersion: "0"})
 		if err != nil {
 			return false, nil
 		}
