@@ -189,14 +189,14 @@ func sum(m map[string]float64) float64 {
 	return s
 }
 
-// fmtMap prints m's entries, largest first: the ten largest, and only those
-// at least a hundredth of the largest.
+// fmtMap prints m's ten largest entries that are not zero, largest first
+// (the per-resource maps hold a line for every kind the apiserver serves).
 func fmtMap(m map[string]float64, format string) string {
 	keys := slices.Collect(maps.Keys(m))
 	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
 	parts := make([]string, 0, len(keys))
 	for i, k := range keys {
-		if i == 10 || m[k] < m[keys[0]]/100 {
+		if i == 10 || m[k] <= 0 {
 			break
 		}
 		parts = append(parts, fmt.Sprintf("%s="+format, k, m[k]))
