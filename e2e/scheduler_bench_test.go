@@ -3,10 +3,15 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"math"
+	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -22,42 +27,75 @@ import (
 // apiserver: how many pods per second the resclass scheduler binds, on 1000
 // simulated DGX nodes of 8 GPUs (kwok; no kubelet is needed to bind).
 //
+//   - baseline-extended-resource: the same binary schedules the pods
+//     requesting a plain extended resource (example.com/gpu, 8 per node), which
+//     the plugin skips: what kube-scheduler does without device selection.
 //   - class: pods request 1 GPU as class.resclass.io/<class>; the
 //     ResourceClasses plugin picks node and device and writes the assignment.
 //   - class-prebind: the same, with the assignment written by a PreBind patch
 //     instead of in the Binding (assignmentWrite: PreBind), one more write.
-//   - class-topology: the same, with strategy Topology (the plugin's Score
-//     runs the topology search on every node, Reserve once more).
-//   - baseline-extended-resource: the same binary schedules the same pods
-//     requesting a plain extended resource (example.com/gpu, 8 per node), which
-//     the plugin skips: what kube-scheduler does without device selection.
+//   - class-topology: the same, with strategy Topology (Reserve runs the
+//     topology search once per pod).
+//   - repeat-baseline-extended-resource: the baseline again, after the
+//     others: its ratio is the baseline's own spread in this run.
+//   - 5000-nodes/baseline-extended-resource and 5000-nodes/class: the
+//     baseline and class runs once 4000 more nodes joined the pool
+//     (scheduler_perf's 5000 nodes), unless RESCLASS_BENCH_NODES_5000=0;
+//     RESCLASS_BENCH_NODES_5000=only runs these alone.
 //
 // Each run creates the pods (16 writers) and measures from the first create to
 // the last pod bound; ns/op means nothing here and is suppressed. The ratio is
-// class pods/s over baseline pods/s.
+// class pods/s over baseline pods/s. Each run also reports where its CPU went,
+// per bound pod (breakdown_test.go, docs/scheduler.md "Where the time goes").
+//
+// The benchmark refuses to report a disturbed run (docs/scheduler.md): one
+// during which processes other than the cluster's and the benchmark's used more
+// than maxOutsideCores, or whose repeated baseline differs from the first by
+// more than maxBaselineSpread.
 func BenchmarkSchedulingThroughput(b *testing.B) {
 	const (
 		nodes = 1000
+		more  = 4000 // the 5000-node variant's
 		pods  = 2000
 		class = "bench-gpu"
 		plain = corev1.ResourceName("example.com/gpu")
+		pool  = "bench-throughput"
 	)
 	ctx := context.Background()
-	names, err := cluster.AddSimulatedNodes(ctx, framework.SimulatedNodes{
-		Prefix: "bench-dgx", Count: nodes, Profile: "dgx-a100",
-		Labels:   map[string]string{"pool": "bench-throughput"},
-		Capacity: corev1.ResourceList{plain: resource.MustParse("8")},
-	})
-	if err != nil {
-		b.Fatal(err)
+	addNodes := func(prefix string, count int) {
+		names, err := cluster.AddSimulatedNodes(ctx, framework.SimulatedNodes{
+			Prefix: prefix, Count: count, Profile: "dgx-a100",
+			Labels:   map[string]string{"pool": pool},
+			Capacity: corev1.ResourceList{plain: resource.MustParse("8")},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { deleteNodes(names) })
 	}
-	b.Cleanup(func() { deleteNodes(names) })
+	addNodes("bench-dgx", nodes)
 	schedClass(b, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"), req("memory", v1alpha1.ResourceSelectorOpGtEq, "30G"))
 	client := fastClient(b)
+	// What the cluster uses with nothing to schedule (kwok's heartbeats for
+	// the nodes, the controllers): each run starts once it is back there.
+	measureIdle := func(count int) float64 {
+		time.Sleep(5 * time.Second) // the nodes' first heartbeats and NodeDevices
+		idle := 1.3*clusterCores(b, 3*time.Second) + 0.05
+		b.Logf("%d nodes: the cluster idles at %.2f cores or less", count, idle)
+		return idle
+	}
+	idle := measureIdle(nodes)
 
+	baselines := map[string]float64{}
 	run := func(b *testing.B, schedulerName string, resourceName corev1.ResourceName) {
-		var podsPerSecond float64
+		var (
+			podsPerSecond float64
+			figures       runFigures
+		)
 		for b.Loop() {
+			b.StopTimer()
+			settle(b, idle)
+			b.StartTimer()
 			ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-"}}, metav1.CreateOptions{})
 			if err != nil {
 				b.Fatal(err)
@@ -68,28 +106,91 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p-%05d", i), Namespace: ns.Name, Labels: map[string]string{"bench-run": ns.Name}},
 					Spec: corev1.PodSpec{
 						SchedulerName: schedulerName,
-						NodeSelector:  map[string]string{"pool": "bench-throughput"},
+						NodeSelector:  map[string]string{"pool": pool},
 						Containers: []corev1.Container{{Name: "main", Image: "registry.example/train:1", Resources: corev1.ResourceRequirements{
 							Limits: corev1.ResourceList{resourceName: resource.MustParse("1")},
 						}}},
 					},
 				}
 			}
-			elapsed, _ := scheduleAll(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
+			elapsed, f := scheduleAllMeasured(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
 			podsPerSecond = pods / elapsed.Seconds()
+			figures = f
 			deleteNamespaceAndWait(b, ctx, ns.Name)
 		}
 		b.ReportMetric(0, "ns/op")
 		b.ReportMetric(podsPerSecond, "pods/s")
+		figures.report(b)
+		if figures.outside > maxOutsideCores {
+			disturbed(b, "other work used %.2f cores of the machine during the run (at most %.2f for a figure worth reporting)", figures.outside, maxOutsideCores)
+		}
+		if strings.Contains(b.Name(), "baseline-") {
+			baselines[b.Name()] = podsPerSecond
+		}
 	}
-	b.Run("baseline-extended-resource", func(b *testing.B) { run(b, resclassScheduler, plain) })
-	b.Run("class", func(b *testing.B) { run(b, resclassScheduler, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)) })
-	b.Run("class-prebind", func(b *testing.B) {
-		run(b, framework.PreBindSchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
+	scale := os.Getenv("RESCLASS_BENCH_NODES_5000")
+	if scale != "only" {
+		b.Run("baseline-extended-resource", func(b *testing.B) { run(b, resclassScheduler, plain) })
+		b.Run("class", func(b *testing.B) { run(b, resclassScheduler, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)) })
+		b.Run("class-prebind", func(b *testing.B) {
+			run(b, framework.PreBindSchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
+		})
+		b.Run("class-topology", func(b *testing.B) {
+			run(b, framework.TopologySchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
+		})
+		b.Run("repeat-baseline-extended-resource", func(b *testing.B) {
+			run(b, resclassScheduler, plain)
+			refuseSpread(b, baselines, b.Name())
+		})
+	}
+	if scale == "0" {
+		return
+	}
+	b.Run("5000-nodes", func(b *testing.B) {
+		addNodes("bench-dgx-more", more)
+		idle = measureIdle(nodes + more)
+		b.Run("baseline-extended-resource", func(b *testing.B) { run(b, resclassScheduler, plain) })
+		b.Run("class", func(b *testing.B) { run(b, resclassScheduler, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)) })
+		b.Run("repeat-baseline-extended-resource", func(b *testing.B) {
+			run(b, resclassScheduler, plain)
+			refuseSpread(b, baselines, b.Name())
+		})
 	})
-	b.Run("class-topology", func(b *testing.B) {
-		run(b, framework.TopologySchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
-	})
+}
+
+// What makes a SchedulingThroughput run disturbed: other work on the machine
+// beyond maxOutsideCores on average during a run (an editor, a shell: well
+// under a tenth of a core; a build: one or more), or the baseline measured again
+// after the other runs off the first by more than maxBaselineSpread.
+const (
+	maxOutsideCores   = 0.25
+	maxBaselineSpread = 0.10
+)
+
+// disturbed fails the benchmark: its figures are not worth reporting.
+// RESCLASS_BENCH_ALLOW_DISTURBED=1 only logs why, for looking at a breakdown
+// on a busy machine (the CPU per pod moves less with load than pods/s do).
+func disturbed(b *testing.B, format string, args ...any) {
+	b.Helper()
+	if os.Getenv("RESCLASS_BENCH_ALLOW_DISTURBED") == "1" {
+		b.Logf("disturbed (RESCLASS_BENCH_ALLOW_DISTURBED=1: reported anyway): "+format, args...)
+		return
+	}
+	b.Fatalf("disturbed: "+format, args...)
+}
+
+// refuseSpread fails the repeated baseline name (".../repeat-baseline-X")
+// when it differs from the first (".../baseline-X") by more than
+// maxBaselineSpread.
+func refuseSpread(b *testing.B, baselines map[string]float64, name string) {
+	first, again := baselines[strings.Replace(name, "/repeat-", "/", 1)], baselines[name]
+	if first == 0 || again == 0 {
+		disturbed(b, "no baseline to compare %s with", name)
+	}
+	if spread := math.Abs(again-first) / first; spread > maxBaselineSpread {
+		disturbed(b, "the baseline gave %.1f pods/s first and %.1f again (%.0f%% apart, at most %.0f%% for a figure worth reporting)",
+			first, again, 100*spread, 100*maxBaselineSpread)
+	}
 }
 
 // scheduleAll creates pods (16 writers on an unthrottled client) once a watch on
@@ -98,6 +199,53 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 // watch, not polling: listing thousands of pods several times a second would
 // load the apiserver the benchmark measures.
 func scheduleAll(b *testing.B, ctx context.Context, pods []*corev1.Pod, selector string, timeout time.Duration) (time.Duration, map[string]string) {
+	b.Helper()
+	return scheduleAllHooked(b, ctx, pods, selector, timeout, nil, nil)
+}
+
+// scheduleAllMeasured is scheduleAll with the run's breakdown: what each
+// process spent from the first create to the last pod bound.
+func scheduleAllMeasured(b *testing.B, ctx context.Context, pods []*corev1.Pod, selector string, timeout time.Duration) (time.Duration, runFigures) {
+	b.Helper()
+	var (
+		before, after *breakdown
+		profiles      sync.WaitGroup
+	)
+	elapsed, _ := scheduleAllHooked(b, ctx, pods, selector, timeout,
+		func() {
+			before = takeBreakdown(b, ctx, true)
+			if dir := os.Getenv("RESCLASS_BENCH_PROFILE_DIR"); dir != "" {
+				profileRun(b, ctx, dir, &profiles)
+			}
+		},
+		func() { after = &breakdown{}; after.readCPU(b) })
+	after.readMetrics(b, ctx)
+	profiles.Wait()
+	return elapsed, before.figures(b, after, len(pods))
+}
+
+// profileRun saves CPU profiles of the scheduler and, when the cluster was
+// started with RESCLASS_E2E_PROFILING=1, of kube-apiserver, over the first
+// five seconds of a run, into dir (docs/scheduler.md, "Where the time goes").
+func profileRun(b *testing.B, ctx context.Context, dir string, wg *sync.WaitGroup) {
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(b.Name())
+	for _, component := range []string{"scheduler", "kube-apiserver"} {
+		wg.Go(func() {
+			data, err := cluster.CPUProfile(ctx, component, 5*time.Second)
+			if err == nil {
+				err = os.WriteFile(fmt.Sprintf("%s/%s-%s.pprof", dir, name, component), data, 0o644)
+			}
+			if err != nil {
+				b.Logf("%s profile: %v", component, err)
+			}
+		})
+	}
+}
+
+// scheduleAllHooked is scheduleAll calling starting just before the first
+// create and done once the watch saw the last pod bound (in the watch's
+// goroutine), when not nil.
+func scheduleAllHooked(b *testing.B, ctx context.Context, pods []*corev1.Pod, selector string, timeout time.Duration, starting, finished func()) (time.Duration, map[string]string) {
 	b.Helper()
 	client := fastClient(b)
 	bound := map[string]string{}
@@ -118,6 +266,9 @@ func scheduleAll(b *testing.B, ctx context.Context, pods []*corev1.Pod, selector
 			}
 			if len(bound) == len(pods) {
 				done = time.Now()
+				if finished != nil {
+					finished()
+				}
 				return true, nil
 			}
 			return false, nil
@@ -129,6 +280,9 @@ func scheduleAll(b *testing.B, ctx context.Context, pods []*corev1.Pod, selector
 	case err := <-watchErr:
 		b.Fatalf("watching pods: %v", err)
 	}
+	if starting != nil {
+		starting()
+	}
 	start := time.Now()
 	createPods(b, ctx, client, len(pods), func(i int) *corev1.Pod { return pods[i] })
 	if err := <-watchErr; err != nil {
@@ -137,18 +291,59 @@ func scheduleAll(b *testing.B, ctx context.Context, pods []*corev1.Pod, selector
 	return done.Sub(start), bound
 }
 
-// deleteNamespaceAndWait deletes ns and waits until its pods are gone, so the
-// devices they held are free for the next run.
+// deleteNamespaceAndWait deletes ns and waits until it is gone: its pods, so
+// the devices they held are free for the next run, and everything else the
+// namespace controller deletes with it (the pods' Events, for one), so that
+// this cleanup is not measured as part of the next run.
 func deleteNamespaceAndWait(b *testing.B, ctx context.Context, ns string) {
 	b.Helper()
 	if err := cluster.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
 		b.Fatal(err)
 	}
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
-		list, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{Limit: 1})
-		return err == nil && len(list.Items) == 0, nil
+		_, err := cluster.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
 	})
 	if err != nil {
-		b.Fatalf("pods of namespace %s not gone: %v", ns, err)
+		b.Fatalf("namespace %s not gone: %v", ns, err)
 	}
+}
+
+// settle waits until the cluster's processes use no more CPU than idle (at
+// most idle cores over a second, twice in a row), so that a run does not
+// pay for the work the previous one left behind; a minute at most.
+func settle(b *testing.B, idle float64) {
+	b.Helper()
+	var busy float64
+	quiet := 0
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && quiet < 2; {
+		busy = clusterCores(b, time.Second)
+		if busy <= idle {
+			quiet++
+		} else {
+			quiet = 0
+		}
+	}
+	if quiet < 2 {
+		b.Logf("the cluster did not settle: %.2f cores busy, %.2f expected when idle", busy, idle)
+	}
+}
+
+// clusterCores is how many cores the cluster's processes used over d.
+func clusterCores(b *testing.B, d time.Duration) float64 {
+	b.Helper()
+	total := func() time.Duration {
+		cpu, err := cluster.CPUTimes()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var sum time.Duration
+		for _, t := range cpu {
+			sum += t
+		}
+		return sum
+	}
+	t0, start := total(), time.Now()
+	time.Sleep(d)
+	return float64(total()-t0) / float64(time.Since(start))
 }

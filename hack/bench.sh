@@ -36,7 +36,11 @@ pkgs=$(grep -rl --include='*_test.go' -E "^func Benchmark${name%%/*}" . | xargs 
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
 # shellcheck disable=SC2086
-go test -run='^$' -bench="$pattern" -benchmem -count=1 $pkgs | tee "$raw" | grep -E '^(FAIL|panic|---)' >&2 || true
+# Failures, and what benchmarks log (a breakdown, why a run was refused), go to
+# stderr: the lines that start with FAIL, panic or ---, and the indented lines
+# that follow them.
+go test -run='^$' -bench="$pattern" -benchmem -count=1 -timeout=60m $pkgs | tee "$raw" |
+  awk '/^(FAIL|panic|---)/ { p = 1; print; next } /^[ \t]/ { if (p) print; next } { p = 0 }' >&2 || true
 grep -q '^FAIL' "$raw" && exit 1
 
 awk '

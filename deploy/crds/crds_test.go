@@ -455,10 +455,6 @@ func TestResourceClassValidation(t *testing.T) {
 status:
   allocatable: "` + allocatable + `"
   requested: "1"
-  nodes:
-  - name: node-a
-    allocatable: 2
-    requested: 1
 `
 	}
 	one := func(op, values string) string {

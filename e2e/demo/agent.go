@@ -210,18 +210,8 @@ func classStatus(ctx context.Context, p *printer, c *framework.Cluster, class st
 		return fmt.Errorf("ResourceClass %s status never showed %d requested: %w", class, requested, err)
 	}
 	p.line("  The scheduler keeps the class's status (kubectl get resourceclass %s):", class)
-	p.line("    allocatable %s, requested %s, available %s; on %s: %d of %d requested", got.Status.Allocatable.String(), got.Status.Requested.String(), got.Status.Available.String(),
-		agentNode, nodeStatus(got, agentNode).Requested, nodeStatus(got, agentNode).Allocatable)
+	p.line("    allocatable %s, requested %s, available %s", got.Status.Allocatable.String(), got.Status.Requested.String(), got.Status.Available.String())
 	return nil
-}
-
-func nodeStatus(rc *v1alpha1.ResourceClass, node string) v1alpha1.ResourceClassNodeStatus {
-	for _, n := range rc.Status.Nodes {
-		if n.Name == node {
-			return n
-		}
-	}
-	return v1alpha1.ResourceClassNodeStatus{Name: node}
 }
 
 // short shortens a GPU UUID for the narrative.

@@ -101,12 +101,17 @@ func (c *Cluster) AddSimulatedNodes(ctx context.Context, opts SimulatedNodes) ([
 	c.progress("created %d simulated nodes; waiting for kwok to make them Ready", opts.Count)
 	// Each poll lists every simulated node: poll big batches less often, so the
 	// wait does not compete with kwok and the apiserver for the CPU.
-	interval := min(200*time.Millisecond+time.Duration(opts.Count)*time.Millisecond, 2*time.Second)
-	err = wait.PollUntilContextTimeout(ctx, interval, 300*time.Second, true, func(ctx context.Context) (bool, error) {
+	interval := min(200*time.Millisecond+time.Duration(opts.Count)*time.Millisecond, 5*time.Second)
+	// kwok initializes the nodes one by one, through an apiserver it shares the
+	// machine with: a large batch takes longer (5000 nodes: minutes on 2 cores).
+	timeout := max(300*time.Second, time.Duration(opts.Count)*150*time.Millisecond)
+	err = wait.PollUntilContextTimeout(ctx, interval, timeout, true, func(ctx context.Context) (bool, error) {
 		if err := c.alive("kwok"); err != nil {
 			return false, err
 		}
-		list, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: SimulatedNodeLabel + "=true"})
+		// From the apiserver's watch cache (ResourceVersion "0"), not a quorum
+		// read of every node from etcd.
+		list, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: SimulatedNodeLabel + "=true", ResourceVersion: "0"})
 		if err != nil {
 			return false, nil
 		}

@@ -5,6 +5,8 @@ import (
 	"slices"
 
 	"github.com/spf13/cobra"
+
+	"github.com/resclass/resclass/pkg/scheduler/resourceclasses"
 )
 
 // ClassCapacity is one class's devices, cluster-wide and per node, as the
@@ -74,13 +76,18 @@ selected by two classes counts in both.`,
 }
 
 func capacity(w *world, perNode bool) []ClassCapacity {
-	status := w.snapshot().Status()
+	snap := w.snapshot()
+	status := snap.Status()
+	var nodes map[string][]resourceclasses.NodeStatus
+	if perNode {
+		nodes = snap.NodeStatus()
+	}
 	out := []ClassCapacity{}
 	for _, class := range slices.Sorted(maps.Keys(status)) {
 		s := status[class]
 		c := ClassCapacity{Class: class, Allocatable: s.Allocatable.Value(), Held: s.Requested.Value(), Free: s.Available.Value()}
 		if perNode {
-			for _, n := range s.Nodes {
+			for _, n := range nodes[class] {
 				c.Nodes = append(c.Nodes, NodeCapacity{Node: n.Name, Allocatable: n.Allocatable, Held: n.Requested, Free: n.Allocatable - n.Requested})
 			}
 		}

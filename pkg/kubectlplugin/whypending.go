@@ -153,13 +153,13 @@ func (p *Pending) decide(ctx context.Context, c *clients, w *world, pod *corev1.
 	default:
 		return fmt.Errorf("listing nodes: %w", err)
 	}
-	status := snap.Status()
+	status := snap.NodeStatus()
 	for _, f := range fits {
 		pn := PendingNode{Node: f.Node, Fits: f.Fits, Reason: f.Reason, Unresolvable: f.Unresolvable, Excluded: !p.NodesUnread && !allowed[f.Node]}
 		var free []string
 		for _, class := range slices.Sorted(maps.Keys(draws)) {
 			var alloc, req int64
-			for _, n := range status[class].Nodes {
+			for _, n := range status[class] {
 				if n.Name == f.Node {
 					alloc, req = n.Allocatable, n.Requested
 				}

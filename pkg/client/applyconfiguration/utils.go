@@ -28,8 +28,6 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &resclassv1alpha1.NodeDevicesStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ResourceClass"):
 		return &resclassv1alpha1.ResourceClassApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("ResourceClassNodeStatus"):
-		return &resclassv1alpha1.ResourceClassNodeStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ResourceClassSpec"):
 		return &resclassv1alpha1.ResourceClassSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ResourceClassStatus"):

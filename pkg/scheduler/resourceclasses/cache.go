@@ -689,6 +689,13 @@ func (c *cache) missingClass(classes []string) (string, bool) {
 func (c *cache) fits(name string, v *nodeView, d *demand) (why unfit, ok bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
+	// PreFilter leaves such nodes out only when that narrows the nodes a lot
+	// (Plugin.PreFilter): no change of devices in use makes them fit.
+	// A node without NodeDevices is another matter: its agent may not have
+	// published yet (place says so).
+	if missing := c.classesWithoutLocked(name, d.classes); c.nodes[name] != nil && len(missing) > 0 {
+		return unfit{unresolvable: true, reason: noDeviceOfClass(missing)}, false
+	}
 	n := c.viewLocked(name, c.nodes[name], v)
 	if fits, _, _, handled := n.quick(d); handled {
 		if !fits {
@@ -705,6 +712,11 @@ func (c *cache) fits(name string, v *nodeView, d *demand) (why unfit, ok bool) {
 	return unfit{}, true
 }
 
+// noDeviceOfClass is why a node where classes select no device does not fit.
+func noDeviceOfClass(classes []string) string {
+	return "no device of class " + strings.Join(classes, ", ") + " on the node"
+}
+
 // nodeNames are the nodes that publish devices, sorted.
 func (c *cache) nodeNames() []string {
 	c.mu.RLock()
@@ -716,6 +728,10 @@ func (c *cache) nodeNames() []string {
 func (c *cache) classesWithout(name string, classes []string) []string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
+	return c.classesWithoutLocked(name, classes)
+}
+
+func (c *cache) classesWithoutLocked(name string, classes []string) []string {
 	var none []string
 	for _, class := range classes {
 		if n := c.nodes[name]; n == nil || len(n.matches[class]) == 0 {
@@ -738,7 +754,16 @@ func (c *cache) holdsOn(uid types.UID, node string) bool {
 func (c *cache) classStatus() map[string]v1alpha1.ResourceClassStatus {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return c.classStatusLocked()
+	status, _ := c.classStatusLocked(false)
+	return status
+}
+
+// classNodeStatus is every class's status per node (status.go).
+func (c *cache) classNodeStatus() map[string][]NodeStatus {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	_, nodes := c.classStatusLocked(true)
+	return nodes
 }
 
 // score reports whether d fits on node name with strategy s, how much of the

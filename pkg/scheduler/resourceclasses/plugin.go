@@ -320,8 +320,13 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	if u != nil { // no node has devices of every class
 		return nil, unfitStatus(u)
 	}
-	if eligible.Len() >= len(nodes) {
-		return nil, nil // no narrowing worth reporting: Filter decides per node
+	// A PreFilterResult costs the framework a copy of the set and a lookup per
+	// name, for every pod: O(eligible nodes), 5000 map operations on a 5000-node
+	// cluster. Filter refuses a node without a class in one lookup, so
+	// narrowing pays only when it leaves out most nodes (docs/scheduler.md,
+	// "Where the time goes").
+	if eligible.Len()*2 > len(nodes) {
+		return nil, nil
 	}
 	return &fwk.PreFilterResult{NodeNames: eligible}, nil
 }

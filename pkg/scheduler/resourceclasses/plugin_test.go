@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -641,6 +642,27 @@ func TestFilterSkipsUnusableDevices(t *testing.T) {
 	h2 := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", migEnabled(gpu("g-mig", 0, "80Gi")))}, allClasses)
 	_, st = h2.fits(gpuPod("mig", "gpu-big", 1), "n1")
 	wantCode(t, st, fwk.Unschedulable, "Insufficient free devices of class gpu-big")
+}
+
+// TestFilterRefusesNodeWithoutTheClass: when most nodes have devices of every
+// class, PreFilter does not narrow (the framework's copy of a large set would
+// cost more per pod than it saves), and Filter refuses the others as
+// unresolvable, as PreFilter would have left them out.
+func TestFilterRefusesNodeWithoutTheClass(t *testing.T) {
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{
+		nodeDevices("n1", gpu("g0", 0, "80Gi"), nic("nic0", 0)),
+		nodeDevices("n2", gpu("g0", 0, "80Gi"), nic("nic0", 0)),
+		nodeDevices("n3", gpu("g0", 0, "80Gi")),
+	}, allClasses)
+	p := testPod("gpu-nic", ctr{name: "app", limits: map[corev1.ResourceName]string{cls("gpu"): "1", cls("nic"): "1"}})
+	cs, res, st := h.preFilter(p)
+	if !st.IsSuccess() || !res.AllNodes() {
+		t.Fatalf("PreFilter with 2 of 3 nodes eligible: %v, %v; want all nodes", res, st)
+	}
+	wantCode(t, h.filter(cs, p, "n3"), fwk.UnschedulableAndUnresolvable, "no device of class nic on the node")
+	if st := h.filter(cs, p, "n1"); !st.IsSuccess() {
+		t.Errorf("n1: %v, want it to fit", st)
+	}
 }
 
 func TestFilterNodeWithoutNodeDevices(t *testing.T) {
@@ -1412,7 +1434,7 @@ func TestClassStatus(t *testing.T) {
 	holdDirectly(c, "b", "n1", "gpu", "small")
 	holdDirectly(c, "c", "n1", "hp-1g", "hp") // a pool with free pages stays available
 
-	type nodeCounts = []v1alpha1.ResourceClassNodeStatus
+	type nodeCounts = []NodeStatus
 	want := map[string]struct {
 		alloc, req int64
 		nodes      nodeCounts
@@ -1425,7 +1447,10 @@ func TestClassStatus(t *testing.T) {
 		"hp-1g":   {2, 1, nodeCounts{{Name: "n1", Allocatable: 2, Requested: 1}}},
 		"fpga":    {0, 0, nil},
 	}
-	got := c.classStatus()
+	got, perNode := c.classStatusLocked(true)
+	if !reflect.DeepEqual(got, c.classStatus()) {
+		t.Errorf("status with the per-node breakdown %v, without %v", got, c.classStatus())
+	}
 	if len(got) != len(want) {
 		t.Errorf("status for %v, want %d classes", slices.Sorted(maps.Keys(got)), len(want))
 	}
@@ -1439,8 +1464,8 @@ func TestClassStatus(t *testing.T) {
 			t.Errorf("%s: allocatable %s requested %s available %s, want %d, %d and %d", class,
 				s.Allocatable.String(), s.Requested.String(), s.Available.String(), w.alloc, w.req, w.alloc-w.req)
 		}
-		if !slices.Equal(s.Nodes, w.nodes) {
-			t.Errorf("%s: nodes %+v, want %+v", class, s.Nodes, w.nodes)
+		if !slices.Equal(perNode[class], w.nodes) {
+			t.Errorf("%s: nodes %+v, want %+v", class, perNode[class], w.nodes)
 		}
 	}
 
@@ -1474,9 +1499,12 @@ func TestClassStatusIsWhatANewPodGets(t *testing.T) {
 	c.hold(holdingFromPod(boundPod(t, "forged-1", "n1", "elsewhere", "gpu-big", "g1")))
 	c.hold(holdingFromPod(boundPod(t, "forged-2", "n2", "elsewhere", "gpu", "h0")))
 
-	status := c.classStatus()
+	status := c.classNodeStatus()
 	for _, class := range []string{"gpu", "gpu-big"} {
-		for _, ns := range status[class].Nodes {
+		if len(status[class]) != 2 {
+			t.Errorf("%s: status on %d nodes, want 2", class, len(status[class]))
+		}
+		for _, ns := range status[class] {
 			room := int(ns.Allocatable - ns.Requested)
 			c.mu.RLock()
 			n := c.nodes[ns.Name]

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"maps"
 	"slices"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -131,6 +130,12 @@ func (s *Snapshot) Status() map[string]v1alpha1.ResourceClassStatus {
 	return s.c.classStatus()
 }
 
+// NodeStatus is what Status sums, per class and node (sorted by node name):
+// the per-node breakdown the class status does not hold.
+func (s *Snapshot) NodeStatus() map[string][]NodeStatus {
+	return s.c.classNodeStatus()
+}
+
 // NodeFit is the plugin's answer for a pod on one node.
 type NodeFit struct {
 	Node string `json:"node"`
@@ -163,7 +168,7 @@ func (s *Snapshot) Fit(pod *corev1.Pod) (draws map[string]int, fits []NodeFit, e
 		f := NodeFit{Node: name}
 		if !eligible.Has(name) {
 			f.Unresolvable = true
-			f.Reason = "no device of class " + strings.Join(c.classesWithout(name, d.classes), ", ") + " on the node (PreFilter leaves it out)"
+			f.Reason = noDeviceOfClass(c.classesWithout(name, d.classes))
 		} else if why, ok := c.fits(name, nil, d); !ok {
 			f.Reason, f.Unresolvable = why.reason, why.unresolvable
 		} else {

@@ -3,9 +3,9 @@ package resourceclasses
 import (
 	"context"
 	"fmt"
-	"maps"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -145,8 +145,18 @@ func (w *statusWriter) sync(ctx context.Context, logger klog.Logger) error {
 	return failed
 }
 
-// classStatusLocked computes every known class's status from the cache, per
-// node and cluster-wide (cache.classStatus calls it under the read lock):
+// NodeStatus is a class's supply and use on one node: what the class status
+// sums, for `kubectl resclass capacity --nodes` (Snapshot.NodeStatus).
+type NodeStatus struct {
+	Name string
+	// Allocatable is the number of healthy devices on the node that the class
+	// selects; Requested of those, the ones a new pod of the class cannot get.
+	Allocatable, Requested int64
+}
+
+// classStatusLocked computes every known class's status from the cache (and,
+// with perNode, the same per node, sorted by node name); cache.classStatus
+// calls it under the read lock:
 //   - allocatable: the devices the class selects that are healthy and may be
 //     given out (not a GPU in MIG mode); a hugepage pool counts as one;
 //   - requested: of those, the ones a new pod of the class cannot get: held by
@@ -156,16 +166,26 @@ func (w *statusWriter) sync(ctx context.Context, logger klog.Logger) error {
 //
 // So allocatable − requested is how many devices a new pod of the class can
 // get, and a device counts in every class that selects it.
-func (c *cache) classStatusLocked() map[string]v1alpha1.ResourceClassStatus {
+func (c *cache) classStatusLocked(perNode bool) (map[string]v1alpha1.ResourceClassStatus, map[string][]NodeStatus) {
 	type counts struct{ allocatable, requested int64 }
-	perNode := map[string]map[string]*counts{} // class -> node -> counts
+	totals := map[string]*counts{}
+	var nodes map[string][]NodeStatus
+	if perNode {
+		nodes = map[string][]NodeStatus{}
+	}
 	for name, n := range c.nodes {
 		for class, idx := range n.matches {
-			if perNode[class] == nil {
-				perNode[class] = map[string]*counts{}
+			t := totals[class]
+			if t == nil {
+				t = &counts{}
+				totals[class] = t
 			}
 			alloc, room := n.capacity(class, idx)
-			perNode[class][name] = &counts{allocatable: alloc, requested: alloc - room}
+			t.allocatable += alloc
+			t.requested += alloc - room
+			if perNode {
+				nodes[class] = append(nodes[class], NodeStatus{Name: name, Allocatable: alloc, Requested: alloc - room})
+			}
 		}
 	}
 	twice := 0
@@ -179,20 +199,20 @@ func (c *cache) classStatusLocked() map[string]v1alpha1.ResourceClassStatus {
 	conflicts.Set(float64(twice))
 	out := map[string]v1alpha1.ResourceClassStatus{}
 	for class := range c.classes {
-		var s v1alpha1.ResourceClassStatus
 		var alloc, req int64
-		for _, node := range slices.Sorted(maps.Keys(perNode[class])) {
-			n := perNode[class][node]
-			alloc += n.allocatable
-			req += n.requested
-			s.Nodes = append(s.Nodes, v1alpha1.ResourceClassNodeStatus{Name: node, Allocatable: n.allocatable, Requested: n.requested})
+		if t := totals[class]; t != nil {
+			alloc, req = t.allocatable, t.requested
 		}
-		s.Allocatable = *resource.NewQuantity(alloc, resource.DecimalSI)
-		s.Requested = *resource.NewQuantity(req, resource.DecimalSI)
-		s.Available = *resource.NewQuantity(alloc-req, resource.DecimalSI)
-		out[class] = s
+		out[class] = v1alpha1.ResourceClassStatus{
+			Allocatable: *resource.NewQuantity(alloc, resource.DecimalSI),
+			Requested:   *resource.NewQuantity(req, resource.DecimalSI),
+			Available:   *resource.NewQuantity(alloc-req, resource.DecimalSI),
+		}
+		if perNode {
+			slices.SortFunc(nodes[class], func(a, b NodeStatus) int { return strings.Compare(a.Name, b.Name) })
+		}
 	}
-	return out
+	return out, nodes
 }
 
 // capacity is how many of the devices idx (those class selects on n) may be

@@ -115,7 +115,11 @@ const (
 	ResourceSelectorOpLtEq ResourceSelectorOperator = "LtEq"
 )
 
-// ResourceClassStatus is the cluster-wide supply and use of a class.
+// ResourceClassStatus is the cluster-wide supply and use of a class. It holds
+// no per-node breakdown: that would make every write cost O(nodes) (a 5000-node
+// cluster's status near etcd's request limit, rewritten every second while
+// pods bind). `kubectl resclass capacity --nodes` computes it on demand with
+// the scheduler's own code.
 type ResourceClassStatus struct {
 	// Allocatable is the number of healthy devices in the cluster that the class selects.
 	// +optional
@@ -134,30 +138,11 @@ type ResourceClassStatus struct {
 	// +optional
 	Available resource.Quantity `json:"available,omitempty"`
 
-	// Nodes breaks Allocatable and Requested down by node; only nodes with at least
-	// one selected device are listed.
-	// +optional
-	// +listType=map
-	// +listMapKey=name
-	Nodes []ResourceClassNodeStatus `json:"nodes,omitempty"`
-
 	// Conditions of the class, e.g. whether any device matches at all.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
-}
-
-// ResourceClassNodeStatus is a class's supply and use on one node.
-type ResourceClassNodeStatus struct {
-	// Name of the node.
-	// +required
-	Name string `json:"name"`
-	// Allocatable is the number of healthy devices on the node that the class selects.
-	Allocatable int64 `json:"allocatable"`
-	// Requested is the number of those devices that a new pod of the class
-	// cannot get (see ResourceClassStatus.Requested).
-	Requested int64 `json:"requested"`
 }
 
 // ResourceClassList is a list of ResourceClasses.

@@ -10,7 +10,11 @@ import (
 // ResourceClassStatusApplyConfiguration represents a declarative configuration of the ResourceClassStatus type for use
 // with apply.
 //
-// ResourceClassStatus is the cluster-wide supply and use of a class.
+// ResourceClassStatus is the cluster-wide supply and use of a class. It holds
+// no per-node breakdown: that would make every write cost O(nodes) (a 5000-node
+// cluster's status near etcd's request limit, rewritten every second while
+// pods bind). `kubectl resclass capacity --nodes` computes it on demand with
+// the scheduler's own code.
 type ResourceClassStatusApplyConfiguration struct {
 	// Allocatable is the number of healthy devices in the cluster that the class selects.
 	Allocatable *resource.Quantity `json:"allocatable,omitempty"`
@@ -23,9 +27,6 @@ type ResourceClassStatusApplyConfiguration struct {
 	// Available is Allocatable minus Requested: how many devices a new pod of
 	// the class can still get in the cluster.
 	Available *resource.Quantity `json:"available,omitempty"`
-	// Nodes breaks Allocatable and Requested down by node; only nodes with at least
-	// one selected device are listed.
-	Nodes []ResourceClassNodeStatusApplyConfiguration `json:"nodes,omitempty"`
 	// Conditions of the class, e.g. whether any device matches at all.
 	Conditions []v1.ConditionApplyConfiguration `json:"conditions,omitempty"`
 }
@@ -57,19 +58,6 @@ func (b *ResourceClassStatusApplyConfiguration) WithRequested(value resource.Qua
 // If called multiple times, the Available field is set to the value of the last call.
 func (b *ResourceClassStatusApplyConfiguration) WithAvailable(value resource.Quantity) *ResourceClassStatusApplyConfiguration {
 	b.Available = &value
-	return b
-}
-
-// WithNodes adds the given value to the Nodes field in the declarative configuration
-// and returns the receiver, so that objects can be build by chaining "With" function invocations.
-// If called multiple times, values provided by each call will be appended to the Nodes field.
-func (b *ResourceClassStatusApplyConfiguration) WithNodes(values ...*ResourceClassNodeStatusApplyConfiguration) *ResourceClassStatusApplyConfiguration {
-	for i := range values {
-		if values[i] == nil {
-			panic("nil value passed to WithNodes")
-		}
-		b.Nodes = append(b.Nodes, *values[i])
-	}
 	return b
 }
 

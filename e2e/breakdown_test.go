@@ -1,0 +1,205 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/resclass/resclass/e2e/framework"
+	"github.com/resclass/resclass/pkg/scheduler/resourceclasses"
+)
+
+// breakdown is where a scheduling benchmark's run went (docs/scheduler.md,
+// "Where the time goes"): the CPU each process of the embedded cluster and
+// the benchmark itself used, the machine's CPU (to tell other work apart),
+// and the scheduler's, kube-apiserver's and etcd's own metrics. Two of them,
+// before and after a run, give the run's figures per bound pod.
+type breakdown struct {
+	at      time.Time
+	cpu     map[string]time.Duration
+	self    time.Duration
+	machine time.Duration
+	sched   framework.Samples
+	api     framework.Samples
+	etcd    framework.Samples
+}
+
+// takeBreakdown reads the figures; before says the run is about to start.
+// Reading kube-apiserver's metrics costs it (and the benchmark) CPU, so the
+// CPU times are read after the metrics before a run and before them after
+// it: the reads stay outside the window they measure.
+func takeBreakdown(b testing.TB, ctx context.Context, before bool) *breakdown {
+	b.Helper()
+	s := &breakdown{}
+	if before {
+		s.readMetrics(b, ctx)
+		s.readCPU(b)
+	} else {
+		s.readCPU(b)
+		s.readMetrics(b, ctx)
+	}
+	return s
+}
+
+func (s *breakdown) readCPU(b testing.TB) {
+	b.Helper()
+	var err error
+	s.at = time.Now()
+	if s.cpu, err = cluster.CPUTimes(); err != nil {
+		b.Fatal(err)
+	}
+	if s.self, err = framework.ProcessCPU(os.Getpid()); err != nil {
+		b.Fatal(err)
+	}
+	if s.machine, err = framework.MachineCPU(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func (s *breakdown) readMetrics(b testing.TB, ctx context.Context) {
+	b.Helper()
+	var err error
+	for component, dst := range map[string]*framework.Samples{"scheduler": &s.sched, "kube-apiserver": &s.api, "etcd": &s.etcd} {
+		if *dst, err = cluster.Metrics(ctx, component); err != nil {
+			b.Fatalf("%s metrics: %v", component, err)
+		}
+	}
+}
+
+// cpuGroups are the processes a breakdown reports, by the metric's prefix.
+var cpuGroups = []struct{ metric, process string }{
+	{"scheduler", "scheduler"},
+	{"apiserver", "kube-apiserver"},
+	{"etcd", "etcd"},
+	{"kwok", "kwok"},
+	{"kcm", "kube-controller-manager"},
+}
+
+// extensionPoints are the plugin's, as the scheduler's metrics name them.
+var extensionPoints = []string{"PreFilter", "Filter", "PreScore", "Score", "Reserve", "PreBind", "Bind"}
+
+// runFigures is a breakdown's difference over one run of pods bound pods.
+type runFigures struct {
+	wall    time.Duration
+	pods    float64
+	cpuMS   map[string]float64 // per pod, by cpuGroups' metric, plus "client", "other-cluster" and "total"
+	outside float64            // cores used by processes outside the cluster and the benchmark
+	plugin  map[string]float64 // µs per scheduling cycle, by extension point
+	fw      map[string]float64 // µs per pod, by extension point, all plugins
+	writes  map[string]float64 // mutating requests per pod, by resource (and subresource)
+	inBytes map[string]float64 // request body bytes per pod, by resource
+	watchB  map[string]float64 // watch event bytes sent per pod, by resource
+	walB    float64            // etcd WAL bytes per pod
+}
+
+func (before *breakdown) figures(b testing.TB, after *breakdown, pods int) runFigures {
+	n := float64(pods)
+	f := runFigures{wall: after.at.Sub(before.at), pods: n, cpuMS: map[string]float64{}, plugin: map[string]float64{}, fw: map[string]float64{},
+		writes: map[string]float64{}, inBytes: map[string]float64{}, watchB: map[string]float64{}}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / n }
+	var cluster time.Duration
+	grouped := map[string]bool{}
+	for _, g := range cpuGroups {
+		f.cpuMS[g.metric] = ms(after.cpu[g.process] - before.cpu[g.process])
+		grouped[g.process] = true
+	}
+	for name, d := range after.cpu {
+		cluster += d - before.cpu[name]
+		if !grouped[name] {
+			f.cpuMS["other-cluster"] += ms(d - before.cpu[name])
+		}
+	}
+	self := after.self - before.self
+	f.cpuMS["client"] = ms(self)
+	f.cpuMS["total"] = ms(cluster + self)
+	f.outside = float64(after.machine-before.machine-cluster-self) / float64(f.wall)
+
+	delta := func(s0, s1 framework.Samples, name string, match ...string) float64 {
+		return s1.Sum(name, match...) - s0.Sum(name, match...)
+	}
+	// Plugin durations are sampled (kube-scheduler records them for 10% of
+	// cycles): per cycle is their sum over the sampled cycles' count, which
+	// PreFilter's count is (it runs once in every cycle).
+	const pluginMetric = "scheduler_plugin_execution_duration_seconds"
+	plugin := "plugin=" + resourceclasses.Name
+	cycles := delta(before.sched, after.sched, pluginMetric+"_count", plugin, "extension_point=PreFilter")
+	for _, ep := range extensionPoints {
+		if cycles > 0 {
+			f.plugin[ep] = delta(before.sched, after.sched, pluginMetric+"_sum", plugin, "extension_point="+ep) / cycles * 1e6
+		}
+		f.fw[ep] = delta(before.sched, after.sched, "scheduler_framework_extension_point_duration_seconds_sum", "extension_point="+ep) / n * 1e6
+	}
+	byDelta := func(s0, s1 framework.Samples, name, key string, match ...string) map[string]float64 {
+		out := map[string]float64{}
+		m0 := s0.By(name, key, match...)
+		for k, v := range s1.By(name, key, match...) {
+			if d := (v - m0[k]) / n; d > 0 {
+				out[k] = d
+			}
+		}
+		return out
+	}
+	for _, verb := range []string{"POST", "PUT", "PATCH", "DELETE"} {
+		for res, v := range byDelta(before.api, after.api, "apiserver_request_total", "resource", "verb="+verb) {
+			f.writes[res] += v
+		}
+	}
+	f.inBytes = byDelta(before.api, after.api, "apiserver_request_body_size_bytes_sum", "resource")
+	f.watchB = byDelta(before.api, after.api, "apiserver_watch_events_sizes_sum", "resource")
+	f.walB = delta(before.etcd, after.etcd, "etcd_disk_wal_write_bytes_total") / n
+	return f
+}
+
+// report puts the figures into the benchmark's output: the headline ones as
+// metrics (hack/bench.sh prints them, and their ratio to the baseline's), the
+// rest in the log.
+func (f runFigures) report(b *testing.B) {
+	for _, g := range append(cpuGroups, struct{ metric, process string }{"client", ""}, struct{ metric, process string }{"total", ""}) {
+		b.ReportMetric(f.cpuMS[g.metric], g.metric+"-cpu-ms/pod")
+	}
+	for _, ep := range extensionPoints {
+		if v := f.plugin[ep]; v > 0 {
+			b.ReportMetric(v, "plugin-"+strings.ToLower(ep)+"-us/pod")
+		}
+	}
+	b.ReportMetric(sum(f.writes), "writes/pod")
+	b.ReportMetric(sum(f.inBytes), "request-B/pod")
+	b.ReportMetric(sum(f.watchB), "watch-B/pod")
+	b.ReportMetric(f.walB, "etcd-wal-B/pod")
+	b.Logf("CPU ms per pod: %s; other work on the machine: %.2f cores over %v (%.1f pods/s)", fmtMap(f.cpuMS, "%.2f"), f.outside, f.wall.Round(time.Millisecond), f.pods/f.wall.Seconds())
+	b.Logf("ResourceClasses µs per cycle (sampled): %s", fmtMap(f.plugin, "%.1f"))
+	b.Logf("all plugins µs per pod: %s", fmtMap(f.fw, "%.1f"))
+	b.Logf("writes per pod: %s", fmtMap(f.writes, "%.3f"))
+	b.Logf("request bytes per pod: %s", fmtMap(f.inBytes, "%.0f"))
+	b.Logf("watch bytes sent per pod: %s", fmtMap(f.watchB, "%.0f"))
+	b.Logf("etcd WAL bytes per pod: %.0f", f.walB)
+}
+
+func sum(m map[string]float64) float64 {
+	var s float64
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+// fmtMap prints m's ten largest entries that are not zero, largest first
+// (the per-resource maps hold a line for every kind the apiserver serves).
+func fmtMap(m map[string]float64, format string) string {
+	keys := slices.Collect(maps.Keys(m))
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
+	parts := make([]string, 0, len(keys))
+	for i, k := range keys {
+		if i == 10 || m[k] <= 0 {
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s="+format, k, m[k]))
+	}
+	return strings.Join(parts, " ")
+}
