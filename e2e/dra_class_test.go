@@ -10,7 +10,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -207,44 +206,52 @@ func TestDeviceClassRefusals(t *testing.T) {
 }
 
 // TestDeviceClassWriters: of resclass's identities only the scheduler may
-// write DeviceClasses; the node agent and the webhook may not (impersonated,
-// on the real apiserver's RBAC).
+// write DeviceClasses, and only those of ResourceClasses (RBAC, and the
+// admission policy resclass-scheduler-deviceclass-writes); the node agent and
+// the webhook may not (impersonated, on the real apiserver).
 func TestDeviceClassWriters(t *testing.T) {
 	diagnoseOnFailure(t, cluster)
 	ctx := context.Background()
-	dc := &resourceapi.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: "dra.writers"},
-		Spec:       resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: "true"}}}},
+	selectors := []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: "true"}}}
+	owned := &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "dra.writers", OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: "resclass.io/v1alpha1", Kind: "ResourceClass", Name: "dra.writers", UID: "0f1e2d3c-0000-4000-8000-000000000001", Controller: ptrTo(true),
+		}}},
+		Spec: resourceapi.DeviceClassSpec{Selectors: selectors},
 	}
-	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	unowned := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "dra.writers"}, Spec: resourceapi.DeviceClassSpec{Selectors: selectors}}
+	// Another driver's DeviceClass, which nobody of resclass may delete.
+	foreign := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "dra.foreign"}, Spec: resourceapi.DeviceClassSpec{Selectors: selectors}}
+	if _, err := cluster.Client.ResourceV1().DeviceClasses().Create(ctx, foreign, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.Client.ResourceV1().DeviceClasses().Delete(context.Background(), foreign.Name, metav1.DeleteOptions{})
+	})
+	dryRun := []string{metav1.DryRunAll}
 	for _, tc := range []struct {
-		user  string
-		allow bool
+		user                  string
+		createOwned, anything bool
 	}{
-		{"system:serviceaccount:resclass-system:resclass-scheduler", true},
-		{"system:serviceaccount:resclass-system:resclass-webhook", false},
-		{"system:serviceaccount:resclass-node:resclass-node-agent", false},
+		{"system:serviceaccount:resclass-system:resclass-scheduler", true, false},
+		{"system:serviceaccount:resclass-system:resclass-webhook", false, false},
+		{"system:serviceaccount:resclass-node:resclass-node-agent", false, false},
 	} {
 		c, err := kubernetes.NewForConfig(impersonating(tc.user, "system:serviceaccounts", "system:authenticated"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = c.ResourceV1().DeviceClasses().Create(ctx, dc, dryRun)
-		if tc.allow != (err == nil) {
-			t.Errorf("%s creating a DeviceClass: %v (want allowed=%v)", tc.user, err, tc.allow)
+		_, err = c.ResourceV1().DeviceClasses().Create(ctx, owned, metav1.CreateOptions{DryRun: dryRun})
+		if tc.createOwned != (err == nil) || (err != nil && !apierrors.IsForbidden(err)) {
+			t.Errorf("%s creating a ResourceClass's DeviceClass: %v (want allowed=%v, else Forbidden)", tc.user, err, tc.createOwned)
 		}
-		if !tc.allow && !apierrors.IsForbidden(err) {
-			t.Errorf("%s: want Forbidden, got %v", tc.user, err)
+		_, err = c.ResourceV1().DeviceClasses().Create(ctx, unowned, metav1.CreateOptions{DryRun: dryRun})
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s creating a DeviceClass no ResourceClass controls: want Forbidden, got %v", tc.user, err)
 		}
-		err = c.ResourceV1().DeviceClasses().Delete(ctx, "dra.writers", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll},
-			Preconditions: &metav1.Preconditions{UID: ptrUID("none")}})
-		if !tc.allow && !apierrors.IsForbidden(err) {
-			t.Errorf("%s deleting a DeviceClass: want Forbidden, got %v", tc.user, err)
+		err = c.ResourceV1().DeviceClasses().Delete(ctx, foreign.Name, metav1.DeleteOptions{DryRun: dryRun})
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s deleting another driver's DeviceClass: want Forbidden, got %v", tc.user, err)
 		}
 	}
-}
-
-func ptrUID(s string) *types.UID {
-	u := types.UID(s)
-	return &u
 }
