@@ -33,7 +33,8 @@ func celMatches(t testing.TB, expr string, d resourceapi.Device, driver string) 
 	t.Helper()
 	p, ok := programs.Load(expr)
 	if !ok {
-		r := dracel.GetCompiler(Features).CompileCELExpression(expr, dracel.Options{})
+		// Selector has estimated the cost already.
+		r := dracel.GetCompiler(Features).CompileCELExpression(expr, dracel.Options{DisableCostEstimation: true})
 		if r.Error != nil {
 			t.Fatalf("%s: %v", expr, r.Error)
 		}
@@ -270,7 +271,7 @@ func TestOperatorCorpusEquivalent(t *testing.T) {
 				values = nil
 				for i, v := range corpusValues {
 					values = append(values, []string{v})
-					if (op == "In" || op == "NotIn") && i%3 == 0 {
+					if (op == "In" || op == "NotIn") && i%4 == 0 {
 						values = append(values, []string{v, corpusValues[(i+7)%len(corpusValues)]})
 					}
 				}
@@ -278,7 +279,7 @@ func TestOperatorCorpusEquivalent(t *testing.T) {
 			for i, vs := range values {
 				r := req(key, op, vs...)
 				specs := []*v1alpha1.ResourceClassSpec{specOf([]v1alpha1.ResourceSelectorRequirement{r})}
-				if i%5 == 0 {
+				if i%8 == 0 {
 					specs = append(specs, specOf([]v1alpha1.ResourceSelectorRequirement{req("kind", "In", "custom", "nvidia-gpu"), r}, []v1alpha1.ResourceSelectorRequirement{req("kind", "Eq", "nic")}))
 				}
 				for _, spec := range specs {
