@@ -1,0 +1,290 @@
+// Package dra is resclass on Dynamic Resource Allocation (resource.k8s.io/v1):
+// how a resclass device becomes a DRA device (this file, the contract between
+// the node agent, which publishes ResourceSlices, and the DeviceClass
+// translation, which selects what it publishes) and how a ResourceClass's
+// selector becomes a DeviceClass's CEL selector (class.go).
+//
+// The mapping is type-faithful or it refuses: every comparison a ResourceClass
+// makes on a resclass device, the translated CEL makes on the mapped DRA device
+// with the same result (the equivalence test and FuzzSelectorCELEquivalence
+// judge it). A device that cannot be mapped that way is refused as a whole with
+// a message, never published with an attribute dropped or retyped: dropping
+// one would turn NotIn and DoesNotExist from false to true. docs/dra.md
+// ("Devices") has the table.
+package dra
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/attrvalue"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/selector"
+)
+
+const (
+	// DriverName is the one DRA driver name of every resclass device, whatever
+	// its kind; the kind is the attribute AttributeKind. It is also the domain
+	// of every attribute and capacity the mapping writes, except the two below.
+	DriverName = "resclass.io"
+
+	// BandwidthDomain is the capacity domain of a bandwidth attribute that no
+	// device kind declares. DRA capacities carry no unit, and a class value
+	// reads differently as a quantity and as a bandwidth ("30m" is 0.03 or
+	// 30*10^6), so a capacity of an undeclared name must say which it is.
+	// Declared bandwidths (speed) are in DriverName's domain: their type is
+	// known from the name.
+	BandwidthDomain = "bandwidth.resclass.io"
+
+	// StandardDomain is Kubernetes' domain of standard device attributes.
+	StandardDomain = "resource.kubernetes.io"
+
+	// AttributeKind and AttributeID are string attributes (in DriverName's
+	// domain) carrying the device's kind and its resclass id: the DRA device
+	// name is a DNS label derived from the id (DeviceName), not the id.
+	AttributeKind = "kind"
+	AttributeID   = "id"
+
+	// TaintUnhealthy is the key of the NoSchedule taint an unhealthy device
+	// carries (DRADeviceTaints, beta and on by default in Kubernetes 1.36):
+	// the allocator gives it to no new claim, and claims already allocated keep
+	// it, as the device-plugin path does.
+	TaintUnhealthy = "resclass.io/unhealthy"
+)
+
+// pcieRoot is published under Kubernetes' standard name,
+// resource.kubernetes.io/pcieRoot, whose value has resclass's format
+// ("pci0000:00"), so that DRA's matchAttribute constraints and other drivers'
+// devices line up with it.
+var standardNames = map[string]string{
+	v1alpha1.AttributePCIeRoot: StandardDomain,
+}
+
+// ErrRefused is wrapped by every error of Device: the device cannot be
+// published through DRA with the same meaning, and is left out.
+var ErrRefused = errors.New("cannot be published through DRA")
+
+// Where reports the DRA domain, the identifier and whether it is a capacity,
+// for resclass attribute key of type t as the mapping writes it. kind and id
+// are attributes in DriverName's domain.
+func Where(key string, t v1alpha1.AttributeType) (domain, id string, capacity bool) {
+	switch t {
+	case v1alpha1.AttributeTypeQuantity:
+		return DriverName, key, true
+	case v1alpha1.AttributeTypeBandwidth:
+		if kinds.Builtin.AttributeType(key) == v1alpha1.AttributeTypeBandwidth {
+			return DriverName, key, true
+		}
+		return BandwidthDomain, key, true
+	}
+	if d, ok := standardNames[key]; ok {
+		return d, key, false
+	}
+	return DriverName, key, false
+}
+
+func qualified(domain, id string) resourceapi.QualifiedName {
+	if domain == DriverName {
+		// Names without a domain are in the driver's: the shorter form is what
+		// kubectl shows and what a hand-written CEL expression reads the same.
+		return resourceapi.QualifiedName(id)
+	}
+	return resourceapi.QualifiedName(domain + "/" + id)
+}
+
+// DeviceName is the DRA device name of the resclass device id: a DNS label,
+// unique in the node's pool and stable across restarts. An id that already is
+// one is kept; any other is lower-cased, each run of other characters becomes
+// "-", and 8 hex digits of the id's SHA-256 are appended (so "A" and "a", or
+// "0000:3b:00.0" and "0000-3b-00-0", stay apart): GPU-6513270e-... becomes
+// gpu-6513270e-...-<hash>, 0000:3b:00.0 becomes 0000-3b-00-0-<hash>.
+func DeviceName(id string) string {
+	if len(validation.IsDNS1123Label(id)) == 0 {
+		return id
+	}
+	var b strings.Builder
+	dash := false
+	for _, r := range strings.ToLower(id) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+			dash = false
+			continue
+		}
+		if !dash && b.Len() > 0 {
+			b.WriteByte('-')
+			dash = true
+		}
+	}
+	sum := sha256.Sum256([]byte(id))
+	suffix := hex.EncodeToString(sum[:4])
+	base := strings.TrimRight(b.String(), "-")
+	if limit := validation.DNS1123LabelMaxLength - len(suffix) - 1; len(base) > limit {
+		base = strings.TrimRight(base[:limit], "-")
+	}
+	if base == "" {
+		return "d-" + suffix // a label must start with a letter or digit
+	}
+	return base + "-" + suffix
+}
+
+// Semver writes v as the semantic version that orders and compares as v does
+// (missing parts are zero, so 8.0 is 8.0.0; leading zeros go: 535.104.05 is
+// 535.104.5). ok is false when v has a non-zero part after the third: a
+// semantic version has three numbers, and folding the rest into a pre-release
+// or build suffix would change the order.
+func Semver(v attrvalue.Version) (s string, ok bool) {
+	parts := strings.Split(v.String(), ".")
+	for len(parts) > 3 && parts[len(parts)-1] == "0" {
+		parts = parts[:len(parts)-1]
+	}
+	if len(parts) > 3 {
+		return "", false
+	}
+	for len(parts) < 3 {
+		parts = append(parts, "0")
+	}
+	return strings.Join(parts, "."), true
+}
+
+// Device maps one resclass device to a DRA device, or refuses it with an error
+// wrapping ErrRefused. It refuses a device when:
+//   - any attribute cannot be decoded or has another type than its kind
+//     declares (selector.Device.Problems: the resclass scheduler gives such a
+//     device to nobody either);
+//   - its id is longer than a DRA string (64 characters);
+//   - an attribute is named kind or id (those names carry the device's own
+//     kind and id), or its name is not a C identifier of at most 32
+//     characters;
+//   - a string is longer than 64 characters;
+//   - a version has a non-zero part after the third (see Semver);
+//   - with kind and id, it has more than 32 attributes and capacities.
+//
+// An unhealthy device carries the TaintUnhealthy NoSchedule taint.
+func Device(d *v1alpha1.Device) (resourceapi.Device, error) {
+	refuse := func(format string, args ...any) (resourceapi.Device, error) {
+		return resourceapi.Device{}, fmt.Errorf("device %q (%s) %w: %s", d.ID, d.Kind, ErrRefused, fmt.Sprintf(format, args...))
+	}
+	if problems := selector.NewDevice(d).Problems(); len(problems) > 0 {
+		return refuse("%v", problems[0])
+	}
+	if d.ID == "" || d.Kind == "" {
+		return refuse("it has no id or no kind")
+	}
+	if len(d.ID) > resourceapi.DeviceAttributeMaxValueLength {
+		return refuse("its id is longer than DRA's %d characters", resourceapi.DeviceAttributeMaxValueLength)
+	}
+	if len(d.Kind) > resourceapi.DeviceAttributeMaxValueLength {
+		return refuse("its kind is longer than DRA's %d characters", resourceapi.DeviceAttributeMaxValueLength)
+	}
+	if n := len(d.Attributes) + 2; n > resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice {
+		return refuse("with kind and id it has %d attributes; DRA allows %d", n, resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice)
+	}
+	kind, id := d.Kind, d.ID
+	out := resourceapi.Device{
+		Name: DeviceName(d.ID),
+		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			AttributeKind: {StringValue: &kind},
+			AttributeID:   {StringValue: &id},
+		},
+	}
+	// Sorted, so that the first refusal reported does not depend on map order.
+	names := make([]string, 0, len(d.Attributes))
+	for name := range d.Attributes {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		a := d.Attributes[name]
+		switch {
+		case name == AttributeKind || name == AttributeID:
+			return refuse("attribute %q: the name is the device's own %s in DRA", name, name)
+		case len(name) > resourceapi.DeviceMaxIDLength:
+			return refuse("attribute %q: DRA names are at most %d characters", name, resourceapi.DeviceMaxIDLength)
+		case len(validation.IsCIdentifier(name)) > 0:
+			return refuse("attribute %q: DRA names are C identifiers (letters, digits, _)", name)
+		}
+		domain, ident, isCapacity := Where(name, a.Type())
+		qn := qualified(domain, ident)
+		if isCapacity {
+			var q resource.Quantity
+			if a.QuantityValue != nil {
+				q = a.QuantityValue.DeepCopy()
+			} else {
+				// Problems above decoded it already.
+				q, _ = attrvalue.ParseBandwidth(*a.BandwidthValue)
+			}
+			if out.Capacity == nil {
+				out.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}
+			}
+			out.Capacity[qn] = resourceapi.DeviceCapacity{Value: q}
+			continue
+		}
+		var v resourceapi.DeviceAttribute
+		switch a.Type() {
+		case v1alpha1.AttributeTypeString:
+			if len(*a.StringValue) > resourceapi.DeviceAttributeMaxValueLength {
+				return refuse("attribute %q: the string is longer than DRA's %d characters", name, resourceapi.DeviceAttributeMaxValueLength)
+			}
+			s := *a.StringValue
+			v.StringValue = &s
+		case v1alpha1.AttributeTypeInt:
+			i := *a.IntValue
+			v.IntValue = &i
+		case v1alpha1.AttributeTypeBool:
+			b := *a.BoolValue
+			v.BoolValue = &b
+		case v1alpha1.AttributeTypeVersion:
+			parsed, _ := attrvalue.ParseVersion(*a.VersionValue) // Problems above decoded it
+			s, ok := Semver(parsed)
+			if !ok {
+				return refuse("attribute %q: version %s has more than three parts, which a DRA (semantic) version cannot order", name, *a.VersionValue)
+			}
+			v.VersionValue = &s
+		}
+		out.Attributes[qn] = v
+	}
+	if !d.Healthy {
+		out.Taints = []resourceapi.DeviceTaint{{Key: TaintUnhealthy, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+	}
+	return out, nil
+}
+
+// Devices maps a node's devices in order. A device Device refuses is left out
+// and its error returned in refused, as is a device whose DRA name another
+// device already has (two ids that differ only where DeviceName replaces,
+// with colliding hashes: not expected, but never published twice).
+func Devices(devices []v1alpha1.Device) (out []resourceapi.Device, refused []error) {
+	seen := make(map[string]string, len(devices))
+	for i := range devices {
+		dev, err := Device(&devices[i])
+		if err != nil {
+			refused = append(refused, err)
+			continue
+		}
+		if other, dup := seen[dev.Name]; dup {
+			refused = append(refused, fmt.Errorf("device %q (%s) %w: its DRA name %s is also device %q's", devices[i].ID, devices[i].Kind, ErrRefused, dev.Name, other))
+			continue
+		}
+		seen[dev.Name] = devices[i].ID
+		out = append(out, dev)
+	}
+	return out, refused
+}
+
+// ID returns the resclass id of a DRA device the mapping wrote.
+func ID(d *resourceapi.Device) (string, bool) {
+	a, ok := d.Attributes[AttributeID]
+	if !ok || a.StringValue == nil {
+		return "", false
+	}
+	return *a.StringValue, true
+}
