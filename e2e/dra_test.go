@@ -1,0 +1,404 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
+	specs "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/resclass/resclass/e2e/framework"
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/cdispec"
+	"github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/dra"
+	"github.com/resclass/resclass/pkg/draplugin"
+	"github.com/resclass/resclass/pkg/handoff"
+	"github.com/resclass/resclass/pkg/nodeagent"
+)
+
+const classDRA = "e2e-dra-gpu"
+
+// TestDRANode runs a node in DRA mode beside a node in device-plugin mode, both
+// real kubelets with the node agent on go-nvml's mock DGX A100: the DRA node's
+// agent publishes its GPUs as ResourceSlices (only those: no NodeDevices, no
+// device-plugin endpoint), pods asking for class.resclass.io/<class> there are
+// allocated by the scheduler binary's stock DynamicResources plugin through
+// the class's DeviceClass (extended-resource form), the kubelet calls the
+// agent's DRA plugin and the runtime records the GPUs of the allocation; on
+// the device-plugin node the same class is served by the resclass plugin. No
+// GPU is given twice; the agent's checkpoint survives its restart; unprepare
+// follows pod deletion; the agent may write only its own node's slices.
+func TestDRANode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	diagnoseOnFailure(t, cluster)
+	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	schedClass(t, ctx, classDRA, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"), req("memory", v1alpha1.ResourceSelectorOpGtEq, "30G"))
+	deviceClass(t, ctx, classDRA)
+
+	const draNode, dpNode = "dra-node", "dp-node"
+	dkn, err := cluster.AddKubeletNode(ctx, framework.NodeOptions{Name: draNode, Labels: map[string]string{v1alpha1.LabelDeviceMode: v1alpha1.DeviceModeDRA}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkn, err := cluster.AddKubeletNode(ctx, framework.NodeOptions{Name: dpNode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	draGPUs, draRoot := mockDGX(t)
+	dpGPUs, dpRoot := mockDGX(t)
+	cdiDir := t.TempDir()
+	kubeletDir := filepath.Dir(dkn.PluginDir()) // /proc/<pid>/root/var/lib/kubelet
+	draCfg := nodeagent.DRAConfig{PluginDataDir: filepath.Join(kubeletDir, "plugins", dra.DriverName), RegistrationDir: filepath.Join(kubeletDir, "plugins_registry")}
+	startAgent := func(name string, kn *framework.KubeletNode, gpus any, root string) (*nodeagent.Agent, func()) {
+		arc, akc := agentClients(t, name)
+		cfg := nodeagent.Config{
+			NodeName: name, HostRoot: root,
+			PollInterval: 200 * time.Millisecond, ResyncInterval: 2 * time.Second,
+			Health:    nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
+			PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
+			DeviceListStrategies: handoff.Strategies{handoff.StrategyEnvVar, handoff.StrategyCDICRI}, CDISpecDir: cdiDir,
+			DRA: draCfg,
+		}
+		if name == draNode {
+			cfg.NVML = draGPUs
+		} else {
+			cfg.NVML = dpGPUs
+		}
+		agent := nodeagent.New(cfg, arc, akc)
+		actx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := agent.Run(actx); err != nil {
+				t.Errorf("agent on %s: %v", name, err)
+			}
+		}()
+		return agent, func() { cancel(); wg.Wait() }
+	}
+	_, stopDRA := startAgent(draNode, dkn, draGPUs, draRoot)
+	t.Cleanup(func() { stopDRA() })
+	_, stopDP := startAgent(dpNode, pkn, dpGPUs, dpRoot)
+	t.Cleanup(func() { stopDP() })
+
+	// The DRA node's inventory: its eight GPUs in ResourceSlices of driver
+	// resclass.io, owned by the Node; no NodeDevices, no extended resource.
+	uuids := draGPUs.UUIDs()
+	var slices1 []resourceapi.ResourceSlice
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		slices1 = nodeSlices(t, ctx, draNode)
+		return len(sliceIDs(slices1)) == len(uuids), nil
+	})
+	if err != nil {
+		t.Fatalf("the DRA node's ResourceSlices never listed its %d GPUs: %v (have %v)", len(uuids), err, sliceIDs(slices1))
+	}
+	if got := slices.Sorted(maps.Keys(sliceIDs(slices1))); !slices.Equal(got, slices.Sorted(slices.Values(uuids))) {
+		t.Errorf("ResourceSlices list %v, want %v", got, uuids)
+	}
+	for _, s := range slices1 {
+		if len(s.OwnerReferences) != 1 || s.OwnerReferences[0].Kind != "Node" || s.OwnerReferences[0].Name != draNode {
+			t.Errorf("ResourceSlice %s owned by %+v, want the Node", s.Name, s.OwnerReferences)
+		}
+	}
+	rc, err := cluster.Resclass()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rc.ResclassV1alpha1().NodeDevices().Get(ctx, draNode, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the DRA node has a NodeDevices: %v", err)
+	}
+	waitAllocatable(t, ctx, dpNode, corev1.ResourceName(v1alpha1.ResourceNamePrefix+classDRA), 8)
+	if n, _ := cluster.Client.CoreV1().Nodes().Get(ctx, draNode, metav1.GetOptions{}); n != nil {
+		if q, ok := n.Status.Allocatable[corev1.ResourceName(v1alpha1.ResourceNamePrefix+classDRA)]; ok && !q.IsZero() {
+			t.Errorf("the DRA node advertises %s=%s through a device plugin", classDRA, q.String())
+		}
+	}
+
+	// Written only on change: polls every 200ms leave the slices alone.
+	versions := resourceVersions(slices1)
+	time.Sleep(2 * time.Second) // several poll and resync periods, to observe that nothing is written
+	if got := resourceVersions(nodeSlices(t, ctx, draNode)); !maps.Equal(got, versions) {
+		t.Errorf("ResourceSlices rewritten without a change: %v, then %v", versions, got)
+	}
+
+	// Pods asking for the class, by the default scheduler (the resclass
+	// scheduler binary's default profile): three on the DRA node, one on the
+	// device-plugin node.
+	ns := newNamespace(t, ctx, nil)
+	for _, p := range []struct{ name, node string }{{"dra-a", draNode}, {"dra-b", draNode}, {"dra-c", draNode}, {"dp-a", dpNode}} {
+		pod := schedPod(ns, p.name, "", map[string]int64{classDRA: 2}, nil)
+		pod.Spec.SchedulerName = corev1.DefaultSchedulerName
+		pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: p.node}
+		if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	given := map[string]string{} // GPU -> pod
+	claims := map[string]string{} // pod -> claim UID
+	for _, pod := range []string{"dra-a", "dra-b", "dra-c"} {
+		rec := waitRecord(t, ctx, dkn, ns, pod, "main")
+		claim := extendedClaim(t, ctx, ns, pod)
+		claims[pod] = string(claim.UID)
+		allocated := allocatedIDs(t, claim, slices1)
+		if len(allocated) != 2 {
+			t.Fatalf("%s: claim %s allocated %v", pod, claim.Name, allocated)
+		}
+		// The runtime got the claim's CDI device and the GPUs' own CDI names.
+		var cdi []string
+		for _, d := range rec.CDIDevices {
+			cdi = append(cdi, d.Name)
+		}
+		want := []string{cdispec.DeviceName(allocated[0]), cdispec.DeviceName(allocated[1])}
+		for _, w := range want {
+			if !slices.Contains(cdi, w) {
+				t.Errorf("%s: CDI devices %v lack %s", pod, cdi, w)
+			}
+		}
+		if !slices.ContainsFunc(cdi, func(n string) bool { return strings.HasPrefix(n, draplugin.CDIKind+"="+string(claim.UID)+"-") }) {
+			t.Errorf("%s: CDI devices %v lack the claim's %s device", pod, cdi, draplugin.CDIKind)
+		}
+		// What the claim's CDI device puts into the container: the same
+		// variables as the device-plugin path.
+		env := claimEnv(t, cdiDir, string(claim.UID))
+		if got := strings.Split(env["NVIDIA_VISIBLE_DEVICES"], ","); !sameSet(got, allocated) {
+			t.Errorf("%s: NVIDIA_VISIBLE_DEVICES=%v, allocated %v", pod, got, allocated)
+		}
+		if got := strings.Split(env[handoff.ClassEnv(classDRA)], ","); !sameSet(got, allocated) {
+			t.Errorf("%s: %s=%v, allocated %v", pod, handoff.ClassEnv(classDRA), got, allocated)
+		}
+		for _, id := range allocated {
+			if other, dup := given[id]; dup {
+				t.Errorf("GPU %s given to %s and %s", id, other, pod)
+			}
+			given[id] = pod
+		}
+	}
+	rec := waitRecord(t, ctx, pkn, ns, "dp-a", "main")
+	if got := strings.Split(rec.Env["NVIDIA_VISIBLE_DEVICES"], ","); len(got) != 2 || !strings.HasPrefix(got[0], "GPU-") {
+		t.Errorf("dp-a on the device-plugin node: NVIDIA_VISIBLE_DEVICES=%v", got)
+	}
+	if got := rec.Env[handoff.ClassEnv(classDRA)]; got != rec.Env["NVIDIA_VISIBLE_DEVICES"] {
+		t.Errorf("dp-a: %s=%q, NVIDIA_VISIBLE_DEVICES=%q", handoff.ClassEnv(classDRA), got, rec.Env["NVIDIA_VISIBLE_DEVICES"])
+	}
+	if p, _ := cluster.Client.CoreV1().Pods(ns).Get(ctx, "dp-a", metav1.GetOptions{}); p == nil || p.Annotations["resclass.io/assignment"] == "" {
+		t.Error("dp-a was not placed by the resclass plugin (no assignment)")
+	}
+
+	// The agent restarts: its checkpoint holds the three claims.
+	stopDRA()
+	_, stopDRA = startAgent(draNode, dkn, draGPUs, draRoot)
+	cp, err := draplugin.LoadCheckpoint(filepath.Join(draCfg.PluginDataDir, draplugin.CheckpointFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cp.Claims) != 3 {
+		t.Errorf("checkpoint after the restart holds %d claims, want 3", len(cp.Claims))
+	}
+	// A fourth pod takes the last two GPUs; a fifth finds none and waits.
+	for _, name := range []string{"dra-d", "dra-e"} {
+		pod := schedPod(ns, name, "", map[string]int64{classDRA: 2}, nil)
+		pod.Spec.SchedulerName = corev1.DefaultSchedulerName
+		pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: draNode}
+		if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitRecord(t, ctx, dkn, ns, "dra-d", "main")
+	for _, id := range allocatedIDs(t, extendedClaim(t, ctx, ns, "dra-d"), slices1) {
+		if other, dup := given[id]; dup {
+			t.Errorf("GPU %s given to %s and dra-d", id, other)
+		}
+		given[id] = "dra-d"
+	}
+	waitUnschedulable(t, ctx, ns, "dra-e")
+
+	// Deleting a pod unprepares its claim: the spec goes, the checkpoint
+	// forgets it, and dra-e gets the GPUs.
+	if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, "dra-a", metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(filepath.Join(cdiDir, draplugin.CDIVendor+"-"+draplugin.CDIClass+"_"+claims["dra-a"]+".json"))
+		return os.IsNotExist(err), nil
+	})
+	if err != nil {
+		t.Errorf("dra-a's claim was never unprepared: %v", err)
+	}
+	waitRecord(t, ctx, dkn, ns, "dra-e", "main")
+
+	// The agent may write only its own node's slices of its driver.
+	_, akc := agentClients(t, draNode)
+	foreign := &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"},
+		Spec:       resourceapi.ResourceSliceSpec{Driver: dra.DriverName, NodeName: ptrTo(dpNode), Pool: resourceapi.ResourcePool{Name: dpNode, ResourceSliceCount: 1}},
+	}
+	if _, err := akc.ResourceV1().ResourceSlices().Create(ctx, foreign, metav1.CreateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "its own node") {
+		t.Errorf("the DRA node's agent creating a slice of %s: %v, want Forbidden", dpNode, err)
+	}
+	otherDriver := foreign.DeepCopy()
+	otherDriver.Spec.Driver, otherDriver.Spec.NodeName, otherDriver.Spec.Pool.Name = "gpu.nvidia.com", ptrTo(draNode), draNode
+	if _, err := akc.ResourceV1().ResourceSlices().Create(ctx, otherDriver, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the agent creating a slice of another driver: %v, want Forbidden", err)
+	}
+}
+
+// deviceClass creates the DeviceClass of ResourceClass class by hand.
+func deviceClass(t *testing.T, ctx context.Context, class string) {
+	t.Helper()
+	dc := &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class},
+		Spec: resourceapi.DeviceClassSpec{
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "resclass.io" && device.attributes["resclass.io"].kind == "nvidia-gpu"`}}},
+			ExtendedResourceName: ptrTo(v1alpha1.ResourceNamePrefix + class),
+		},
+	}
+	if _, err := cluster.Client.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.Client.ResourceV1().DeviceClasses().Delete(context.Background(), class, metav1.DeleteOptions{})
+	})
+}
+
+func nodeSlices(t *testing.T, ctx context.Context, node string) []resourceapi.ResourceSlice {
+	t.Helper()
+	list, err := cluster.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, node).String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+// sliceIDs maps the resclass ids the slices publish to their DRA names.
+func sliceIDs(list []resourceapi.ResourceSlice) map[string]string {
+	out := map[string]string{}
+	for _, s := range list {
+		for i := range s.Spec.Devices {
+			if id, ok := dra.ID(&s.Spec.Devices[i]); ok && s.Spec.Driver == dra.DriverName {
+				out[id] = s.Spec.Devices[i].Name
+			}
+		}
+	}
+	return out
+}
+
+func resourceVersions(list []resourceapi.ResourceSlice) map[string]string {
+	out := map[string]string{}
+	for _, s := range list {
+		out[s.Name] = s.ResourceVersion
+	}
+	return out
+}
+
+// extendedClaim is the ResourceClaim the scheduler made for the pod's extended
+// resources.
+func extendedClaim(t *testing.T, ctx context.Context, ns, pod string) *resourceapi.ResourceClaim {
+	t.Helper()
+	p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Status.ExtendedResourceClaimStatus == nil {
+		t.Fatalf("%s has no extended resource claim", pod)
+	}
+	c, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, p.Status.ExtendedResourceClaimStatus.ResourceClaimName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// allocatedIDs are the resclass ids of the claim's devices.
+func allocatedIDs(t *testing.T, c *resourceapi.ResourceClaim, list []resourceapi.ResourceSlice) []string {
+	t.Helper()
+	byName := map[string]string{}
+	for id, name := range sliceIDs(list) {
+		byName[name] = id
+	}
+	if c.Status.Allocation == nil {
+		t.Fatalf("claim %s is not allocated", c.Name)
+	}
+	var out []string
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver == dra.DriverName {
+			out = append(out, byName[r.Device])
+		}
+	}
+	return out
+}
+
+// claimEnv is the environment the claim's CDI spec gives a container.
+func claimEnv(t *testing.T, dir, uid string) map[string]string {
+	t.Helper()
+	blob, err := os.ReadFile(filepath.Join(dir, draplugin.CDIVendor+"-"+draplugin.CDIClass+"_"+uid+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(blob, &s); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, d := range s.Devices {
+		for _, kv := range d.ContainerEdits.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func sameSet(a, b []string) bool {
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
+}
+
+func waitAllocatable(t *testing.T, ctx context.Context, node string, res corev1.ResourceName, want int64) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		q := n.Status.Allocatable[res]
+		return q.Value() == want, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: allocatable %s never became %d: %v", node, res, want, err)
+	}
+}
+
+func waitUnschedulable(t *testing.T, ctx context.Context, ns, pod string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				return p.Spec.NodeName == "", nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("%s never reported Unschedulable: %v", pod, err)
+	}
+}
