@@ -64,7 +64,9 @@ func TestDRANode(t *testing.T) {
 	draGPUs, draRoot := mockDGX(t)
 	dpGPUs, dpRoot := mockDGX(t)
 	cdiDir := t.TempDir()
-	kubeletDir := filepath.Dir(dkn.PluginDir()) // /proc/<pid>/root/var/lib/kubelet
+	// The kubelet's --root-dir, where it watches plugins_registry (only its
+	// device-plugin directory is the hard-coded /var/lib/kubelet one).
+	kubeletDir := filepath.Join(dkn.Dir, "root")
 	draCfg := nodeagent.DRAConfig{PluginDataDir: filepath.Join(kubeletDir, "plugins", dra.DriverName), RegistrationDir: filepath.Join(kubeletDir, "plugins_registry")}
 	startAgent := func(name string, kn *framework.KubeletNode, gpus any, root string) (*nodeagent.Agent, func()) {
 		arc, akc := agentClients(t, name)

@@ -127,8 +127,12 @@ func New(cfg Config) (*Plugin, error) {
 	if strategies.Has(handoff.StrategyCDIAnnotations) && !strategies.Has(handoff.StrategyCDICRI) {
 		strategies = append(slices.Clone(strategies), handoff.StrategyCDICRI)
 	}
-	if err := os.MkdirAll(cfg.PluginDataDir, 0o750); err != nil {
-		return nil, err
+	// The kubelet creates its registration directory when its plugin
+	// watcher starts, which may be after the agent.
+	for _, dir := range []string{cfg.PluginDataDir, cfg.RegistrarDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, err
+		}
 	}
 	cp, err := LoadCheckpoint(filepath.Join(cfg.PluginDataDir, CheckpointFile))
 	if err != nil {
