@@ -152,7 +152,7 @@ func TestDRANode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	given := map[string]string{} // GPU -> pod
+	given := map[string]string{}  // GPU -> pod
 	claims := map[string]string{} // pod -> claim UID
 	for _, pod := range []string{"dra-a", "dra-b", "dra-c"} {
 		rec := waitRecord(t, ctx, dkn, ns, pod, "main")
@@ -267,7 +267,7 @@ func deviceClass(t *testing.T, ctx context.Context, class string) {
 	dc := &resourceapi.DeviceClass{
 		ObjectMeta: metav1.ObjectMeta{Name: class},
 		Spec: resourceapi.DeviceClassSpec{
-			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "resclass.io" && device.attributes["resclass.io"].kind == "nvidia-gpu"`}}},
+			Selectors:            []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "resclass.io" && device.attributes["resclass.io"].kind == "nvidia-gpu"`}}},
 			ExtendedResourceName: ptrTo(v1alpha1.ResourceNamePrefix + class),
 		},
 	}
