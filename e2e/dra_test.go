@@ -3,12 +3,12 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
@@ -68,7 +69,15 @@ func TestDRANode(t *testing.T) {
 	// device-plugin directory is the hard-coded /var/lib/kubelet one).
 	kubeletDir := filepath.Join(dkn.Dir, "root")
 	draCfg := nodeagent.DRAConfig{PluginDataDir: filepath.Join(kubeletDir, "plugins", dra.DriverName), RegistrationDir: filepath.Join(kubeletDir, "plugins_registry")}
-	startAgent := func(name string, kn *framework.KubeletNode, gpus any, root string) (*nodeagent.Agent, func()) {
+	// startAgent runs a node's agent; stop ends it, and done is closed with
+	// its error set when Run returns on its own.
+	type running struct {
+		agent *nodeagent.Agent
+		stop  func()
+		done  chan struct{}
+		err   error
+	}
+	startAgent := func(name string, kn *framework.KubeletNode, gpus any, root string) *running {
 		arc, akc := agentClients(t, name)
 		cfg := nodeagent.Config{
 			NodeName: name, HostRoot: root,
@@ -83,22 +92,25 @@ func TestDRANode(t *testing.T) {
 		} else {
 			cfg.NVML = dpGPUs
 		}
-		agent := nodeagent.New(cfg, arc, akc)
+		r := &running{agent: nodeagent.New(cfg, arc, akc), done: make(chan struct{})}
 		actx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		wg.Add(1)
 		go func() {
-			defer wg.Done()
-			if err := agent.Run(actx); err != nil {
-				t.Errorf("agent on %s: %v", name, err)
-			}
+			defer close(r.done)
+			r.err = r.agent.Run(actx)
 		}()
-		return agent, func() { cancel(); wg.Wait() }
+		r.stop = func() {
+			cancel()
+			<-r.done
+			if r.err != nil && !errors.Is(r.err, nodeagent.ErrModeChanged) {
+				t.Errorf("agent on %s: %v", name, r.err)
+			}
+		}
+		return r
 	}
-	_, stopDRA := startAgent(draNode, dkn, draGPUs, draRoot)
-	t.Cleanup(func() { stopDRA() })
-	_, stopDP := startAgent(dpNode, pkn, dpGPUs, dpRoot)
-	t.Cleanup(func() { stopDP() })
+	draAgent := startAgent(draNode, dkn, draGPUs, draRoot)
+	t.Cleanup(func() { draAgent.stop() })
+	dpAgent := startAgent(dpNode, pkn, dpGPUs, dpRoot)
+	t.Cleanup(func() { dpAgent.stop() })
 
 	// The DRA node's inventory: its eight GPUs in ResourceSlices of driver
 	// resclass.io, owned by the Node; no NodeDevices, no extended resource.
@@ -204,8 +216,8 @@ func TestDRANode(t *testing.T) {
 	}
 
 	// The agent restarts: its checkpoint holds the three claims.
-	stopDRA()
-	_, stopDRA = startAgent(draNode, dkn, draGPUs, draRoot)
+	draAgent.stop()
+	draAgent = startAgent(draNode, dkn, draGPUs, draRoot)
 	cp, err := draplugin.LoadCheckpoint(filepath.Join(draCfg.PluginDataDir, draplugin.CheckpointFile))
 	if err != nil {
 		t.Fatal(err)
@@ -244,6 +256,14 @@ func TestDRANode(t *testing.T) {
 		t.Errorf("dra-a's claim was never unprepared: %v", err)
 	}
 	waitRecord(t, ctx, dkn, ns, "dra-e", "main")
+	// Counted: five claims prepared (three before the restart, which the
+	// restarted agent's counter does not hold), one unprepared.
+	if got := draClaims(t, draAgent.agent, "prepare", "prepared"); got < 2 {
+		t.Errorf("the restarted agent counted %v prepared claims, want at least 2 (dra-d, dra-e)", got)
+	}
+	if got := draClaims(t, draAgent.agent, "unprepare", "unprepared"); got < 1 {
+		t.Errorf("the agent counted %v unprepared claims, want at least 1 (dra-a)", got)
+	}
 
 	// The agent may write only its own node's slices of its driver.
 	_, akc := agentClients(t, draNode)
@@ -258,6 +278,46 @@ func TestDRANode(t *testing.T) {
 	otherDriver.Spec.Driver, otherDriver.Spec.NodeName, otherDriver.Spec.Pool.Name = "gpu.nvidia.com", ptrTo(draNode), draNode
 	if _, err := akc.ResourceV1().ResourceSlices().Create(ctx, otherDriver, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("the agent creating a slice of another driver: %v, want Forbidden", err)
+	}
+
+	// Back to device-plugin mode, drained first: the agent sees the label,
+	// records it and stops; started again, it deletes its slices, publishes
+	// NodeDevices and serves the class through a device plugin.
+	for _, p := range []string{"dra-b", "dra-c", "dra-d", "dra-e"} {
+		if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, p, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		cp, err := draplugin.LoadCheckpoint(filepath.Join(draCfg.PluginDataDir, draplugin.CheckpointFile))
+		return err == nil && len(cp.Claims) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the drained node's claims were never all unprepared: %v", err)
+	}
+	patch := []byte(`{"metadata":{"labels":{"` + v1alpha1.LabelDeviceMode + `":"` + v1alpha1.DeviceModeDevicePlugin + `"}}}`)
+	if _, err := cluster.Client.CoreV1().Nodes().Patch(ctx, draNode, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-draAgent.done:
+		if !errors.Is(draAgent.err, nodeagent.ErrModeChanged) {
+			t.Errorf("the agent stopped with %v, want %v", draAgent.err, nodeagent.ErrModeChanged)
+		}
+	case <-ctx.Done():
+		t.Fatal("the agent went on serving DRA after the mode label changed")
+	}
+	waitEventOn(t, ctx, metav1.NamespaceAll, "Node", draNode, "DeviceModeChanged", "device-plugin")
+	draAgent = startAgent(draNode, dkn, draGPUs, draRoot)
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		return len(nodeSlices(t, ctx, draNode)) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("the ResourceSlices of a node back in device-plugin mode were not deleted: %v", err)
+	}
+	waitAllocatable(t, ctx, draNode, corev1.ResourceName(v1alpha1.ResourceNamePrefix+classDRA), 8)
+	if _, err := rc.ResclassV1alpha1().NodeDevices().Get(ctx, draNode, metav1.GetOptions{}); err != nil {
+		t.Errorf("the node back in device-plugin mode has no NodeDevices: %v", err)
 	}
 }
 
@@ -403,4 +463,29 @@ func waitUnschedulable(t *testing.T, ctx context.Context, ns, pod string) {
 	if err != nil {
 		t.Fatalf("%s never reported Unschedulable: %v", pod, err)
 	}
+}
+
+// draClaims is the agent's resclass_node_agent_dra_claims_total for operation
+// and outcome.
+func draClaims(t *testing.T, agent *nodeagent.Agent, operation, outcome string) float64 {
+	t.Helper()
+	families, err := agent.Metrics().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "resclass_node_agent_dra_claims_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["operation"] == operation && labels["outcome"] == outcome {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }

@@ -178,7 +178,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	r.work(ctx)
 	logger.Info("shutting down")
 	if r.modeChanged {
-		return errModeChanged
+		return ErrModeChanged
 	}
 	return nil
 }

@@ -41,10 +41,10 @@ const (
 	reasonNotPublishable = "DeviceNotPublishedToDRA"
 )
 
-// errModeChanged ends Run when the Node's device mode label changes: the
+// ErrModeChanged is what Run returns when the Node's device mode label changes: the
 // agent serves one mode for its whole life, and its restart (by the
 // DaemonSet's pod) serves the new one.
-var errModeChanged = errors.New("the node's device mode changed: restarting to serve the new mode")
+var ErrModeChanged = errors.New("the node's device mode changed: restarting to serve the new mode")
 
 // draSet is the DRA half of a running agent in DRA mode: the kubelet plugin,
 // which also publishes the ResourceSlices through the upstream helper, and
