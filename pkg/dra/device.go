@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -155,6 +156,18 @@ func Semver(v attrvalue.Version) (s string, ok bool) {
 	return strings.Join(parts, "."), true
 }
 
+// exact returns q in a format whose text (what a ResourceSlice or a CEL
+// literal carries) reads back as q's value exactly: the canonical text of a
+// binary-suffixed quantity rounds a fraction up (0.5Ki is 512, but 0.0001Ki
+// would be written 1Ki), so a binary quantity with a fraction is written in
+// decimal notation, exact down to 1n (attrvalue's bound).
+func exact(q resource.Quantity) resource.Quantity {
+	if q.Format == resource.BinarySI && q.AsDec().Scale() > 0 {
+		return *resource.NewDecimalQuantity(*q.AsDec(), resource.DecimalSI)
+	}
+	return q.DeepCopy()
+}
+
 // Device maps one resclass device to a DRA device, or refuses it with an error
 // wrapping ErrRefused. It refuses a device when:
 //   - any attribute cannot be decoded or has another type than its kind
@@ -178,6 +191,9 @@ func Device(d *v1alpha1.Device) (resourceapi.Device, error) {
 	}
 	if d.ID == "" || d.Kind == "" {
 		return refuse("it has no id or no kind")
+	}
+	if !utf8.ValidString(d.ID) || !utf8.ValidString(d.Kind) {
+		return refuse("its id or kind is not UTF-8")
 	}
 	if len(d.ID) > resourceapi.DeviceAttributeMaxValueLength {
 		return refuse("its id is longer than DRA's %d characters", resourceapi.DeviceAttributeMaxValueLength)
@@ -217,7 +233,7 @@ func Device(d *v1alpha1.Device) (resourceapi.Device, error) {
 		if isCapacity {
 			var q resource.Quantity
 			if a.QuantityValue != nil {
-				q = a.QuantityValue.DeepCopy()
+				q = exact(*a.QuantityValue)
 			} else {
 				// Problems above decoded it already.
 				q, _ = attrvalue.ParseBandwidth(*a.BandwidthValue)
@@ -231,6 +247,9 @@ func Device(d *v1alpha1.Device) (resourceapi.Device, error) {
 		var v resourceapi.DeviceAttribute
 		switch a.Type() {
 		case v1alpha1.AttributeTypeString:
+			if !utf8.ValidString(*a.StringValue) {
+				return refuse("attribute %q: the string is not UTF-8", name)
+			}
 			if len(*a.StringValue) > resourceapi.DeviceAttributeMaxValueLength {
 				return refuse("attribute %q: the string is longer than DRA's %d characters", name, resourceapi.DeviceAttributeMaxValueLength)
 			}

@@ -16,6 +16,9 @@ import (
 // quantity, bandwidth, version) from s and i; ok is false when s is not a
 // value of that type as the API schema would let it through.
 func attributeOf(t uint8, s string, i int64) (v1alpha1.DeviceAttribute, bool) {
+	if len(s) > 256 {
+		return v1alpha1.DeviceAttribute{}, false
+	}
 	switch t % 6 {
 	case 0:
 		return v1alpha1.StringAttribute(s), len(s) <= 256
@@ -70,6 +73,58 @@ func FuzzDevice(f *testing.F) {
 			if errs := sliceErrors(t, []resourceapi.Device{got}); len(errs) > 0 {
 				t.Fatalf("the apiserver would refuse %+v: %v", got, errs.ToAggregate())
 			}
+		})
+	})
+}
+
+// FuzzSelectorCELEquivalence generates a class (two selectors, ORed; the
+// first with two expressions, ANDed) and a device whose attributes are named
+// by the class's keys, and checks, on that device and the hand-made ones of
+// every type, that the DeviceClass's CEL (upstream DRA CEL library) selects
+// exactly what selector.Matches selects. A disagreement or a CEL runtime
+// error fails.
+func FuzzSelectorCELEquivalence(f *testing.F) {
+	f.Add("memory", uint8(6), "30G", "", "kind", uint8(0), "nvidia-gpu", uint8(3), "40Gi", int64(0), uint8(0), "x")
+	f.Add("custom", uint8(0), "5", "5.0.0", "Kind", uint8(1), "nic", uint8(1), "", int64(5), uint8(5), "5")
+	f.Add("firmware", uint8(5), "1.2.3.4", "", "firmware", uint8(8), "1.2.2", uint8(5), "1.2.3", int64(0), uint8(5), "1.2.4")
+	f.Add("uplink", uint8(7), "30m", "", "scratch", uint8(2), "30m", uint8(4), "30Mbps", int64(0), uint8(3), "30m")
+	f.Add("flag", uint8(0), "TRUE", "false", "id", uint8(0), "c-1", uint8(2), "", int64(0), uint8(0), "true")
+	f.Add("pcieRoot", uint8(1), "pci0000:00", "pci0000:3a", "absent", uint8(4), "", uint8(0), "pci0000:00", int64(0), uint8(1), "")
+	f.Add("a-b", uint8(1), "x", "", "count", uint8(7), "-9223372036854775808", uint8(1), "", int64(-9223372036854775808), uint8(4), "5bps")
+	devices := func() []v1alpha1.Device {
+		out := extraDevices()
+		for _, ds := range profileDevices(f) {
+			out = append(out, ds[0])
+		}
+		return append(out, h100())
+	}()
+	fixed := prepare(f, devices)
+	f.Fuzz(func(t *testing.T, key1 string, op1 uint8, v1, v2, key2 string, op2 uint8, v3 string,
+		type1 uint8, value1 string, i int64, type2 uint8, value2 string) {
+		watchdog.Run(t, func() {
+			values := func(op v1alpha1.ResourceSelectorOperator, vs ...string) []string {
+				switch op {
+				case "In", "NotIn":
+					return vs
+				case "Exists", "DoesNotExist":
+					return nil
+				}
+				return vs[:1]
+			}
+			o1, o2 := operators[int(op1)%len(operators)], operators[int(op2)%len(operators)]
+			spec := specOf(
+				[]v1alpha1.ResourceSelectorRequirement{req(key1, o1, values(o1, v1, v2)...), req(key2, o2, values(o2, v3, v1)...)},
+				[]v1alpha1.ResourceSelectorRequirement{req(key2, o1, values(o1, v2, v3)...)},
+			)
+			d := v1alpha1.Device{ID: "fuzz", Kind: "custom", Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
+			if a, ok := attributeOf(type1, value1, i); ok {
+				d.Attributes[key1] = a
+			}
+			if a, ok := attributeOf(type2, value2, i); ok {
+				d.Attributes[key2] = a
+			}
+			all := append(prepare(t, []v1alpha1.Device{d}), fixed...)
+			checkEquivalent(t, "fuzz", spec, all)
 		})
 	})
 }
