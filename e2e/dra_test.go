@@ -321,15 +321,22 @@ func TestDRANode(t *testing.T) {
 	}
 }
 
-// deviceClass creates the DeviceClass of ResourceClass class by hand.
+// deviceClass creates the DeviceClass of ResourceClass class, translated by
+// pkg/dra (dra.DeviceClass: the class's selector as CEL, extendedResourceName
+// class.resclass.io/<class>).
 func deviceClass(t *testing.T, ctx context.Context, class string) {
 	t.Helper()
-	dc := &resourceapi.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: class},
-		Spec: resourceapi.DeviceClassSpec{
-			Selectors:            []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "resclass.io" && device.attributes["resclass.io"].kind == "nvidia-gpu"`}}},
-			ExtendedResourceName: ptrTo(v1alpha1.ResourceNamePrefix + class),
-		},
+	rc, err := cluster.Resclass()
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := rc.ResclassV1alpha1().ResourceClasses().Get(ctx, class, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := dra.DeviceClass(obj)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if _, err := cluster.Client.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
