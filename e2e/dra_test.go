@@ -135,8 +135,12 @@ func TestDRANode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rc.ResclassV1alpha1().NodeDevices().Get(ctx, draNode, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("the DRA node has a NodeDevices: %v", err)
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		nd, err := rc.ResclassV1alpha1().NodeDevices().Get(ctx, draNode, metav1.GetOptions{})
+		return err == nil && len(nd.Status.Conditions) > 0 && len(nd.Status.Devices) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("the DRA node's NodeDevices never had its conditions and no device: %v", err)
 	}
 	waitAllocatable(t, ctx, dpNode, corev1.ResourceName(v1alpha1.ResourceNamePrefix+classDRA), 8)
 	if n, _ := cluster.Client.CoreV1().Nodes().Get(ctx, draNode, metav1.GetOptions{}); n != nil {
@@ -316,8 +320,12 @@ func TestDRANode(t *testing.T) {
 		t.Errorf("the ResourceSlices of a node back in device-plugin mode were not deleted: %v", err)
 	}
 	waitAllocatable(t, ctx, draNode, corev1.ResourceName(v1alpha1.ResourceNamePrefix+classDRA), 8)
-	if _, err := rc.ResclassV1alpha1().NodeDevices().Get(ctx, draNode, metav1.GetOptions{}); err != nil {
-		t.Errorf("the node back in device-plugin mode has no NodeDevices: %v", err)
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		nd, err := rc.ResclassV1alpha1().NodeDevices().Get(ctx, draNode, metav1.GetOptions{})
+		return err == nil && len(nd.Status.Devices) == len(uuids), nil
+	})
+	if err != nil {
+		t.Errorf("the node back in device-plugin mode does not publish its GPUs in NodeDevices: %v", err)
 	}
 }
 

@@ -515,7 +515,10 @@ func (r *running) publishPass(ctx context.Context) {
 	if time.Now().Before(r.retryAt) {
 		return
 	}
-	if err := a.publish(ctx, r.pub, r.nodeDevices, r.nodes, status, r.dra == nil); err != nil {
+	if r.dra != nil {
+		status = draInventory(status)
+	}
+	if err := a.publish(ctx, r.pub, r.nodeDevices, r.nodes, status); err != nil {
 		delay := r.publishing.When(passPublish)
 		logger.Error(err, "publishing the inventory", "retryIn", delay)
 		a.metrics.publishes.WithLabelValues("error").Inc()
@@ -558,7 +561,7 @@ func (a *Agent) publish(ctx context.Context, pub *inventory.Publisher, nds inter
 	Get(string) (*v1alpha1.NodeDevices, error)
 }, nodes interface {
 	Get(string) (*corev1.Node, error)
-}, status v1alpha1.NodeDevicesStatus, nodeDevices bool) error {
+}, status v1alpha1.NodeDevicesStatus) error {
 	logger := klog.FromContext(ctx)
 	current, err := nds.Get(a.config.NodeName)
 	if apierrors.IsNotFound(err) {
@@ -576,18 +579,16 @@ func (a *Agent) publish(ctx context.Context, pub *inventory.Publisher, nds inter
 		logger.Info("Node re-created; re-owning NodeDevices", "uid", node.UID)
 		pub.Node = node
 	}
-	if nodeDevices { // not in DRA mode: ResourceSlices are the inventory there
-		wrote, err := pub.Publish(ctx, current, status)
-		if err != nil {
-			return err
-		}
-		result := "unchanged"
-		if wrote {
-			result = "written"
-			logger.V(2).Info("published NodeDevices", "devices", len(status.Devices), "unhealthy", status.Summary.Unhealthy)
-		}
-		a.metrics.publishes.WithLabelValues(result).Inc()
+	wrote, err := pub.Publish(ctx, current, status)
+	if err != nil {
+		return err
 	}
+	result := "unchanged"
+	if wrote {
+		result = "written"
+		logger.V(2).Info("published NodeDevices", "devices", len(status.Devices), "unhealthy", status.Summary.Unhealthy)
+	}
+	a.metrics.publishes.WithLabelValues(result).Inc()
 	if _, err := pub.PublishLabels(ctx, node, a.config.Kinds.NodeLabels(status.Devices)); err != nil {
 		return err
 	}

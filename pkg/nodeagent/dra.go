@@ -61,9 +61,7 @@ type draSet struct {
 	refused string
 }
 
-// startDRA starts the DRA kubelet plugin. The NodeDevices object of the node,
-// if any (left from device-plugin mode), is deleted: the resclass scheduler
-// reads it, and a DRA-mode node's devices are DRA's to allocate.
+// startDRA starts the DRA kubelet plugin.
 func (a *Agent) startDRA(ctx context.Context, node *corev1.Node, recorder record.EventRecorder) (*draSet, error) {
 	logger := klog.FromContext(ctx)
 	c := a.config.DRA
@@ -86,19 +84,23 @@ func (a *Agent) startDRA(ctx context.Context, node *corev1.Node, recorder record
 	if err := plugin.Start(ctx, a.kube, node.UID); err != nil {
 		return nil, err
 	}
-	err = a.resclass.ResclassV1alpha1().NodeDevices().Delete(ctx, a.config.NodeName, metav1.DeleteOptions{})
-	switch {
-	case err == nil:
-		logger.Info("DRA mode: deleted the node's NodeDevices (its devices are published as ResourceSlices)")
-	case !apierrors.IsNotFound(err):
-		plugin.Stop()
-		return nil, fmt.Errorf("DRA mode: deleting the node's NodeDevices: %w", err)
-	}
 	logger.Info("DRA mode: serving the DRA kubelet plugin", "driver", dra.DriverName, "pluginDir", c.PluginDataDir)
 	return &draSet{plugin: plugin, kinds: a.config.Kinds, cdi: spec, node: node, recorder: recorder, logger: logger}, nil
 }
 
 func (s *draSet) stop() { s.plugin.Stop() }
+
+// draInventory is what a DRA-mode node publishes as its NodeDevices: the
+// discovery conditions, and no device. Its devices are DRA's to allocate (its
+// ResourceSlices are their inventory), and the resclass scheduler, the
+// ResourceClass status and kubectl resclass read NodeDevices: an empty one
+// (rather than none, or one left from device-plugin mode) keeps them from
+// counting the devices, without the agent needing to delete anything.
+func draInventory(status v1alpha1.NodeDevicesStatus) v1alpha1.NodeDevicesStatus {
+	status.Devices = nil
+	status.Summary = v1alpha1.DeviceSummary{}
+	return status
+}
 
 // update gives the plugin the node's devices and publishes them as the
 // node's pool of ResourceSlices (the helper's controller writes only what
