@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/resclass/resclass/e2e/framework"
@@ -217,6 +218,101 @@ func TestDRANode(t *testing.T) {
 	}
 	if p, _ := cluster.Client.CoreV1().Pods(ns).Get(ctx, "dp-a", metav1.GetOptions{}); p == nil || p.Annotations["resclass.io/assignment"] == "" {
 		t.Error("dp-a was not placed by the resclass plugin (no assignment)")
+	}
+
+	// The ResourceClaim form: a claim of one GPU of the class's DeviceClass,
+	// used by the container by name. Its GPU fails: the slice device is
+	// tainted (no new claim gets it) and the kubelet, through the plugin's
+	// health stream, shows it in the pod's status (the kubelet reports health
+	// for containers' resources.claims only, not the extended-resource form).
+	claimObj := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "one-gpu", Namespace: ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+			{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: classDRA}},
+		}}},
+	}
+	if _, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claimObj, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	claimPod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "dra-claim", Namespace: ns},
+		Spec: corev1.PodSpec{
+			NodeSelector:   map[string]string{corev1.LabelHostname: draNode},
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptrTo("one-gpu")}},
+			Containers: []corev1.Container{{Name: "main", Image: "registry.example/cuda:12", Resources: corev1.ResourceRequirements{
+				Claims: []corev1.ResourceClaim{{Name: "gpu"}},
+			}}},
+		},
+	}
+	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, claimPod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rec = waitRecord(t, ctx, dkn, ns, "dra-claim", "main")
+	claimObj, err = cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "one-gpu", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sickIDs := allocatedIDs(t, claimObj, slices1)
+	if len(sickIDs) != 1 {
+		t.Fatalf("claim one-gpu allocated %v", sickIDs)
+	}
+	sick := sickIDs[0]
+	if other, dup := given[sick]; dup {
+		t.Errorf("GPU %s given to %s and dra-claim", sick, other)
+	}
+	if !slices.ContainsFunc(rec.CDIDevices, func(d *runtimeapi.CDIDevice) bool { return d.Name == cdispec.DeviceName(sick) }) {
+		t.Errorf("dra-claim: CDI devices %v lack %s", rec.CDIDevices, cdispec.DeviceName(sick))
+	}
+	if env := claimEnv(t, cdiDir, string(claimObj.UID)); env[handoff.ClassEnv(classDRA)] != sick {
+		t.Errorf("dra-claim: %s=%q, want %s", handoff.ClassEnv(classDRA), env[handoff.ClassEnv(classDRA)], sick)
+	}
+	draGPUs.InjectXID(sick, 79)
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		for _, s := range nodeSlices(t, ctx, draNode) {
+			for _, d := range s.Spec.Devices {
+				if id, _ := dra.ID(&d); id == sick && len(d.Taints) == 1 && d.Taints[0].Key == dra.TaintUnhealthy && d.Taints[0].Effect == resourceapi.DeviceTaintEffectNoSchedule {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("the failed GPU %s was never tainted in its ResourceSlice: %v", sick, err)
+	}
+	// The GPU keeps failing (each XID restarts the agent's 2s recovery
+	// wait) until the kubelet's status sync has shown it; the kubelet names
+	// the device by its first CDI device, the claim's.
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		draGPUs.InjectXID(sick, 79)
+		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "dra-claim", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			for _, rs := range cs.AllocatedResourcesStatus {
+				for _, h := range rs.Resources {
+					if rs.Name == "claim:gpu" && h.Health == corev1.ResourceHealthStatusUnhealthy && strings.HasPrefix(string(h.ResourceID), draplugin.CDIKind+"="+string(claimObj.UID)) {
+						return true, nil
+					}
+				}
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		p, _ := cluster.Client.CoreV1().Pods(ns).Get(ctx, "dra-claim", metav1.GetOptions{})
+		t.Errorf("dra-claim's status never showed its GPU %s unhealthy: %v (container statuses %+v)", sick, err, p.Status.ContainerStatuses)
+	}
+	if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, "dra-claim", metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(filepath.Join(cdiDir, draplugin.CDIVendor+"-"+draplugin.CDIClass+"_"+string(claimObj.UID)+".json"))
+		return os.IsNotExist(err), nil
+	})
+	if err != nil {
+		t.Errorf("dra-claim's claim was never unprepared: %v", err)
 	}
 
 	// The agent restarts: its checkpoint holds the three claims.

@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
@@ -86,8 +87,12 @@ type Config struct {
 	Metrics *Metrics
 }
 
-// Plugin prepares and unprepares the claims of the agent's devices.
+// Plugin prepares and unprepares the claims of the agent's devices, and
+// streams their health to the kubelet (DRAResourceHealth, which the upstream
+// helper serves when the plugin implements it).
 type Plugin struct {
+	drahealthv1alpha1.UnimplementedDRAResourceHealthServer
+
 	cfg     Config
 	kinds   *devicekind.Registry
 	handoff devicekind.Handoff
@@ -99,6 +104,7 @@ type Plugin struct {
 	cdi     *cdi.Cache
 
 	helper *kubeletplugin.Helper
+	health *healthHub
 }
 
 // New returns a plugin with the checkpoint read from cfg.PluginDataDir; Start
@@ -142,7 +148,7 @@ func New(cfg Config) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CDI spec directory %s: %w", cfg.CDIDir, err)
 	}
-	p := &Plugin{cfg: cfg, kinds: cfg.Kinds, cp: cp, cdi: cache, devices: map[string]*v1alpha1.Device{}, ids: map[string]string{}}
+	p := &Plugin{cfg: cfg, kinds: cfg.Kinds, cp: cp, cdi: cache, devices: map[string]*v1alpha1.Device{}, ids: map[string]string{}, health: newHealthHub()}
 	p.handoff = handoff.NewHandoff(cfg.HostRoot, strategies, p.device)
 	return p, nil
 }
@@ -180,6 +186,13 @@ func (p *Plugin) SetDevices(devices []v1alpha1.Device, names map[string]string) 
 		d := devices[i].DeepCopy()
 		m[d.ID] = d
 	}
+	health := make(map[string]deviceHealth, len(names))
+	for name, id := range names {
+		if d := m[id]; d != nil {
+			health[name] = deviceHealth{healthy: d.Healthy, reason: d.Reason}
+		}
+	}
+	p.health.set(time.Now(), health)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.devices, p.ids = m, maps.Clone(names)

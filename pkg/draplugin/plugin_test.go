@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2/ktesting"
+	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -267,5 +268,35 @@ func TestNewRefusesABadCheckpoint(t *testing.T) {
 	}
 	if _, err := New(Config{NodeName: testNode, DriverName: testDriver, PluginDataDir: dir, CDIDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), CheckpointFile) {
 		t.Fatalf("New with a broken checkpoint: %v", err)
+	}
+}
+
+// TestHealthStream: the kubelet's health list names every published device
+// by pool and DRA name, says which is unhealthy and why, and changes (waking
+// the streams) only when health does.
+func TestHealthStream(t *testing.T) {
+	f := newFixture(t)
+	resp, changed := f.p.health.snapshot(testNode)
+	if len(resp.Devices) != 4 || resp.Devices[0].Device.PoolName != testNode || resp.Devices[0].Device.DeviceName != "gpu-0" || resp.Devices[0].Health != drahealthv1alpha1.HealthStatus_HEALTHY {
+		t.Fatalf("health %v", resp.Devices)
+	}
+	devices := []v1alpha1.Device{gpu("GPU-a", 0), gpu("GPU-b", 1), gpu("GPU-c", 2), gpu("GPU-d", 3)}
+	names := map[string]string{"gpu-0": "GPU-a", "gpu-1": "GPU-b", "gpu-2": "GPU-c", "gpu-3": "GPU-d"}
+	f.p.SetDevices(devices, names) // the same: no change
+	select {
+	case <-changed:
+		t.Fatal("the stream woke without a change")
+	default:
+	}
+	devices[1].Healthy, devices[1].Reason = false, "XID 79"
+	f.p.SetDevices(devices, names)
+	select {
+	case <-changed:
+	default:
+		t.Fatal("the stream did not wake on a health change")
+	}
+	resp, _ = f.p.health.snapshot(testNode)
+	if d := resp.Devices[1]; d.Device.DeviceName != "gpu-1" || d.Health != drahealthv1alpha1.HealthStatus_UNHEALTHY || d.Message != "XID 79" {
+		t.Errorf("gpu-1: %v", d)
 	}
 }
