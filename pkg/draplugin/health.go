@@ -33,7 +33,9 @@ type deviceHealth struct {
 	since   time.Time
 }
 
-func newHealthHub() *healthHub { return &healthHub{devices: map[string]deviceHealth{}, changed: make(chan struct{})} }
+func newHealthHub() *healthHub {
+	return &healthHub{devices: map[string]deviceHealth{}, changed: make(chan struct{})}
+}
 
 // set records the health of the published devices by DRA name.
 func (h *healthHub) set(now time.Time, health map[string]deviceHealth) {
