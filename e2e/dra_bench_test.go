@@ -63,24 +63,8 @@ func BenchmarkDRASchedulingThroughput(b *testing.B) {
 	b.Cleanup(func() { deleteNodes(draNames) })
 	schedClass(b, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"), req("memory", v1alpha1.ResourceSelectorOpGtEq, "30G"))
 	publishBenchSlices(b, ctx, draNames)
-	rc, err := cluster.Resclass()
-	if err != nil {
-		b.Fatal(err)
-	}
-	obj, err := rc.ResclassV1alpha1().ResourceClasses().Get(ctx, class, metav1.GetOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	dc, err := dra.DeviceClass(obj)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := cluster.Client.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_ = cluster.Client.ResourceV1().DeviceClasses().Delete(context.Background(), class, metav1.DeleteOptions{})
-	})
+	// The scheduler's class-status leader creates the class's DeviceClass.
+	deviceClass(b, ctx, class)
 	client := fastClient(b)
 
 	run := func(b *testing.B, pool string) {

@@ -425,10 +425,10 @@ func TestDRANode(t *testing.T) {
 	}
 }
 
-// deviceClass creates the DeviceClass of ResourceClass class, translated by
-// pkg/dra (dra.DeviceClass: the class's selector as CEL, extendedResourceName
-// class.resclass.io/<class>).
-func deviceClass(t *testing.T, ctx context.Context, class string) {
+// deviceClass waits for the DeviceClass of ResourceClass class, which the
+// resclass scheduler's class-status leader keeps (pkg/dra), and checks that it
+// is pkg/dra's translation of the class.
+func deviceClass(t testing.TB, ctx context.Context, class string) {
 	t.Helper()
 	rc, err := cluster.Resclass()
 	if err != nil {
@@ -438,16 +438,22 @@ func deviceClass(t *testing.T, ctx context.Context, class string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dc, err := dra.DeviceClass(obj)
+	want, err := dra.DeviceClass(obj)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cluster.Client.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cluster.Client.ResourceV1().DeviceClasses().Delete(context.Background(), class, metav1.DeleteOptions{})
+	var got *resourceapi.DeviceClass
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err = cluster.Client.ResourceV1().DeviceClasses().Get(ctx, class, metav1.GetOptions{})
+		return err == nil, nil
 	})
+	if err != nil {
+		t.Fatalf("the scheduler never created the DeviceClass of %s: %v", class, err)
+	}
+	if got.Spec.ExtendedResourceName == nil || *got.Spec.ExtendedResourceName != *want.Spec.ExtendedResourceName ||
+		len(got.Spec.Selectors) != 1 || got.Spec.Selectors[0].CEL == nil || got.Spec.Selectors[0].CEL.Expression != want.Spec.Selectors[0].CEL.Expression {
+		t.Fatalf("DeviceClass %s is %+v, want pkg/dra's translation %+v", class, got.Spec, want.Spec)
+	}
 }
 
 func nodeSlices(t *testing.T, ctx context.Context, node string) []resourceapi.ResourceSlice {

@@ -82,7 +82,7 @@ func binding(domain string, capacity bool) string {
 // docs/dra.md ("Classes") has the table.
 func Selector(spec *v1alpha1.ResourceClassSpec) (string, error) {
 	if _, errs := selector.Compile(spec, field.NewPath("spec")); len(errs) > 0 {
-		return "", fmt.Errorf("the class %w: %v", ErrUntranslatable, errs.ToAggregate())
+		return "", fmt.Errorf("the class %w: %w", ErrUntranslatable, errs.ToAggregate())
 	}
 	t := translator{used: map[string]bool{}}
 	var ors []string
@@ -127,7 +127,7 @@ func Check(expr string) error {
 	envType := environment.NewExpressions // what the apiserver checks a new or changed expression with
 	r := dracel.GetCompiler(Features).CompileCELExpression(expr, dracel.Options{EnvType: &envType})
 	if r.Error != nil {
-		return fmt.Errorf("its CEL selector does not compile: %v", r.Error)
+		return fmt.Errorf("its CEL selector does not compile: %w", r.Error)
 	}
 	if r.MaxCost > resourceapi.CELSelectorExpressionMaxCost {
 		return fmt.Errorf("its CEL selector's estimated cost %d is above the apiserver's limit %d (fewer values or selectors)",

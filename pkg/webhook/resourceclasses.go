@@ -12,8 +12,19 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/dra"
 	"github.com/resclass/resclass/pkg/selector"
 )
+
+// warning cuts an admission warning to what clients show: the apiserver
+// truncates longer ones (and kubectl prints each on one line).
+func warning(s string) string {
+	const limit = 256
+	if len(s) > limit {
+		return s[:limit-3] + "..."
+	}
+	return s
+}
 
 // ResourceClassesPath is where ResourceClass validation is served.
 const ResourceClassesPath = "/validate-resourceclasses"
@@ -67,6 +78,14 @@ func (r *resourceClasses) Handle(_ context.Context, req admission.Request) admis
 		errs = selector.Validate(&class.Spec, specPath)
 	}
 	if len(errs) == 0 {
+		if req.Operation == admissionv1.Create {
+			// Admitted either way: device-plugin nodes serve the class. But
+			// DRA nodes serve it to nobody, which the creator should hear
+			// now rather than from the class's condition later.
+			if _, err := dra.Selector(&class.Spec); err != nil {
+				return admission.Allowed("").WithWarnings(warning(err.Error()))
+			}
+		}
 		return admission.Allowed("")
 	}
 	denials.WithLabelValues(ResourceClassesPath, reason).Inc()

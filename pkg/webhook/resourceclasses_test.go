@@ -225,3 +225,25 @@ func TestResourceClassesHandle(t *testing.T) {
 		})
 	}
 }
+
+// A class the selector accepts but DRA cannot carry (its CEL would be longer
+// than the apiserver takes) is admitted, with a warning saying it has no
+// DeviceClass; a translatable one gets no warning.
+func TestResourceClassesWarnUntranslatable(t *testing.T) {
+	h := &resourceClasses{}
+	var long []string
+	for i := range 64 {
+		long = append(long, strings.Repeat("v", 120)+string(rune('a'+i%26))+string(rune('a'+i/26)))
+	}
+	big := newResourceClass("too-big", []v1alpha1.ResourceSelectorRequirement{
+		expr("product", v1alpha1.ResourceSelectorOpIn, long...), expr("architecture", v1alpha1.ResourceSelectorOpNotIn, long...),
+	})
+	resp := h.Handle(context.Background(), classRequest(admissionv1.Create, mustJSON(t, big), nil))
+	if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "has no DRA DeviceClass") || len(resp.Warnings[0]) > 256 {
+		t.Errorf("allowed=%v warnings=%q, want allowed with one warning about the DeviceClass", resp.Allowed, resp.Warnings)
+	}
+	resp = h.Handle(context.Background(), classRequest(admissionv1.Create, mustJSON(t, bigGPU()), nil))
+	if !resp.Allowed || len(resp.Warnings) != 0 {
+		t.Errorf("allowed=%v warnings=%q, want allowed without warnings", resp.Allowed, resp.Warnings)
+	}
+}

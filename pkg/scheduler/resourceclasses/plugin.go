@@ -28,6 +28,7 @@ import (
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/client/informers/externalversions"
+	"github.com/resclass/resclass/pkg/dra"
 )
 
 // Name is the plugin's name in the KubeSchedulerConfiguration.
@@ -130,6 +131,15 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	if args.StatusUpdateInterval.Duration > 0 {
 		w := newStatusWriter(p.cache, rc, classes.Lister(), h.ClientSet(), args, p.synced)
 		p.cache.changed = w.kick
+		// The DeviceClass of every class (docs/dra.md, "Classes"), written by
+		// the holder of the same Lease. The scheduler's own informer factory
+		// has DeviceClasses (its DRA plugin reads them).
+		dc, err := dra.NewController(h.ClientSet(), rc, classes, h.SharedInformerFactory().Resource().V1().DeviceClasses(), h.EventRecorder())
+		if err != nil {
+			return nil, fmt.Errorf("%s: DeviceClass controller: %w", Name, err)
+		}
+		w.leaders = append(w.leaders, dc.Lead)
+		go dc.Run(ctx)
 		go w.run(ctx)
 	}
 	return p, nil

@@ -41,6 +41,9 @@ type statusWriter struct {
 	synced   func() bool
 	kicked   chan struct{}
 	identity string
+	// leaders run, besides the status writes, while this replica holds the
+	// Lease (the DeviceClass controller).
+	leaders []func(context.Context)
 }
 
 func newStatusWriter(c *cache, client versioned.Interface, lister listers.ResourceClassLister, kube kubernetes.Interface, args *Args, synced func() bool) *statusWriter {
@@ -73,6 +76,9 @@ func (w *statusWriter) run(ctx context.Context) {
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
 					logger.Info("Writing ResourceClass status as leader", "lease", klog.KObj(&lock.LeaseMeta))
+					for _, lead := range w.leaders {
+						go lead(ctx)
+					}
 					w.write(ctx, logger)
 				},
 				OnStoppedLeading: func() { logger.Info("No longer the ResourceClass status writer") },
