@@ -64,6 +64,18 @@ func h100() v1alpha1.Device {
 		int("nvlinks", 0).d
 }
 
+// mig is a MIG device of the DGX A100 profile's first GPU as the node agent
+// publishes one (docs/node-agent.md, "What is discovered"; the attributes
+// pkg/discovery/nvml's MIG test expects): no profile carries MIG devices.
+func mig() v1alpha1.Device {
+	b := newDev("nvidia-mig", "MIG-4f5e6d7c-1a2b-5c3d-8e9f-0a1b2c3d4e5f")
+	return b.str("parent", "GPU-6513270e-269e-4d37-b2a7-4de452e6b438").str("migProfile", "1g.5gb").
+		int("gpuInstanceID", 9).int("computeInstanceID", 0).qty("memory", "4864Mi").int("multiprocessors", 14).
+		str("product", "NVIDIA A100-SXM4-40GB").str("architecture", "Ampere").ver("computeCapability", "8.0").
+		ver("driverVersion", "550.54.15").ver("cudaDriverVersion", "12.4").str("pciAddress", "0000:00:00.0").
+		int("numaNode", 0).d
+}
+
 type devBuilder struct{ d v1alpha1.Device }
 
 func newDev(kind, id string) *devBuilder {
@@ -126,6 +138,7 @@ func ptr[T any](v T) *T { return &v }
 func TestProfilesMapAndValidate(t *testing.T) {
 	all := profileDevices(t)
 	all["h100"] = []v1alpha1.Device{h100()}
+	all["mig"] = []v1alpha1.Device{mig()}
 	for name, devices := range all {
 		t.Run(name, func(t *testing.T) {
 			out, refused := Devices(devices)

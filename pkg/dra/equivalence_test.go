@@ -33,7 +33,8 @@ func celMatches(t testing.TB, expr string, d resourceapi.Device, driver string) 
 	t.Helper()
 	p, ok := programs.Load(expr)
 	if !ok {
-		r := dracel.GetCompiler(Features).CompileCELExpression(expr, dracel.Options{})
+		// Selector has estimated the cost already.
+		r := dracel.GetCompiler(Features).CompileCELExpression(expr, dracel.Options{DisableCostEstimation: true})
 		if r.Error != nil {
 			t.Fatalf("%s: %v", expr, r.Error)
 		}
@@ -194,7 +195,7 @@ func allDevices(t testing.TB) []testDevice {
 	}
 	unhealthy := h100()
 	unhealthy.ID, unhealthy.Healthy = "GPU-unhealthy", false
-	out = append(append(out, h100(), unhealthy), extraDevices()...)
+	out = append(append(out, h100(), unhealthy, mig()), extraDevices()...)
 	prepared := prepare(t, out)
 	for _, d := range prepared {
 		if d.dra == nil {
@@ -242,14 +243,14 @@ var (
 	corpusKeys = []string{
 		"kind", "Kind", "id", "memory", "speed", "size", "computeCapability", "driverVersion", "product",
 		"migEnabled", "index", "numaNode", "mtu", "pcieRoot", "firmware", "uplink", "scratch", "note",
-		"count", "flag", "label", "absent", "not-a-c-identifier",
+		"count", "flag", "label", "migProfile", "absent", "not-a-c-identifier",
 	}
 	// Values that read as several types, or differently as each.
 	corpusValues = []string{
 		"nvidia-gpu", "nic", "30G", "40Gi", "81559Mi", "80G", "40GBPS", "25Gbps", "25000Mbps", "1536", "1.5k", "1.5Ki",
 		"0.5Ki", "30m", "5", "-5", "5.0", "5.0.0", "8.0", "9", "1.2.3", "1.2.3.4", "1.2.2.9", "v2", "550.54.15", "580.159.04",
 		"12.4", "true", "TRUE", "false", "0", "9000", "pci0000:3a", "pci0000:00", "NVIDIA A100-SXM4-40GB",
-		"GPU-unhealthy", "0000:3b:00.0", "-9223372036854775808", "9223372036854775807", `a "quoted" \ note ünïcode`,
+		"GPU-unhealthy", "0000:3b:00.0", "nvidia-mig", "1g.5gb", "4864Mi", "-9223372036854775808", "9223372036854775807", `a "quoted" \ note ünïcode`,
 		"1e18", "4Ei",
 	}
 )
@@ -270,7 +271,7 @@ func TestOperatorCorpusEquivalent(t *testing.T) {
 				values = nil
 				for i, v := range corpusValues {
 					values = append(values, []string{v})
-					if (op == "In" || op == "NotIn") && i%3 == 0 {
+					if (op == "In" || op == "NotIn") && i%4 == 0 {
 						values = append(values, []string{v, corpusValues[(i+7)%len(corpusValues)]})
 					}
 				}
@@ -278,7 +279,7 @@ func TestOperatorCorpusEquivalent(t *testing.T) {
 			for i, vs := range values {
 				r := req(key, op, vs...)
 				specs := []*v1alpha1.ResourceClassSpec{specOf([]v1alpha1.ResourceSelectorRequirement{r})}
-				if i%5 == 0 {
+				if i%8 == 0 {
 					specs = append(specs, specOf([]v1alpha1.ResourceSelectorRequirement{req("kind", "In", "custom", "nvidia-gpu"), r}, []v1alpha1.ResourceSelectorRequirement{req("kind", "Eq", "nic")}))
 				}
 				for _, spec := range specs {
