@@ -36,14 +36,16 @@ const classDRA = "e2e-dra-gpu"
 
 // TestDRANode runs a node in DRA mode beside a node in device-plugin mode, both
 // real kubelets with the node agent on go-nvml's mock DGX A100: the DRA node's
-// agent publishes its GPUs as ResourceSlices (only those: no NodeDevices, no
-// device-plugin endpoint), pods asking for class.resclass.io/<class> there are
-// allocated by the scheduler binary's stock DynamicResources plugin through
-// the class's DeviceClass (extended-resource form), the kubelet calls the
+// agent publishes its GPUs as ResourceSlices (and a NodeDevices without
+// devices, no device-plugin endpoint), pods with ResourceClaims of the class's
+// DeviceClass (kept by the scheduler, pkg/dra) are allocated there by the
+// scheduler binary's stock DynamicResources plugin, the kubelet calls the
 // agent's DRA plugin and the runtime records the GPUs of the allocation; on
-// the device-plugin node the same class is served by the resclass plugin. No
-// GPU is given twice; the agent's checkpoint survives its restart; unprepare
-// follows pod deletion; the agent may write only its own node's slices.
+// the device-plugin node the same class, asked as class.resclass.io/<class>,
+// is served by the resclass plugin. No GPU is given twice; a failing GPU is
+// tainted and shown in the pod's status; the agent's checkpoint survives its
+// restart; unprepare follows pod deletion; the agent may write only its own
+// node's slices; the node goes back to device-plugin mode.
 func TestDRANode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -157,23 +159,27 @@ func TestDRANode(t *testing.T) {
 		t.Errorf("ResourceSlices rewritten without a change: %v, then %v", versions, got)
 	}
 
-	// Pods asking for the class, by the default scheduler (the resclass
-	// scheduler binary's default profile): three on the DRA node, one on the
-	// device-plugin node.
+	// Pods asking for the class, all by the default scheduler (the resclass
+	// scheduler binary's default profile, whose DynamicResources plugin is
+	// upstream's): three on the DRA node in the ResourceClaim form (a claim
+	// of two devices of the class's DeviceClass: the binary runs with
+	// DRAExtendedResource off, docs/dra.md), one on the device-plugin node as
+	// class.resclass.io/<class>: 2.
 	ns := newNamespace(t, ctx, nil)
-	for _, p := range []struct{ name, node string }{{"dra-a", draNode}, {"dra-b", draNode}, {"dra-c", draNode}, {"dp-a", dpNode}} {
-		pod := schedPod(ns, p.name, "", map[string]int64{classDRA: 2}, nil)
-		pod.Spec.SchedulerName = corev1.DefaultSchedulerName
-		pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: p.node}
-		if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+	for _, name := range []string{"dra-a", "dra-b", "dra-c"} {
+		draClaimPod(t, ctx, ns, name, draNode, 2)
+	}
+	dpPod := schedPod(ns, "dp-a", "", map[string]int64{classDRA: 2}, nil)
+	dpPod.Spec.SchedulerName = corev1.DefaultSchedulerName
+	dpPod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: dpNode}
+	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, dpPod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	given := map[string]string{}  // GPU -> pod
 	claims := map[string]string{} // pod -> claim UID
 	for _, pod := range []string{"dra-a", "dra-b", "dra-c"} {
 		rec := waitRecord(t, ctx, dkn, ns, pod, "main")
-		claim := extendedClaim(t, ctx, ns, pod)
+		claim := podClaim(t, ctx, ns, pod)
 		claims[pod] = string(claim.UID)
 		allocated := allocatedIDs(t, claim, slices1)
 		if len(allocated) != 2 {
@@ -327,15 +333,10 @@ func TestDRANode(t *testing.T) {
 	}
 	// A fourth pod takes the last two GPUs; a fifth finds none and waits.
 	for _, name := range []string{"dra-d", "dra-e"} {
-		pod := schedPod(ns, name, "", map[string]int64{classDRA: 2}, nil)
-		pod.Spec.SchedulerName = corev1.DefaultSchedulerName
-		pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: draNode}
-		if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		draClaimPod(t, ctx, ns, name, draNode, 2)
 	}
 	waitRecord(t, ctx, dkn, ns, "dra-d", "main")
-	for _, id := range allocatedIDs(t, extendedClaim(t, ctx, ns, "dra-d"), slices1) {
+	for _, id := range allocatedIDs(t, podClaim(t, ctx, ns, "dra-d"), slices1) {
 		if other, dup := given[id]; dup {
 			t.Errorf("GPU %s given to %s and dra-d", id, other)
 		}
@@ -346,6 +347,9 @@ func TestDRANode(t *testing.T) {
 	// Deleting a pod unprepares its claim: the spec goes, the checkpoint
 	// forgets it, and dra-e gets the GPUs.
 	if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, "dra-a", metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.Client.ResourceV1().ResourceClaims(ns).Delete(ctx, "dra-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
@@ -486,18 +490,39 @@ func resourceVersions(list []resourceapi.ResourceSlice) map[string]string {
 	return out
 }
 
-// extendedClaim is the ResourceClaim the scheduler made for the pod's extended
-// resources.
-func extendedClaim(t *testing.T, ctx context.Context, ns, pod string) *resourceapi.ResourceClaim {
+// draClaimPod creates the ResourceClaim name, of count devices of the
+// class's DeviceClass, and the pod name using it, pinned to node.
+func draClaimPod(t *testing.T, ctx context.Context, ns, name, node string, count int64) {
 	t.Helper()
-	p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
-	if err != nil {
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name:    "gpus",
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: classDRA, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count},
+		}}}},
+	}
+	if _, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if p.Status.ExtendedResourceClaimStatus == nil {
-		t.Fatalf("%s has no extended resource claim", pod)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			NodeSelector:   map[string]string{corev1.LabelHostname: node},
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptrTo(name)}},
+			Containers: []corev1.Container{{Name: "main", Image: "registry.example/train:1", Resources: corev1.ResourceRequirements{
+				Claims: []corev1.ResourceClaim{{Name: "gpus"}},
+			}}},
+		},
 	}
-	c, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, p.Status.ExtendedResourceClaimStatus.ResourceClaimName, metav1.GetOptions{})
+	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// podClaim is the pod's ResourceClaim (draClaimPod names it after the pod).
+func podClaim(t *testing.T, ctx context.Context, ns, pod string) *resourceapi.ResourceClaim {
+	t.Helper()
+	c, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, pod, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
