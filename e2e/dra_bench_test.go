@@ -25,13 +25,17 @@ import (
 // resclass plugin places pods on, and 500 in DRA mode, whose ResourceSlices
 // (the same devices through pkg/dra's mapping, published by the benchmark as
 // the agent would) the stock DynamicResources plugin allocates from through
-// the class's DeviceClass (pkg/dra's translation). The same scheduler binary
-// serves both (its default profile). Each pod asks for one GPU as
-// class.resclass.io/<class>, pinned by node label to one half.
+// the class's DeviceClass (kept by the scheduler, pkg/dra). The same scheduler
+// binary serves both (its default profile). Each pod asks for one GPU of the
+// class, pinned by node label to one half.
 //
-//   - baseline-resclass: the device-plugin half (ResourceClasses plugin).
-//   - dra: the DRA half (DynamicResources: one ResourceClaim per pod, created
-//     and allocated by the scheduler, the extended-resource form).
+//   - baseline-resclass: the device-plugin half (ResourceClasses plugin), the
+//     pod asking class.resclass.io/<class>: 1.
+//   - dra: the DRA half (DynamicResources), the pod naming a
+//     ResourceClaimTemplate of one device of the class's DeviceClass: the
+//     resourceclaim controller makes each pod's claim, the scheduler
+//     allocates it (the resclass scheduler runs with DRAExtendedResource
+//     off, docs/dra.md).
 //
 // ns/op is suppressed; the ratio is dra pods/s over baseline pods/s.
 func BenchmarkDRASchedulingThroughput(b *testing.B) {
@@ -43,7 +47,7 @@ func BenchmarkDRASchedulingThroughput(b *testing.B) {
 	ctx := context.Background()
 	classResource := corev1.ResourceName(v1alpha1.ResourceNamePrefix + class)
 	// The device-plugin nodes advertise the class as their kubelet would
-	// (8 GPUs); without it DynamicResources would try DRA there too.
+	// (8 GPUs).
 	dpNames, err := cluster.AddSimulatedNodes(ctx, framework.SimulatedNodes{
 		Prefix: "bench-dp", Count: nodes, Profile: "dgx-a100",
 		Labels:   map[string]string{"pool": "bench-dp"},
@@ -67,12 +71,23 @@ func BenchmarkDRASchedulingThroughput(b *testing.B) {
 	deviceClass(b, ctx, class)
 	client := fastClient(b)
 
-	run := func(b *testing.B, pool string) {
+	run := func(b *testing.B, pool string, claimForm bool) {
 		var podsPerSecond float64
 		for b.Loop() {
 			ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-"}}, metav1.CreateOptions{})
 			if err != nil {
 				b.Fatal(err)
+			}
+			if claimForm {
+				tmpl := &resourceapi.ResourceClaimTemplate{
+					ObjectMeta: metav1.ObjectMeta{Name: "gpu", Namespace: ns.Name},
+					Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+						Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class},
+					}}}}},
+				}
+				if _, err := client.ResourceV1().ResourceClaimTemplates(ns.Name).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+					b.Fatal(err)
+				}
 			}
 			batch := make([]*corev1.Pod, pods)
 			for i := range batch {
@@ -86,6 +101,10 @@ func BenchmarkDRASchedulingThroughput(b *testing.B) {
 						}}},
 					},
 				}
+				if claimForm {
+					batch[i].Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptrTo("gpu")}}
+					batch[i].Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}
+				}
 			}
 			elapsed, _ := scheduleAll(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
 			podsPerSecond = pods / elapsed.Seconds()
@@ -94,8 +113,8 @@ func BenchmarkDRASchedulingThroughput(b *testing.B) {
 		b.ReportMetric(0, "ns/op")
 		b.ReportMetric(podsPerSecond, "pods/s")
 	}
-	b.Run("baseline-resclass", func(b *testing.B) { run(b, "bench-dp") })
-	b.Run("dra", func(b *testing.B) { run(b, "bench-dra") })
+	b.Run("baseline-resclass", func(b *testing.B) { run(b, "bench-dp", false) })
+	b.Run("dra", func(b *testing.B) { run(b, "bench-dra", true) })
 }
 
 // publishBenchSlices publishes, for each node, one ResourceSlice of the
