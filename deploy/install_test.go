@@ -204,6 +204,32 @@ func TestHelmChart(t *testing.T) {
 		}
 	})
 
+	t.Run("nodeAgent.dra.enabled is the kustomize base with the component deploy/node-agent/dra", func(t *testing.T) {
+		helmObjs := helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"dra": map[string]any{"enabled": true}}})
+		set := check(t, helmObjs)
+		overlay := t.TempDir()
+		base, err := filepath.Rel(overlay, filepath.Join(root, install.Base))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n",
+			base, filepath.Join(base, "node-agent", "dra"))
+		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		kustomized, err := install.KustomizeDir(overlay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameObjects(t, kustomized, helmObjs)
+		ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", agentNS, "resclass-node-agent"))
+		for _, p := range []string{"/var/lib/kubelet/plugins/resclass.io/dra.sock", "/var/lib/kubelet/plugins_registry/resclass.io-reg.sock", "/var/run/cdi/resclass.io-claim_x.json"} {
+			if v, m := mountOf(ds.Spec.Template.Spec, p); v == nil || v.HostPath == nil || m.ReadOnly || path.Join(v.HostPath.Path, strings.TrimPrefix(p, m.MountPath)) != p {
+				t.Errorf("DRA: %s is not the host's same path, writable: %+v", p, v)
+			}
+		}
+	})
+
 	t.Run("distribution.enabled is the kustomize base with the component deploy/distribution", func(t *testing.T) {
 		helmObjs := helmTemplate(t, map[string]any{"distribution": map[string]any{"enabled": true}})
 		set := check(t, helmObjs)
@@ -833,8 +859,13 @@ func containerPort(spec corev1.PodSpec, target intstr.IntOrString) int32 {
 }
 
 // writableHostPaths are the host directories the node agent writes to: the
-// kubelet's device-plugin sockets and its own introspection socket.
+// kubelet's device-plugin sockets and its own introspection socket; with
+// nodeAgent.dra.enabled also draHostPaths (and the CDI spec directory).
 var writableHostPaths = sets.New("/var/lib/kubelet/device-plugins", "/var/run/resclass")
+
+// draHostPaths are its DRA plugin's directory and the kubelet's registration
+// directory.
+var draHostPaths = sets.New("/var/lib/kubelet/plugins/resclass.io", "/var/lib/kubelet/plugins_registry")
 
 var imageRef = regexp.MustCompile(`^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+:[A-Za-z0-9._-]+$`)
 
@@ -918,8 +949,9 @@ func checkPodSpec(t *testing.T, set *objects, w workload) {
 			// The agent writes its sockets, nothing else, on the host; and
 			// with a CDI device-list strategy the CDI spec.
 			strategy, _ := arg(c.Args, "device-list-strategy")
-			if v.HostPath != nil && !m.ReadOnly && !writableHostPaths.Has(v.HostPath.Path) &&
-				(!strings.Contains(strategy, "cdi-") || m.MountPath != "/var/run/cdi") {
+			dra := volumes["dra-plugin"].HostPath != nil
+			if v.HostPath != nil && !m.ReadOnly && !writableHostPaths.Has(v.HostPath.Path) && (!dra || !draHostPaths.Has(v.HostPath.Path)) &&
+				((!strings.Contains(strategy, "cdi-") && !dra) || m.MountPath != "/var/run/cdi") {
 				t.Errorf("%s: host path %s is mounted writable", where, v.HostPath.Path)
 			}
 		}

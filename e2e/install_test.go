@@ -164,6 +164,14 @@ func TestComponentsCannotDoMore(t *testing.T) {
 			{verb: "create", group: "", resource: "pods", namespace: install.NodeAgentNamespace},
 			{verb: "create", group: "apps", resource: "daemonsets", namespace: install.NodeAgentNamespace},
 			{verb: "get", group: "", resource: "secrets", namespace: install.NodeAgentNamespace},
+			// DRA mode: its node's ResourceSlices (the admission policy
+			// narrows them to its node and driver; TestDRANode), the
+			// claims it prepares read-only, and no DeviceClass.
+			{verb: "create", group: "resource.k8s.io", resource: "resourceslices", allowed: true},
+			{verb: "get", group: "resource.k8s.io", resource: "resourceclaims", namespace: "default", allowed: true},
+			{verb: "update", group: "resource.k8s.io", resource: "resourceclaims", subresource: "status", namespace: "default"},
+			{verb: "list", group: "resource.k8s.io", resource: "resourceclaims", namespace: "default"},
+			{verb: "create", group: "resource.k8s.io", resource: "deviceclasses"},
 		},
 	}, {
 		user: sa("resclass-scheduler"),

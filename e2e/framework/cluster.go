@@ -297,6 +297,10 @@ var controllers = []string{
 	"disruption-controller",
 	// Folds resclass-view/-edit (deploy/roles) into view, edit and admin.
 	"clusterrole-aggregation-controller",
+	// DRA: releases a ResourceClaim's reservation and allocation once its pods
+	// are done, and lifts the finalizer that keeps an allocated claim (the
+	// scheduler's claim for extended resources included) from being deleted.
+	"resourceclaim-controller",
 }
 
 func (c *Cluster) startControllerManager(ctx context.Context) error {

@@ -183,13 +183,7 @@ func New(cfg Config, pods cache.SharedIndexInformer) *Allocator {
 // kindsHandoff is what the kinds' container edits read, from a.cfg: built
 // once, so that Allocate does not build it per call.
 func (a *Allocator) kindsHandoff() devicekind.Handoff {
-	return devicekind.Handoff{
-		HostRoot:       a.cfg.HostRoot,
-		EnvVar:         a.cfg.DeviceListStrategies.Has(StrategyEnvVar),
-		CDICRI:         a.cfg.DeviceListStrategies.Has(StrategyCDICRI),
-		CDIAnnotations: a.cfg.DeviceListStrategies.Has(StrategyCDIAnnotations),
-		Device:         a.device,
-	}
+	return NewHandoff(a.cfg.HostRoot, a.cfg.DeviceListStrategies, a.device)
 }
 
 // Run waits for the pod informer (started by its factory) to sync, then marks

@@ -1,10 +1,7 @@
 package handoff
 
 import (
-	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -42,35 +39,20 @@ func ClassEnv(class string) string {
 	}, class)
 }
 
-// response is what container m gets for its devices of class: the class's
-// device ids, and each kind's container edits (in the registry's order).
+// response is what container m gets for its devices of class: Edits, in the
+// kubelet's terms.
 func (a *Allocator) response(m match, class string) (*pluginapi.ContainerAllocateResponse, error) {
-	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{ClassEnv(class): strings.Join(m.devices, ",")}}
-	for _, id := range m.devices {
-		if a.device(id) == nil {
-			return nil, fmt.Errorf("device %s of class %s is no longer on this node", id, class)
-		}
+	e, err := Edits(a.kinds, &a.handoff, class, m.devices, func(k devicekind.Kind) []*v1alpha1.Device { return a.containerDevices(m, k) })
+	if err != nil {
+		return nil, err
 	}
-	e := devicekind.ContainerEdits{Env: resp.Envs}
-	for _, k := range a.kinds.Kinds() {
-		var mine []*v1alpha1.Device
-		for _, id := range m.devices {
-			if d := a.device(id); a.kinds.Kind(d.Kind) == k {
-				mine = append(mine, d)
-			}
-		}
-		if len(mine) == 0 {
-			continue
-		}
-		if err := k.ContainerEdits(&a.handoff, mine, a.containerDevices(m, k), &e); err != nil {
-			return nil, fmt.Errorf("devices of class %s: %w", class, err)
-		}
+	resp := &pluginapi.ContainerAllocateResponse{Envs: e.Env, Annotations: e.Annotations}
+	for _, p := range ExistingDeviceNodes(a.cfg.HostRoot, e.DeviceNodes) {
+		resp.Devices = append(resp.Devices, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: p, Permissions: "rw"})
 	}
-	resp.Devices = a.existing(e.DeviceNodes)
 	for _, n := range e.CDIDevices {
 		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: n})
 	}
-	resp.Annotations = e.Annotations
 	return resp, nil
 }
 
@@ -89,18 +71,6 @@ func (a *Allocator) containerDevices(m match, k devicekind.Kind) []*v1alpha1.Dev
 					out = append(out, d)
 				}
 			}
-		}
-	}
-	return out
-}
-
-// existing hands over the device nodes the host has, read-write at the same
-// path: a runtime fails a container whose device node is missing.
-func (a *Allocator) existing(paths []string) []*pluginapi.DeviceSpec {
-	var out []*pluginapi.DeviceSpec
-	for _, p := range paths {
-		if _, err := os.Stat(filepath.Join(a.cfg.HostRoot, p)); err == nil {
-			out = append(out, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: p, Permissions: "rw"})
 		}
 	}
 	return out

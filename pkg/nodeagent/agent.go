@@ -90,6 +90,10 @@ type Config struct {
 	// devicekind.Pollers), labels and hands out; kinds.Builtin when nil. A
 	// test adds its own kind here (docs/architecture.md, "Adding a kind").
 	Kinds *devicekind.Registry
+
+	// DRA is where the DRA kubelet plugin lives when the Node's
+	// v1alpha1.LabelDeviceMode selects DRA mode (docs/dra.md, "Nodes").
+	DRA DRAConfig
 }
 
 // Agent discovers its node's devices and keeps the node's NodeDevices object and
@@ -173,6 +177,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	r.work(ctx)
 	logger.Info("shutting down")
+	if r.modeChanged {
+		return ErrModeChanged
+	}
 	return nil
 }
 
@@ -213,6 +220,12 @@ type running struct {
 	nodes interface {
 		Get(string) (*corev1.Node, error)
 	}
+
+	// The node's device mode at start (one for the agent's life); dra is
+	// set in DRA mode, modeChanged once the label says otherwise.
+	mode        string
+	dra         *draSet
+	modeChanged bool
 
 	// The worker's state.
 	gpus    []v1alpha1.Device
@@ -275,7 +288,19 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 	// pass), the pods bound to this node (for pkg/handoff), the endpoints.
 	// A kubelet call that arrives must find the pods it is about, so the
 	// endpoints are served once both informers are synced.
-	if a.config.PluginDir != "" {
+	// One node, one mode (docs/dra.md, "Nodes"): device-plugin endpoints or
+	// the DRA kubelet plugin, never both.
+	r.mode = v1alpha1.DeviceModeOf(node.Labels)
+	if r.mode == v1alpha1.DeviceModeDRA {
+		var err error
+		if r.dra, err = a.startDRA(ctx, node, r.recorder); err != nil {
+			return r, err
+		}
+		r.onStop(r.dra.stop)
+	} else if err := a.deleteStaleSlices(ctx); err != nil {
+		logger.Error(err, "device-plugin mode: ResourceSlices left from DRA mode not deleted")
+	}
+	if a.config.PluginDir != "" && r.mode == v1alpha1.DeviceModeDevicePlugin {
 		cf := externalversions.NewSharedInformerFactory(a.resclass, 0)
 		classes := cf.Resclass().V1alpha1().ResourceClasses()
 		if _, err := classes.Informer().AddEventHandler(trigger); err != nil {
@@ -477,10 +502,21 @@ func (r *running) publishPass(ctx context.Context) {
 	if r.plugins != nil {
 		r.plugins.update(status.Devices)
 	}
+	if r.dra != nil {
+		r.dra.update(ctx, status.Devices)
+	}
+	if node, err := r.nodes.Get(a.config.NodeName); err == nil && modeChanged(logger, r.recorder, node, r.mode) {
+		r.modeChanged = true
+		r.queue.ShutDown()
+		return
+	}
 	r.introspect.update(status.Devices, r.plugins)
 
 	if time.Now().Before(r.retryAt) {
 		return
+	}
+	if r.dra != nil {
+		status = draInventory(status)
 	}
 	if err := a.publish(ctx, r.pub, r.nodeDevices, r.nodes, status); err != nil {
 		delay := r.publishing.When(passPublish)

@@ -59,7 +59,14 @@ recovery) and NIC link state, and records an Event on the Node when a device
 becomes unhealthy or healthy again. It serves one kubelet device-plugin
 endpoint per ResourceClass and answers Allocate with the devices the scheduler
 wrote into the pod's resclass.io/assignment, naming GPUs as
---device-list-strategy says. "node-agent discover" prints the inventory
+--device-list-strategy says.
+
+On a node labelled node.resclass.io/device-mode=dra it serves the devices
+through Dynamic Resource Allocation instead: it publishes them as
+ResourceSlices of the driver resclass.io and serves a DRA kubelet plugin
+(--dra-plugin-dir, --dra-registration-dir), no device-plugin endpoint; a
+change of the label makes it exit so that its restart serves the new mode
+(docs/dra.md, "Nodes"). "node-agent discover" prints the inventory
 without a cluster; "node-agent status" reads a running agent.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/draplugin"
 	"github.com/resclass/resclass/pkg/handoff"
 )
 
@@ -22,6 +23,8 @@ type metrics struct {
 	handoff       *handoff.Metrics
 	// cdiWrites counts CDI spec writes (written, error).
 	cdiWrites *prometheus.CounterVec
+	// dra counts the DRA plugin's prepares and unprepares (DRA mode).
+	dra *draplugin.Metrics
 }
 
 func newMetrics() *metrics {
@@ -58,6 +61,7 @@ func newMetrics() *metrics {
 		Help: "Writes of the CDI spec of the node's GPUs (with a CDI --device-list-strategy), by result: written, error.",
 	}, []string{"result"})
 	m.handoff = handoff.NewMetrics(m.registry)
+	m.dra = draplugin.NewMetrics(m.registry)
 	m.registry.MustRegister(m.cdiWrites, m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery)
 	return m
 }

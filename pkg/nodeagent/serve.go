@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
@@ -59,6 +60,8 @@ type serveOptions struct {
 	cdiDriverRoot        string
 	// Who may read /metrics.
 	metricsSecure bool
+	// DRA mode (docs/dra.md, "Nodes").
+	dra DRAConfig
 }
 
 func (o *serveOptions) addFlags(cmd *cobra.Command) {
@@ -85,6 +88,8 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.Var(&o.deviceListStrategies, "device-list-strategy", "how a container's GPUs are named to the container runtime, one or more of (comma-separated): envvar (NVIDIA_VISIBLE_DEVICES and the device nodes, for NVIDIA's container runtime), cdi-cri (CDI names in the CRI field, for containerd 1.7+/2.x and CRI-O with CDI), cdi-annotations (CDI names in a cdi.k8s.io/ container annotation); with a CDI strategy the agent writes the CDI spec of the node's GPUs into --cdi-spec-dir (default envvar)")
 	f.StringVar(&o.cdiSpecDir, "cdi-spec-dir", cdispec.DefaultDir, "directory the CDI spec ("+cdispec.FileName+") is written to with a CDI --device-list-strategy: one the container runtime reads (its cdi_spec_dirs)")
 	f.StringVar(&o.cdiDriverRoot, "cdi-driver-root", "/", "host path of the NVIDIA driver's root, read below --host-root, whose libraries and tools the CDI spec mounts into GPU containers: / for a driver installed on the host, /run/nvidia/driver for the GPU operator's driver container")
+	f.StringVar(&o.dra.PluginDataDir, "dra-plugin-dir", "/var/lib/kubelet/plugins/resclass.io", "on a node labelled "+v1alpha1.LabelDeviceMode+"="+v1alpha1.DeviceModeDRA+": the directory of the agent's DRA kubelet plugin (its socket dra.sock and its checkpoint of prepared claims, read back after a restart); the kubelet must reach it at the same path")
+	f.StringVar(&o.dra.RegistrationDir, "dra-registration-dir", "/var/lib/kubelet/plugins_registry", "on a node in DRA mode: the kubelet's plugin registration directory, where the agent's DRA plugin registers (socket resclass.io-reg.sock)")
 	f.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve --metrics-bind-address over HTTPS (a self-signed certificate made at start) and let only callers allowed to GET the non-resource URL /metrics read /metrics (TokenReview and SubjectAccessReview, as kube components do, decisions cached a minute, denials 10 s); /healthz and /readyz stay open for the kubelet's probes. false: plain HTTP without authentication, for a --metrics-bind-address on 127.0.0.1")
 }
 
@@ -131,6 +136,7 @@ func (o *serveOptions) run(ctx context.Context) error {
 		DeviceListStrategies: o.deviceListStrategies,
 		CDISpecDir:           o.cdiSpecDir,
 		CDIDriverRoot:        o.cdiDriverRoot,
+		DRA:                  o.dra,
 	}
 	cfg.Health.RecoveryAfter, cfg.Health.IgnoredXIDs = o.recoveryAfter, xids
 	m := newMetrics()

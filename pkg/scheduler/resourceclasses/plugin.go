@@ -327,6 +327,10 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 		return nil, unfitStatus(u)
 	}
 	cs.Write(stateKey, &state{demand: d})
+	// DRA-mode nodes are the DynamicResources plugin's (Filter passes them).
+	if dra := draNodes(nodes); dra.Len() > 0 {
+		eligible, u = eligible.Union(dra), nil
+	}
 	if u != nil { // no node has devices of every class
 		return nil, unfitStatus(u)
 	}
@@ -352,6 +356,9 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 		return fwk.AsStatus(fmt.Errorf("%s: PreFilter state missing", Name))
 	}
 	name := ni.Node().Name
+	if isDRANode(ni.Node()) {
+		return nil
+	}
 	if why, ok := p.cache.fits(name, s.views[name], s.demand); !ok {
 		return unfitStatus(&why)
 	}
@@ -417,6 +424,10 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
 func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	s, ok := getState(cs)
 	if !ok {
+		return nil
+	}
+	if ni, err := p.handle.SnapshotSharedLister().NodeInfos().Get(nodeName); err == nil && isDRANode(ni.Node()) {
+		p.forget(pod.UID) // DynamicResources allocates its devices
 		return nil
 	}
 	r, u, err := p.cache.reserve(pod, nodeName, s.demand, p.args.Strategy)

@@ -296,7 +296,8 @@ func newHarnessWithArgs(t *testing.T, rawArgs string, nds []*v1alpha1.NodeDevice
 	var objs []runtime.Object
 	var nodes []*corev1.Node
 	for _, nd := range nds {
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nd.Name}}
+		// A test labels a Node through its NodeDevices' labels (dramode_test.go).
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nd.Name, Labels: nd.Labels}}
 		nodes = append(nodes, node)
 		objs = append(objs, node)
 		ni := framework.NewNodeInfo()

@@ -1,0 +1,174 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/resclass/resclass/e2e/framework"
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/dra"
+)
+
+// BenchmarkDRASchedulingThroughput compares the two ways a node serves a
+// class (docs/dra.md, "Nodes") on the same node shapes, in one run: 500
+// simulated DGX A100 nodes (kwok) in device-plugin mode, whose NodeDevices the
+// resclass plugin places pods on, and 500 in DRA mode, whose ResourceSlices
+// (the same devices through pkg/dra's mapping, published by the benchmark as
+// the agent would) the stock DynamicResources plugin allocates from through
+// the class's DeviceClass (kept by the scheduler, pkg/dra). The same scheduler
+// binary serves both (its default profile). Each pod asks for one GPU of the
+// class, pinned by node label to one half.
+//
+//   - baseline-resclass: the device-plugin half (ResourceClasses plugin), the
+//     pod asking class.resclass.io/<class>: 1.
+//   - dra: the DRA half (DynamicResources), the pod naming a
+//     ResourceClaimTemplate of one device of the class's DeviceClass: the
+//     resourceclaim controller makes each pod's claim, the scheduler
+//     allocates it (the resclass scheduler runs with DRAExtendedResource
+//     off, docs/dra.md).
+//
+// ns/op is suppressed; the ratio is dra pods/s over baseline pods/s.
+func BenchmarkDRASchedulingThroughput(b *testing.B) {
+	const (
+		nodes = 500
+		pods  = 1000
+		class = "bench-dra-gpu"
+	)
+	ctx := context.Background()
+	classResource := corev1.ResourceName(v1alpha1.ResourceNamePrefix + class)
+	// The device-plugin nodes advertise the class as their kubelet would
+	// (8 GPUs).
+	dpNames, err := cluster.AddSimulatedNodes(ctx, framework.SimulatedNodes{
+		Prefix: "bench-dp", Count: nodes, Profile: "dgx-a100",
+		Labels:   map[string]string{"pool": "bench-dp"},
+		Capacity: corev1.ResourceList{classResource: resource.MustParse("8")},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { deleteNodes(dpNames) })
+	draNames, err := cluster.AddSimulatedNodes(ctx, framework.SimulatedNodes{
+		Prefix: "bench-dra", Count: nodes,
+		Labels: map[string]string{"pool": "bench-dra", v1alpha1.LabelDeviceMode: v1alpha1.DeviceModeDRA},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { deleteNodes(draNames) })
+	schedClass(b, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"), req("memory", v1alpha1.ResourceSelectorOpGtEq, "30G"))
+	publishBenchSlices(b, ctx, draNames)
+	// The scheduler's class-status leader creates the class's DeviceClass.
+	deviceClass(b, ctx, class)
+	client := fastClient(b)
+
+	run := func(b *testing.B, pool string, claimForm bool) {
+		var podsPerSecond float64
+		for b.Loop() {
+			ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-"}}, metav1.CreateOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if claimForm {
+				tmpl := &resourceapi.ResourceClaimTemplate{
+					ObjectMeta: metav1.ObjectMeta{Name: "gpu", Namespace: ns.Name},
+					Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+						Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class},
+					}}}}},
+				}
+				if _, err := client.ResourceV1().ResourceClaimTemplates(ns.Name).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			batch := make([]*corev1.Pod, pods)
+			for i := range batch {
+				batch[i] = &corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p-%05d", i), Namespace: ns.Name, Labels: map[string]string{"bench-run": ns.Name}},
+					Spec: corev1.PodSpec{
+						SchedulerName: corev1.DefaultSchedulerName,
+						NodeSelector:  map[string]string{"pool": pool},
+						Containers: []corev1.Container{{Name: "main", Image: "registry.example/train:1", Resources: corev1.ResourceRequirements{
+							Limits: corev1.ResourceList{classResource: resource.MustParse("1")},
+						}}},
+					},
+				}
+				if claimForm {
+					batch[i].Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptrTo("gpu")}}
+					batch[i].Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}
+				}
+			}
+			elapsed, _ := scheduleAll(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
+			podsPerSecond = pods / elapsed.Seconds()
+			deleteNamespaceAndWait(b, ctx, ns.Name)
+		}
+		b.ReportMetric(0, "ns/op")
+		b.ReportMetric(podsPerSecond, "pods/s")
+	}
+	b.Run("baseline-resclass", func(b *testing.B) { run(b, "bench-dp", false) })
+	b.Run("dra", func(b *testing.B) { run(b, "bench-dra", true) })
+}
+
+// publishBenchSlices publishes, for each node, one ResourceSlice of the
+// dgx-a100 profile's devices mapped by pkg/dra, as the node agent in DRA mode
+// publishes them (a GPU in MIG mode left out).
+func publishBenchSlices(b *testing.B, ctx context.Context, nodes []string) {
+	b.Helper()
+	status, err := framework.LoadProfile("dgx-a100")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var allocatable []v1alpha1.Device
+	for i := range status.Devices {
+		if kinds.Builtin.Allocation(&status.Devices[i]) != devicekind.Unallocatable {
+			allocatable = append(allocatable, status.Devices[i])
+		}
+	}
+	devices, refused := dra.Devices(allocatable)
+	if len(refused) > 0 {
+		b.Fatalf("the dgx-a100 profile does not map to DRA: %v", refused)
+	}
+	client := fastClient(b)
+	var wg sync.WaitGroup
+	errs := make(chan error, len(nodes))
+	next := make(chan string)
+	for range 16 {
+		wg.Go(func() {
+			for node := range next {
+				s := &resourceapi.ResourceSlice{
+					ObjectMeta: metav1.ObjectMeta{Name: node + "-" + dra.DriverName},
+					Spec: resourceapi.ResourceSliceSpec{
+						Driver: dra.DriverName, NodeName: &node,
+						Pool:    resourceapi.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1},
+						Devices: devices,
+					},
+				}
+				if _, err := client.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	for _, n := range nodes {
+		next <- n
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		for _, n := range nodes {
+			_ = cluster.Client.ResourceV1().ResourceSlices().Delete(context.Background(), n+"-"+dra.DriverName, metav1.DeleteOptions{})
+		}
+	})
+}

@@ -1,0 +1,233 @@
+package draplugin
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// CheckpointFile is the plugin's record of the claims it prepared, in its
+// plugin data directory (/var/lib/kubelet/plugins/<driver>/).
+const CheckpointFile = "checkpoint.json"
+
+// checkpointVersion is the format written; another is refused.
+const checkpointVersion = "resclass.io/dra-checkpoint/v1"
+
+// Bounds of what a checkpoint may hold. The file crosses a trust boundary
+// (anyone who can write the kubelet's plugin directory can write it), so it
+// is read with bounded cost: 16 MiB at most, and each list and string
+// bounded before anything is kept. A node with 110 pods of eight devices
+// each writes well under 1 MiB.
+const (
+	maxCheckpointBytes = 16 << 20
+	maxClaims          = 16384
+	maxDevicesPerClaim = 1024
+	maxCDIIDsPerDevice = 64
+	maxStringLen       = 1024
+)
+
+// PreparedDevice is one device of a prepared claim.
+type PreparedDevice struct {
+	// Request is the claim's request (or subrequest) the device serves.
+	Request string `json:"request"`
+	// Pool and Device name the device in the driver's ResourceSlices.
+	Pool   string `json:"pool"`
+	Device string `json:"device"`
+	// ID is the resclass device id (NodeDevices' id: a GPU UUID, a PCI
+	// address, a hugepage pool).
+	ID string `json:"id"`
+	// CDIDeviceIDs are what the kubelet passes to the runtime for it.
+	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+}
+
+// PreparedClaim is a claim the plugin prepared and not yet unprepared.
+type PreparedClaim struct {
+	Namespace string           `json:"namespace"`
+	Name      string           `json:"name"`
+	Devices   []PreparedDevice `json:"devices"`
+}
+
+// Checkpoint is what survives a restart of the agent and of the kubelet: the
+// claims prepared, by UID. The kubelet asks to prepare again after its own
+// restart (the answer must be the same) and to unprepare claims whose objects
+// may be gone (only the checkpoint knows their devices).
+type Checkpoint struct {
+	Claims map[types.UID]PreparedClaim `json:"claims"`
+}
+
+// checkpointFile is the file's layout: the data and its SHA-256, so that a
+// torn or edited file is noticed rather than believed.
+type checkpointFile struct {
+	Version  string          `json:"version"`
+	Checksum string          `json:"checksum"`
+	Data     json.RawMessage `json:"data"`
+}
+
+// Marshal renders the checkpoint with its checksum.
+func (c *Checkpoint) Marshal() ([]byte, error) {
+	if c.Claims == nil {
+		c.Claims = map[types.UID]PreparedClaim{}
+	}
+	data, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(data)
+	return json.Marshal(checkpointFile{Version: checkpointVersion, Checksum: hex.EncodeToString(sum[:]), Data: data})
+}
+
+// ParseCheckpoint reads a checkpoint written by Marshal, refusing, with a
+// message that says why, anything else: another version, a checksum that
+// does not match, more than the bounds allow, a claim or device without its
+// names, one device in two claims.
+func ParseCheckpoint(blob []byte) (*Checkpoint, error) {
+	if len(blob) > maxCheckpointBytes {
+		return nil, fmt.Errorf("checkpoint: %d bytes, at most %d", len(blob), maxCheckpointBytes)
+	}
+	var f checkpointFile
+	if err := strictUnmarshal(blob, &f); err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if f.Version != checkpointVersion {
+		return nil, fmt.Errorf("checkpoint: version %.64q, want %q", f.Version, checkpointVersion)
+	}
+	sum := sha256.Sum256(f.Data)
+	if f.Checksum != hex.EncodeToString(sum[:]) {
+		return nil, errors.New("checkpoint: checksum does not match its data (torn or edited file)")
+	}
+	var c Checkpoint
+	if err := strictUnmarshal(f.Data, &c); err != nil {
+		return nil, fmt.Errorf("checkpoint data: %w", err)
+	}
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if c.Claims == nil {
+		c.Claims = map[types.UID]PreparedClaim{}
+	}
+	return &c, nil
+}
+
+func strictUnmarshal(blob []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(blob))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("data after the JSON object")
+	}
+	return nil
+}
+
+func (c *Checkpoint) validate() error {
+	if len(c.Claims) > maxClaims {
+		return fmt.Errorf("%d claims, at most %d", len(c.Claims), maxClaims)
+	}
+	owner := map[string]types.UID{} // pool/device -> claim
+	for _, uid := range slices.Sorted(maps.Keys(c.Claims)) {
+		pc := c.Claims[uid]
+		if err := checkString("claim uid", string(uid)); err != nil {
+			return err
+		}
+		if errs := validation.IsDNS1123Subdomain(pc.Name); len(errs) > 0 {
+			return fmt.Errorf("claim %s: name %.64q: %s", uid, pc.Name, errs[0])
+		}
+		if errs := validation.IsDNS1123Label(pc.Namespace); len(errs) > 0 {
+			return fmt.Errorf("claim %s: namespace %.64q: %s", uid, pc.Namespace, errs[0])
+		}
+		if len(pc.Devices) > maxDevicesPerClaim {
+			return fmt.Errorf("claim %s: %d devices, at most %d", uid, len(pc.Devices), maxDevicesPerClaim)
+		}
+		for _, d := range pc.Devices {
+			for what, s := range map[string]string{"request": d.Request, "pool": d.Pool, "device": d.Device, "id": d.ID} {
+				if err := checkString(what, s); err != nil {
+					return fmt.Errorf("claim %s: %w", uid, err)
+				}
+			}
+			if len(d.CDIDeviceIDs) > maxCDIIDsPerDevice {
+				return fmt.Errorf("claim %s: device %s: %d CDI devices, at most %d", uid, d.Device, len(d.CDIDeviceIDs), maxCDIIDsPerDevice)
+			}
+			for _, id := range d.CDIDeviceIDs {
+				if err := checkString("CDI device", id); err != nil {
+					return fmt.Errorf("claim %s: %w", uid, err)
+				}
+			}
+			key := d.Pool + "/" + d.Device
+			if other, ok := owner[key]; ok && other != uid {
+				return fmt.Errorf("device %s is prepared for claims %s and %s", key, other, uid)
+			}
+			owner[key] = uid
+		}
+	}
+	return nil
+}
+
+func checkString(what, s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("empty %s", what)
+	case len(s) > maxStringLen:
+		return fmt.Errorf("%s of %d bytes, at most %d", what, len(s), maxStringLen)
+	}
+	return nil
+}
+
+// LoadCheckpoint reads the checkpoint at path; a missing file is an empty
+// checkpoint (a node's first start).
+func LoadCheckpoint(path string) (*Checkpoint, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return &Checkpoint{Claims: map[types.UID]PreparedClaim{}}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	blob, err := io.ReadAll(io.LimitReader(f, maxCheckpointBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	c, err := ParseCheckpoint(blob)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Save writes the checkpoint to path atomically (a temporary file renamed
+// over it, synced first): a crash leaves the old file or the new one.
+func (c *Checkpoint) Save(path string) error {
+	blob, err := c.Marshal()
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".checkpoint-*")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.Remove(tmp.Name()) }()
+	if _, err := tmp.Write(blob); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

@@ -1,0 +1,450 @@
+// Package draplugin is the node agent's DRA kubelet plugin (docs/dra.md,
+// "Nodes"): on a node in DRA mode the stock scheduler allocates ResourceClaims
+// from the ResourceSlices the agent publishes, and the kubelet asks this
+// plugin, through the upstream helper (k8s.io/dynamic-resource-allocation/
+// kubeletplugin), to prepare them. What a container gets for its devices is
+// pkg/handoff's Edits, the same as on the device-plugin path: the environment
+// and the device nodes go into a CDI spec per claim, and the GPUs' own CDI
+// names (the agent's spec, pkg/cdispec) are passed as they are.
+//
+// The claims prepared are kept in a checkpoint in the plugin's directory, so
+// that a restarted agent answers the kubelet's repeated prepare the same way,
+// unprepares claims whose objects are gone, and never prepares one device for
+// two claims.
+package draplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	specs "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/handoff"
+)
+
+// Event reasons, on the ResourceClaim and the pods it is reserved for.
+const (
+	ReasonPrepareFailed = "DevicePrepareFailed"
+)
+
+// CDI kind of the per-claim devices: resclass.io/claim=<claim uid>-<request>.
+const (
+	CDIVendor = "resclass.io"
+	CDIClass  = "claim"
+	CDIKind   = CDIVendor + "/" + CDIClass
+)
+
+// Config configures a Plugin.
+type Config struct {
+	// NodeName is the node; its pool in the driver's ResourceSlices has its
+	// name.
+	NodeName string
+	// DriverName is the DRA driver name the agent publishes under.
+	DriverName string
+	// HostRoot is where the host's / is (device nodes below it).
+	HostRoot string
+	// DeviceListStrategies say how GPUs are named (as on the device-plugin
+	// path; cdi-annotations has no DRA equivalent and counts as cdi-cri).
+	DeviceListStrategies handoff.Strategies
+	// Kinds say what a container gets for each kind (kinds.Builtin when nil).
+	Kinds *devicekind.Registry
+	// CDIDir is where the per-claim CDI specs are written (cdi's
+	// /var/run/cdi when empty).
+	CDIDir string
+	// PluginDataDir is the plugin's directory: its socket and its
+	// checkpoint (/var/lib/kubelet/plugins/<driver> when empty).
+	PluginDataDir string
+	// RegistrarDir is the kubelet's plugin registration directory
+	// (/var/lib/kubelet/plugins_registry when empty).
+	RegistrarDir string
+	// ClassOf names the ResourceClass a DeviceClass stands for (for
+	// RESCLASS_DEVICES_<CLASS>); the DeviceClass name itself when nil.
+	ClassOf func(deviceClass string) string
+	// Recorder records Events on claims and pods; nil records none.
+	Recorder record.EventRecorder
+	// Metrics, if set, counts outcomes and latencies.
+	Metrics *Metrics
+}
+
+// Plugin prepares and unprepares the claims of the agent's devices, and
+// streams their health to the kubelet (DRAResourceHealth, which the upstream
+// helper serves when the plugin implements it).
+type Plugin struct {
+	drahealthv1alpha1.UnimplementedDRAResourceHealthServer
+
+	cfg     Config
+	kinds   *devicekind.Registry
+	handoff devicekind.Handoff
+
+	mu      sync.Mutex
+	devices map[string]*v1alpha1.Device // by resclass id
+	ids     map[string]string           // DRA device name -> resclass id
+	cp      *Checkpoint
+	cdi     *cdi.Cache
+
+	helper *kubeletplugin.Helper
+	health *healthHub
+}
+
+// New returns a plugin with the checkpoint read from cfg.PluginDataDir; Start
+// serves it to the kubelet. A checkpoint that does not parse is an error:
+// starting empty would prepare devices that running containers hold.
+func New(cfg Config) (*Plugin, error) {
+	if cfg.Kinds == nil {
+		cfg.Kinds = kinds.Builtin
+	}
+	if cfg.PluginDataDir == "" {
+		cfg.PluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, cfg.DriverName)
+	}
+	if cfg.RegistrarDir == "" {
+		cfg.RegistrarDir = kubeletplugin.KubeletRegistryDir
+	}
+	if cfg.CDIDir == "" {
+		cfg.CDIDir = cdi.DefaultDynamicDir
+	}
+	if cfg.ClassOf == nil {
+		cfg.ClassOf = func(dc string) string { return dc }
+	}
+	if cfg.HostRoot == "" {
+		cfg.HostRoot = "/"
+	}
+	strategies := cfg.DeviceListStrategies
+	if strategies.Has(handoff.StrategyCDIAnnotations) && !strategies.Has(handoff.StrategyCDICRI) {
+		strategies = append(slices.Clone(strategies), handoff.StrategyCDICRI)
+	}
+	// The kubelet creates its registration directory when its plugin
+	// watcher starts, which may be after the agent.
+	for _, dir := range []string{cfg.PluginDataDir, cfg.RegistrarDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, err
+		}
+	}
+	cp, err := LoadCheckpoint(filepath.Join(cfg.PluginDataDir, CheckpointFile))
+	if err != nil {
+		return nil, err
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(cfg.CDIDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("CDI spec directory %s: %w", cfg.CDIDir, err)
+	}
+	p := &Plugin{cfg: cfg, kinds: cfg.Kinds, cp: cp, cdi: cache, devices: map[string]*v1alpha1.Device{}, ids: map[string]string{}, health: newHealthHub()}
+	p.handoff = handoff.NewHandoff(cfg.HostRoot, strategies, p.device)
+	return p, nil
+}
+
+// Start serves the plugin to the kubelet (registration and DRA sockets)
+// until ctx ends or Stop. kube reads the claims.
+func (p *Plugin) Start(ctx context.Context, kube kubernetes.Interface, nodeUID types.UID) error {
+	h, err := kubeletplugin.Start(ctx, p,
+		kubeletplugin.DriverName(p.cfg.DriverName),
+		kubeletplugin.NodeName(p.cfg.NodeName),
+		kubeletplugin.NodeUID(nodeUID),
+		kubeletplugin.KubeClient(kube),
+		kubeletplugin.PluginDataDirectoryPath(p.cfg.PluginDataDir),
+		kubeletplugin.RegistrarDirectoryPath(p.cfg.RegistrarDir),
+	)
+	if err != nil {
+		return fmt.Errorf("starting the DRA kubelet plugin: %w", err)
+	}
+	p.helper = h
+	return nil
+}
+
+// Helper is the running upstream helper (nil before Start): it publishes the
+// ResourceSlices.
+func (p *Plugin) Helper() *kubeletplugin.Helper { return p.helper }
+
+// Stop stops serving; the sockets are removed, the checkpoint stays.
+func (p *Plugin) Stop() { p.helper.Stop() }
+
+// SetDevices gives the plugin the node's devices and the DRA device name of
+// each published one (name -> resclass id). It keeps copies.
+func (p *Plugin) SetDevices(devices []v1alpha1.Device, names map[string]string) {
+	m := make(map[string]*v1alpha1.Device, len(devices))
+	for i := range devices {
+		d := devices[i].DeepCopy()
+		m[d.ID] = d
+	}
+	health := make(map[string]deviceHealth, len(names))
+	for name, id := range names {
+		if d := m[id]; d != nil {
+			health[name] = deviceHealth{healthy: d.Healthy, reason: d.Reason}
+		}
+	}
+	p.health.set(time.Now(), health)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.devices, p.ids = m, maps.Clone(names)
+}
+
+// device is called with p.mu held (from prepare).
+func (p *Plugin) device(id string) *v1alpha1.Device { return p.devices[id] }
+
+// Prepared lists the claims prepared, by UID (for introspection and tests).
+func (p *Plugin) Prepared() map[types.UID]PreparedClaim {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.cp.Claims)
+}
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	start := time.Now()
+	defer p.cfg.Metrics.observe("prepare", start)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	logger := klog.FromContext(ctx)
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	var added []types.UID
+	changed := false
+	for _, claim := range claims {
+		pc, outcome, err := p.prepare(claim)
+		p.cfg.Metrics.claim("prepare", outcome)
+		if err != nil {
+			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
+			p.warn(claim, err)
+			continue
+		}
+		if outcome == "prepared" {
+			if _, had := p.cp.Claims[claim.UID]; !had {
+				added = append(added, claim.UID)
+			}
+			p.cp.Claims[claim.UID] = *pc
+			changed = true
+			logger.V(2).Info("prepared", "claim", klog.KObj(claim), "devices", sortedIDs(*pc))
+		}
+		out[claim.UID] = kubeletplugin.PrepareResult{Devices: resultDevices(pc)}
+	}
+	if changed {
+		if err := p.cp.Save(p.checkpointPath()); err != nil {
+			// Nothing is prepared unless it is recorded: forget this call's
+			// new claims and fail the call.
+			for _, uid := range added {
+				delete(p.cp.Claims, uid)
+			}
+			return nil, fmt.Errorf("writing the checkpoint: %w", err)
+		}
+	}
+	return out, nil
+}
+
+func (p *Plugin) checkpointPath() string { return filepath.Join(p.cfg.PluginDataDir, CheckpointFile) }
+
+// prepare works out one claim: its devices (this driver's results only), the
+// CDI spec of its requests, written. It returns the outcome for the metric.
+func (p *Plugin) prepare(claim *resourceapi.ResourceClaim) (*PreparedClaim, string, error) {
+	if claim.Status.Allocation == nil {
+		return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s is not allocated", claim.Namespace, claim.Name)
+	}
+	pc := &PreparedClaim{Namespace: claim.Namespace, Name: claim.Name}
+	byRequest := map[string][]int{} // request -> indexes into pc.Devices
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != p.cfg.DriverName {
+			continue
+		}
+		if r.Pool != p.cfg.NodeName {
+			return nil, "invalid", fmt.Errorf("device %s/%s is in pool %q, not this node's (%s)", r.Pool, r.Device, r.Pool, p.cfg.NodeName)
+		}
+		id, ok := p.ids[r.Device]
+		if !ok || p.devices[id] == nil {
+			return nil, "invalid", fmt.Errorf("device %s is not on node %s (any more)", r.Device, p.cfg.NodeName)
+		}
+		for uid, other := range p.cp.Claims {
+			if uid == claim.UID {
+				continue
+			}
+			for _, d := range other.Devices {
+				if d.Pool == r.Pool && d.Device == r.Device {
+					return nil, "conflict", fmt.Errorf("device %s (%s) is already prepared for ResourceClaim %s/%s: refusing to hand one device to two claims", r.Device, id, other.Namespace, other.Name)
+				}
+			}
+		}
+		byRequest[r.Request] = append(byRequest[r.Request], len(pc.Devices))
+		pc.Devices = append(pc.Devices, PreparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device, ID: id})
+	}
+	if len(pc.Devices) == 0 {
+		return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s has no device of driver %s", claim.Namespace, claim.Name, p.cfg.DriverName)
+	}
+	spec := &specs.Spec{Version: specs.CurrentVersion, Kind: CDIKind}
+	for _, request := range slices.Sorted(maps.Keys(byRequest)) {
+		idx := byRequest[request]
+		ids := make([]string, len(idx))
+		for i, j := range idx {
+			ids[i] = pc.Devices[j].ID
+		}
+		class := p.cfg.ClassOf(deviceClassOf(claim, request))
+		e, err := handoff.Edits(p.kinds, &p.handoff, class, ids, func(k devicekind.Kind) []*v1alpha1.Device {
+			var out []*v1alpha1.Device
+			for _, id := range ids {
+				if d := p.devices[id]; p.kinds.Kind(d.Kind) == k {
+					out = append(out, d)
+				}
+			}
+			return out
+		})
+		if err != nil {
+			return nil, "invalid", err
+		}
+		name := cdiDeviceName(claim.UID, request)
+		dev := specs.Device{Name: name, ContainerEdits: specs.ContainerEdits{}}
+		for _, k := range slices.Sorted(maps.Keys(e.Env)) {
+			dev.ContainerEdits.Env = append(dev.ContainerEdits.Env, k+"="+e.Env[k])
+		}
+		for _, n := range handoff.ExistingDeviceNodes(p.cfg.HostRoot, e.DeviceNodes) {
+			dev.ContainerEdits.DeviceNodes = append(dev.ContainerEdits.DeviceNodes, &specs.DeviceNode{Path: n, HostPath: filepath.Join(p.cfg.HostRoot, n), Permissions: "rw"})
+		}
+		spec.Devices = append(spec.Devices, dev)
+		// The request's first device carries the claim's CDI device and the
+		// GPUs' own CDI names: the kubelet gives a container the CDI devices
+		// of every device of the requests it uses.
+		first := &pc.Devices[idx[0]]
+		first.CDIDeviceIDs = append([]string{CDIKind + "=" + name}, e.CDIDevices...)
+	}
+	if err := p.cdi.WriteSpec(spec, specFile(claim.UID)); err != nil {
+		return nil, "error", fmt.Errorf("writing the CDI spec of ResourceClaim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	if old, ok := p.cp.Claims[claim.UID]; ok && sameDevices(old, *pc) {
+		return pc, "repeated", nil
+	}
+	return pc, "prepared", nil
+}
+
+// deviceClassOf is the DeviceClass of request (or of its subrequest) in the
+// claim's spec; "" when the spec does not say (the class is then the
+// request's name).
+func deviceClassOf(claim *resourceapi.ResourceClaim, request string) string {
+	parent, sub, _ := strings.Cut(request, "/")
+	for _, r := range claim.Spec.Devices.Requests {
+		if r.Name != parent {
+			continue
+		}
+		if r.Exactly != nil {
+			return r.Exactly.DeviceClassName
+		}
+		for _, s := range r.FirstAvailable {
+			if s.Name == sub {
+				return s.DeviceClassName
+			}
+		}
+	}
+	return request
+}
+
+func sameDevices(a, b PreparedClaim) bool {
+	return slices.EqualFunc(a.Devices, b.Devices, func(x, y PreparedDevice) bool {
+		return x.Request == y.Request && x.Pool == y.Pool && x.Device == y.Device && x.ID == y.ID && slices.Equal(x.CDIDeviceIDs, y.CDIDeviceIDs)
+	})
+}
+
+// cdiDeviceName is unique per claim and request, never reused (the claim's
+// UID): a runtime's cached spec can never resolve it to another claim's
+// devices. CDI names allow letters, digits, '_', '-', '.' and ':'.
+func cdiDeviceName(uid types.UID, request string) string {
+	return string(uid) + "-" + strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '.', r == '_':
+			return r
+		}
+		return '_'
+	}, request)
+}
+
+func specFile(uid types.UID) string { return CDIVendor + "-" + CDIClass + "_" + string(uid) + ".json" }
+
+func resultDevices(pc *PreparedClaim) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, len(pc.Devices))
+	for i, d := range pc.Devices {
+		out[i] = kubeletplugin.Device{Requests: []string{d.Request}, PoolName: d.Pool, DeviceName: d.Device, CDIDeviceIDs: d.CDIDeviceIDs}
+	}
+	return out
+}
+
+// UnprepareResourceClaims implements kubeletplugin.DRAPlugin: the claim's CDI
+// spec is removed and it leaves the checkpoint. A claim not prepared here is
+// not an error (the kubelet repeats itself after restarts).
+func (p *Plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	start := time.Now()
+	defer p.cfg.Metrics.observe("unprepare", start)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[types.UID]error, len(claims))
+	removed := map[types.UID]PreparedClaim{}
+	for _, c := range claims {
+		if err := p.cdi.RemoveSpec(specFile(c.UID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			out[c.UID] = fmt.Errorf("removing the CDI spec of ResourceClaim %s: %w", c.NamespacedName, err)
+			p.cfg.Metrics.claim("unprepare", "error")
+			continue
+		}
+		out[c.UID] = nil
+		pc, ok := p.cp.Claims[c.UID]
+		if !ok {
+			p.cfg.Metrics.claim("unprepare", "unknown")
+			continue
+		}
+		removed[c.UID] = pc
+		delete(p.cp.Claims, c.UID)
+		p.cfg.Metrics.claim("unprepare", "unprepared")
+	}
+	if len(removed) > 0 {
+		if err := p.cp.Save(p.checkpointPath()); err != nil {
+			maps.Copy(p.cp.Claims, removed)
+			return nil, fmt.Errorf("writing the checkpoint: %w", err)
+		}
+	}
+	klog.FromContext(ctx).V(2).Info("unprepared", "claims", len(removed))
+	return out, nil
+}
+
+// HandleError implements kubeletplugin.DRAPlugin: errors of the helper's
+// background work (publishing ResourceSlices, its gRPC servers) are logged;
+// the next publish pass tries again.
+func (p *Plugin) HandleError(ctx context.Context, err error, msg string) {
+	klog.FromContext(ctx).Error(err, msg, "recoverable", errors.Is(err, kubeletplugin.ErrRecoverable))
+}
+
+// warn records a failed prepare where users look: on the claim and on the
+// pods it is reserved for.
+func (p *Plugin) warn(claim *resourceapi.ResourceClaim, err error) {
+	if p.cfg.Recorder == nil {
+		return
+	}
+	p.cfg.Recorder.Eventf(claim, corev1.EventTypeWarning, ReasonPrepareFailed, "node %s: %v", p.cfg.NodeName, err)
+	for _, r := range claim.Status.ReservedFor {
+		if r.Resource != "pods" || r.APIGroup != "" {
+			continue
+		}
+		pod := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: claim.Namespace, Name: r.Name, UID: r.UID}
+		p.cfg.Recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPrepareFailed, "ResourceClaim %s on node %s: %v", claim.Name, p.cfg.NodeName, err)
+	}
+}
+
+// sortedIDs is for logs.
+func sortedIDs(pc PreparedClaim) []string {
+	out := make([]string, len(pc.Devices))
+	for i, d := range pc.Devices {
+		out[i] = d.ID
+	}
+	sort.Strings(out)
+	return out
+}

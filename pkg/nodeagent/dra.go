@@ -1,0 +1,195 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/dra"
+	"github.com/resclass/resclass/pkg/draplugin"
+)
+
+// DRAConfig is where the agent's DRA kubelet plugin lives, on a node in DRA
+// mode (v1alpha1.LabelDeviceMode; docs/dra.md, "Nodes").
+type DRAConfig struct {
+	// RegistrationDir is the kubelet's plugin registration directory
+	// (/var/lib/kubelet/plugins_registry when empty).
+	RegistrationDir string
+	// PluginDataDir holds the plugin's socket and checkpoint
+	// (/var/lib/kubelet/plugins/resclass.io when empty).
+	PluginDataDir string
+}
+
+// Reasons of the Events the DRA mode records on the Node.
+const (
+	reasonModeChanged    = "DeviceModeChanged"
+	reasonNotPublishable = "DeviceNotPublishedToDRA"
+)
+
+// ErrModeChanged is what Run returns when the Node's device mode label changes: the
+// agent serves one mode for its whole life, and its restart (by the
+// DaemonSet's pod) serves the new one.
+var ErrModeChanged = errors.New("the node's device mode changed: restarting to serve the new mode")
+
+// draSet is the DRA half of a running agent in DRA mode: the kubelet plugin,
+// which also publishes the ResourceSlices through the upstream helper, and
+// the CDI spec of the GPUs (named by the per-claim specs).
+type draSet struct {
+	plugin   *draplugin.Plugin
+	kinds    *devicekind.Registry
+	cdi      *cdiSpec
+	node     *corev1.Node
+	recorder record.EventRecorder
+	logger   klog.Logger
+	// refused is the last set of devices the mapping refused, so that a
+	// refusal is reported once, not at every poll.
+	refused string
+}
+
+// startDRA starts the DRA kubelet plugin.
+func (a *Agent) startDRA(ctx context.Context, node *corev1.Node, recorder record.EventRecorder) (*draSet, error) {
+	logger := klog.FromContext(ctx)
+	c := a.config.DRA
+	if c.PluginDataDir == "" {
+		c.PluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, dra.DriverName)
+	}
+	spec, err := a.newCDISpec(logger)
+	if err != nil {
+		return nil, err
+	}
+	plugin, err := draplugin.New(draplugin.Config{
+		NodeName: a.config.NodeName, DriverName: dra.DriverName, HostRoot: a.config.HostRoot,
+		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,
+		CDIDir: a.config.CDISpecDir, PluginDataDir: c.PluginDataDir, RegistrarDir: c.RegistrationDir,
+		Recorder: recorder, Metrics: a.metrics.dra,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := plugin.Start(ctx, a.kube, node.UID); err != nil {
+		return nil, err
+	}
+	logger.Info("DRA mode: serving the DRA kubelet plugin", "driver", dra.DriverName, "pluginDir", c.PluginDataDir)
+	return &draSet{plugin: plugin, kinds: a.config.Kinds, cdi: spec, node: node, recorder: recorder, logger: logger}, nil
+}
+
+func (s *draSet) stop() { s.plugin.Stop() }
+
+// draInventory is what a DRA-mode node publishes as its NodeDevices: the
+// discovery conditions, and no device. Its devices are DRA's to allocate (its
+// ResourceSlices are their inventory), and the resclass scheduler, the
+// ResourceClass status and kubectl resclass read NodeDevices: an empty one
+// (rather than none, or one left from device-plugin mode) keeps them from
+// counting the devices, without the agent needing to delete anything.
+func draInventory(status v1alpha1.NodeDevicesStatus) v1alpha1.NodeDevicesStatus {
+	status.Devices = nil
+	status.Summary = v1alpha1.DeviceSummary{}
+	return status
+}
+
+// update gives the plugin the node's devices and publishes them as the
+// node's pool of ResourceSlices (the helper's controller writes only what
+// differs from the apiserver's copy). A device given to nobody (a GPU in MIG
+// mode: its MIG devices are published) is left out, as is a device the
+// mapping refuses (reported once per change as an Event on the Node).
+func (s *draSet) update(ctx context.Context, devices []v1alpha1.Device) {
+	s.cdi.update(devices)
+	var allocatable []v1alpha1.Device
+	for i := range devices {
+		if s.kinds.Allocation(&devices[i]) != devicekind.Unallocatable {
+			allocatable = append(allocatable, devices[i])
+		}
+	}
+	mapped, refused := dra.Devices(allocatable)
+	names := make(map[string]string, len(mapped))
+	for i := range mapped {
+		if id, ok := dra.ID(&mapped[i]); ok {
+			names[mapped[i].Name] = id
+		}
+	}
+	s.plugin.SetDevices(devices, names)
+	if key := errorsKey(refused); key != s.refused {
+		s.refused = key
+		for _, err := range refused {
+			s.logger.Info("device not published to DRA", "reason", err.Error())
+			s.recorder.Event(s.node, corev1.EventTypeWarning, reasonNotPublishable, err.Error())
+		}
+	}
+	if err := s.plugin.Helper().PublishResources(ctx, driverResources(s.node.Name, mapped)); err != nil {
+		s.logger.Error(err, "publishing the ResourceSlices")
+	}
+}
+
+// driverResources is the node's one pool, named after the node, in slices of
+// at most ResourceSliceMaxDevicesWithAdvancedFeatures (64) devices: the most a
+// slice may hold once a device is tainted (unhealthy), so that a device
+// turning unhealthy never moves devices between slices.
+func driverResources(node string, devices []resourceapi.Device) resourceslice.DriverResources {
+	var out []resourceslice.Slice
+	for len(devices) > 0 {
+		n := min(len(devices), resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures)
+		out = append(out, resourceslice.Slice{Devices: devices[:n]})
+		devices = devices[n:]
+	}
+	if len(out) == 0 {
+		out = []resourceslice.Slice{{}}
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: out}}}
+}
+
+func errorsKey(errs []error) string {
+	msgs := make([]string, len(errs))
+	for i, err := range errs {
+		msgs[i] = err.Error()
+	}
+	slices.Sort(msgs)
+	return strings.Join(msgs, "\n")
+}
+
+// deleteStaleSlices removes the ResourceSlices of the agent's driver on its
+// node, left from DRA mode, when it starts in device-plugin mode: the stock
+// allocator must not hand out what the device-plugin endpoints serve.
+func (a *Agent) deleteStaleSlices(ctx context.Context) error {
+	sel := fields.AndSelectors(
+		fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, a.config.NodeName),
+		fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, dra.DriverName),
+	).String()
+	list, err := a.kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
+	if err != nil {
+		return fmt.Errorf("listing the node's ResourceSlices: %w", err)
+	}
+	for _, s := range list.Items {
+		if err := a.kube.ResourceV1().ResourceSlices().Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting ResourceSlice %s: %w", s.Name, err)
+		}
+		klog.FromContext(ctx).Info("device-plugin mode: deleted a ResourceSlice left from DRA mode", "resourceSlice", s.Name)
+	}
+	return nil
+}
+
+// modeChanged says whether node's labels select another mode than mode, and
+// records it on the Node.
+func modeChanged(logger klog.Logger, recorder record.EventRecorder, node *corev1.Node, mode string) bool {
+	now := v1alpha1.DeviceModeOf(node.Labels)
+	if now == mode {
+		return false
+	}
+	logger.Info("the node's device mode changed; restarting to serve it", "from", mode, "to", now, "label", v1alpha1.LabelDeviceMode)
+	recorder.Eventf(node, corev1.EventTypeNormal, reasonModeChanged, "%s is now %s (was %s): the node agent restarts to serve its devices through %s only", v1alpha1.LabelDeviceMode, now, mode, now)
+	return true
+}
