@@ -24,6 +24,8 @@ import (
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
@@ -471,9 +473,9 @@ func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string) *fr
 	go func() {
 		defer close(done)
 		agent := nodeagent.New(nodeagent.Config{
-			NodeName: nodeName, HostRoot: root, NVML: dgx, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
+			NodeName: nodeName, HostRoot: root, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
 			IntrospectionSocket: filepath.Join(t.TempDir(), "agent.sock"),
-			Health:              nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond},
+			Kinds:               kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
 		}, arc, akc)
 		if err := agent.Run(actx); err != nil {
 			t.Errorf("agent: %v", err)

@@ -149,7 +149,7 @@ func (a *Agent) newCDISpec(logger klog.Logger) (*cdiSpec, error) {
 	}
 	return &cdiSpec{
 		writer: w, logger: logger, metrics: a.metrics,
-		config: cdispec.Config{HostRoot: a.config.HostRoot, DriverRoot: a.config.CDIDriverRoot},
+		config: cdispec.Config{HostRoot: a.config.HostRoot, DriverRoot: a.config.CDIDriverRoot, Kinds: a.config.Kinds},
 	}, nil
 }
 
@@ -196,7 +196,7 @@ func (c *cdiSpec) update(devices []v1alpha1.Device) {
 	if c == nil {
 		return
 	}
-	if key := gpuKey(devices); key != c.key || c.spec == nil {
+	if key := cdiKey(c.config.Kinds, devices); key != c.key || c.spec == nil {
 		spec, err := cdispec.Generate(c.config, devices)
 		if err != nil {
 			c.logger.Error(err, "generating the CDI spec")
@@ -223,16 +223,19 @@ func cdispecDevices(s *specs.Spec) []specs.Device {
 	return s.Devices
 }
 
-// gpuKey is what the spec depends on among devices.
-func gpuKey(devices []v1alpha1.Device) string {
+// cdiKey is what the spec depends on among devices: the devices it names
+// (those of a devicekind.CDIKind) with every attribute, so that a change of
+// identity, device node, MIG placement or driver version generates it again.
+func cdiKey(kinds *devicekind.Registry, devices []v1alpha1.Device) string {
 	var b strings.Builder
-	for _, d := range devices {
-		if d.Kind != v1alpha1.DeviceKindNvidiaGPU && d.Kind != v1alpha1.DeviceKindNvidiaMIG {
+	for i := range devices {
+		d := &devices[i]
+		if _, ok := kinds.Kind(d.Kind).(devicekind.CDIKind); !ok {
 			continue
 		}
 		b.WriteString(d.ID)
-		for _, a := range []string{v1alpha1.AttributeMinor, v1alpha1.AttributeParent, v1alpha1.AttributeGPUInstanceID, v1alpha1.AttributeComputeInstanceID, v1alpha1.AttributeDriverVersion} {
-			b.WriteString("|" + d.Attributes[a].String())
+		for _, name := range slices.Sorted(maps.Keys(d.Attributes)) {
+			b.WriteString("|" + name + "=" + d.Attributes[name].String())
 		}
 		b.WriteString("\n")
 	}

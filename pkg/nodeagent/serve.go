@@ -27,6 +27,8 @@ import (
 
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
@@ -118,8 +120,7 @@ func (o *serveOptions) run(ctx context.Context) error {
 		NodeName:            o.nodeName,
 		HostRoot:            o.hostRoot,
 		IncludeVirtualNICs:  o.includeVirtual,
-		NVMLLibrary:         &o.nvml,
-		NVMLRetryMax:        o.nvmlRetryMax,
+		OpenRetryMax:        o.nvmlRetryMax,
 		ShutdownTimeout:     o.shutdownTimeout,
 		PollInterval:        o.poll,
 		ResyncInterval:      o.resync,
@@ -132,7 +133,11 @@ func (o *serveOptions) run(ctx context.Context) error {
 		CDISpecDir:           o.cdiSpecDir,
 		CDIDriverRoot:        o.cdiDriverRoot,
 	}
-	cfg.Health.RecoveryAfter, cfg.Health.IgnoredXIDs = o.recoveryAfter, xids
+	// The kinds' own settings: how NVML is found and GPU health judged.
+	cfg.Kinds = kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{
+		Library: &o.nvml,
+		Health:  nvmldiscovery.HealthOptions{RecoveryAfter: o.recoveryAfter, IgnoredXIDs: xids},
+	}})
 	m := newMetrics()
 	agent := newAgent(cfg, resclass, kube, m)
 

@@ -1,9 +1,13 @@
 // Package nvidiagpu is the device kind of NVIDIA GPUs and their MIG devices:
-// their attributes, node labels, how the scheduler counts them and what a
-// container gets. They are discovered through NVML (pkg/discovery/nvml),
-// which the node agent opens, retries and watches for health itself; this
-// package imports no cgo, so the scheduler and the webhook, built without
-// it, can ask it.
+// their attributes, node labels, how the scheduler counts them, what a
+// container gets and the devices of the CDI spec, and their discovery through
+// NVML (pkg/discovery/nvml) as a devicekind.Opener, whose source the node
+// agent opens, retries and watches for health.
+//
+// NVML is loaded through cgo, which the scheduler and the webhook are built
+// without (CGO_ENABLED=0) yet ask this kind too: discovery.go, the Opener,
+// is built with cgo only, and nocgo.go stands in for it without (a source
+// that never opens; no binary built so runs the agent).
 package nvidiagpu
 
 import (
@@ -19,6 +23,7 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvlink"
 )
 
 // EnvVisibleDevices names the container's GPUs and MIG devices (every class's)
@@ -46,10 +51,56 @@ const cdiAnnotationPlugin = "resclass.io.gpu"
 // GPUs'.
 var controlDevices = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
 
-// Kind is the nvidia-gpu kind.
-type Kind struct{}
+// Condition reports whether GPU discovery through NVML works on the node.
+const Condition = "NVMLAvailable"
 
-var _ devicekind.Kind = Kind{}
+// Kind is the nvidia-gpu kind. NVML says how the node agent reads the GPUs;
+// nil reads them through the libnvidia-ml.so.1 the dynamic linker finds.
+type Kind struct {
+	NVML *NVML
+}
+
+var (
+	_ devicekind.Kind            = Kind{}
+	_ devicekind.Opener          = Kind{}
+	_ devicekind.HealthInheritor = Kind{}
+	_ devicekind.CDIKind         = Kind{}
+)
+
+// PeerLinks, ParsePeerLinks and MaxNVLinks are the nvlinkPeerLinks codec
+// (package nvlink), for the scheduler, which reads GPUs through this kind.
+type PeerLinks = nvlink.PeerLinks
+
+// ParsePeerLinks reads a nvlinkPeerLinks value.
+func ParsePeerLinks(s string) (PeerLinks, error) { return nvlink.ParsePeerLinks(s) }
+
+// MaxNVLinks bounds the links of one pair of GPUs.
+const MaxNVLinks = nvlink.MaxNVLinks
+
+// PeerIndex is the index by which the nvlinkPeerLinks of other GPUs name d:
+// its NVML index, when d is a whole GPU (a MIG device is no NVLink peer).
+func PeerIndex(d *v1alpha1.Device) (int64, bool) {
+	if v := d.Attributes[v1alpha1.AttributeIndex].IntValue; v != nil && d.Kind == v1alpha1.DeviceKindNvidiaGPU {
+		return *v, true
+	}
+	return 0, false
+}
+
+// InheritedHealth: a MIG device is unhealthy when its GPU is; NVML reports
+// faults per GPU.
+func (Kind) InheritedHealth(d *v1alpha1.Device, unhealthy func(id string) (string, bool)) (string, bool) {
+	if d.Kind != v1alpha1.DeviceKindNvidiaMIG {
+		return "", false
+	}
+	parent := d.Attributes[v1alpha1.AttributeParent].StringValue
+	if parent == nil {
+		return "", false
+	}
+	if reason, sick := unhealthy(*parent); sick {
+		return "GPU " + *parent + ": " + reason, true
+	}
+	return "", false
+}
 
 // Names: GPUs and the MIG devices of GPUs in MIG mode.
 func (Kind) Names() []string {
@@ -190,6 +241,47 @@ func (Kind) ContainerEdits(h *devicekind.Handoff, class, all []*v1alpha1.Device,
 		e.Annotations[key] = value
 	}
 	return nil
+}
+
+// CDIDeviceNodes: a GPU's device node; a MIG device's are its GPU's and the
+// access capabilities of its GPU instance and compute instance. A device
+// whose numbers are not published is left out.
+func (Kind) CDIDeviceNodes(h *devicekind.CDIHost, d *v1alpha1.Device) ([]string, bool) {
+	switch d.Kind {
+	case v1alpha1.DeviceKindNvidiaGPU:
+		minor := d.Attributes[v1alpha1.AttributeMinor].IntValue
+		if minor == nil {
+			return nil, false
+		}
+		return []string{"/dev/nvidia" + strconv.FormatInt(*minor, 10)}, true
+	case v1alpha1.DeviceKindNvidiaMIG:
+		var parent *v1alpha1.Device
+		if p := d.Attributes[v1alpha1.AttributeParent].StringValue; p != nil {
+			parent = h.Device(*p)
+		}
+		if parent == nil {
+			return nil, false
+		}
+		minor := parent.Attributes[v1alpha1.AttributeMinor].IntValue
+		gi := d.Attributes[v1alpha1.AttributeGPUInstanceID].IntValue
+		ci := d.Attributes[v1alpha1.AttributeComputeInstanceID].IntValue
+		if minor == nil || gi == nil || ci == nil {
+			return nil, false
+		}
+		nodes := []string{"/dev/nvidia" + strconv.FormatInt(*minor, 10)}
+		// A MIG device is used through its GPU instance's and compute
+		// instance's access capabilities.
+		for _, c := range []string{
+			fmt.Sprintf("gpu%d/gi%d/access", *minor, *gi),
+			fmt.Sprintf("gpu%d/gi%d/ci%d/access", *minor, *gi, *ci),
+		} {
+			if m, ok := h.CapabilityMinor(c); ok {
+				nodes = append(nodes, "/dev/nvidia-caps/nvidia-cap"+strconv.FormatUint(uint64(m), 10))
+			}
+		}
+		return nodes, true
+	}
+	return nil, false
 }
 
 // gpusFirst orders devices GPUs first, then MIG devices, each in the order
