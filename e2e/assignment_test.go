@@ -455,7 +455,7 @@ func TestAssignmentsAfterSchedulerRestart(t *testing.T) {
 // agentGPUNode starts a real kubelet node with the node agent on go-nvml's
 // mock of a DGX A100 (8 GPUs) and a class selecting its GPUs, and waits for
 // the agent's endpoint of class in the node's allocatable.
-func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string) *framework.KubeletNode {
+func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string, tweak ...func(*framework.KubeletNode, *nodeagent.Config)) *framework.KubeletNode {
 	t.Helper()
 	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
 		t.Fatal(err)
@@ -472,11 +472,15 @@ func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string) *fr
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		agent := nodeagent.New(nodeagent.Config{
+		cfg := nodeagent.Config{
 			NodeName: nodeName, HostRoot: root, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
 			IntrospectionSocket: filepath.Join(t.TempDir(), "agent.sock"),
 			Kinds:               kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
-		}, arc, akc)
+		}
+		for _, f := range tweak {
+			f(kn, &cfg)
+		}
+		agent := nodeagent.New(cfg, arc, akc)
 		if err := agent.Run(actx); err != nil {
 			t.Errorf("agent: %v", err)
 		}

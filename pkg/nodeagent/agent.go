@@ -66,6 +66,13 @@ type Config struct {
 	// WaitForPod bounds how long a kubelet call waits for the agent's pod
 	// cache to show the pod it is about.
 	WaitForPod time.Duration
+	// PodResourcesSocket is the kubelet's PodResources API, which the
+	// hand-off asks which pod the kubelet admits when several wait for the
+	// same devices (kubeletpods.DefaultSocket on a node); "" does not ask,
+	// and the oldest pod is taken. PodResourcesTimeout bounds one question
+	// (default a second).
+	PodResourcesSocket  string
+	PodResourcesTimeout time.Duration
 	// IntrospectionSocket is where the agent serves its own gRPC API
 	// (proto/resclass/agent/v1) for `node-agent status`; "" serves none.
 	IntrospectionSocket string
@@ -114,6 +121,9 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 	}
 	if config.OpenRetryMax <= 0 {
 		config.OpenRetryMax = 30 * time.Second
+	}
+	if config.PodResourcesTimeout <= 0 {
+		config.PodResourcesTimeout = time.Second
 	}
 	if config.ShutdownTimeout <= 0 {
 		config.ShutdownTimeout = 10 * time.Second
@@ -285,7 +295,12 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 		cf.Start(ctx.Done())
 		r.onStop(cf.Shutdown)
 		pf := handoff.NodePods(a.kube, a.config.NodeName)
-		allocator := a.newAllocator(r.recorder, pf.Core().V1().Pods().Informer())
+		kubelet, closeKubelet, err := a.newKubeletPods()
+		if err != nil {
+			return r, err
+		}
+		r.onStop(closeKubelet)
+		allocator := a.newAllocator(r.recorder, pf.Core().V1().Pods().Informer(), kubelet)
 		pf.Start(ctx.Done())
 		r.onStop(pf.Shutdown)
 		spec, err := a.newCDISpec(logger)

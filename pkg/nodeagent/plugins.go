@@ -18,6 +18,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/deviceplugin"
 	"github.com/resclass/resclass/pkg/handoff"
+	"github.com/resclass/resclass/pkg/kubeletpods"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -130,12 +131,26 @@ type pluginSet struct {
 
 // newAllocator answers the kubelet's calls from the assignments of pods, the
 // informer of the node's pods (handoff.NodePods).
-func (a *Agent) newAllocator(recorder record.EventRecorder, pods cache.SharedIndexInformer) *handoff.Allocator {
+func (a *Agent) newAllocator(recorder record.EventRecorder, pods cache.SharedIndexInformer, kubelet handoff.KubeletPods) *handoff.Allocator {
 	return handoff.New(handoff.Config{
 		Node: a.config.NodeName, HostRoot: a.config.HostRoot, PoolSlots: a.config.HugepagePoolSlots,
 		WaitForPod: a.config.WaitForPod, Recorder: recorder, Metrics: a.metrics.handoff,
 		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,
+		KubeletPods: kubelet,
 	}, pods)
+}
+
+// newKubeletPods is the client of the kubelet's PodResources API, nil without
+// a socket; stop closes it.
+func (a *Agent) newKubeletPods() (kubelet handoff.KubeletPods, stop func(), err error) {
+	if a.config.PodResourcesSocket == "" {
+		return nil, func() {}, nil
+	}
+	c, err := kubeletpods.New(a.config.PodResourcesSocket, a.config.PodResourcesTimeout)
+	if err != nil {
+		return nil, func() {}, err
+	}
+	return c, func() { _ = c.Close() }, nil
 }
 
 // newCDISpec keeps the CDI spec with a CDI strategy; nil otherwise.
