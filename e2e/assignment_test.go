@@ -26,6 +26,7 @@ import (
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
@@ -475,7 +476,7 @@ func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string, twe
 		cfg := nodeagent.Config{
 			NodeName: nodeName, HostRoot: root, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
 			IntrospectionSocket: filepath.Join(t.TempDir(), "agent.sock"),
-			Kinds:               kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
+			Kinds:               kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
 		}
 		for _, f := range tweak {
 			f(kn, &cfg)

@@ -23,6 +23,7 @@ import (
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -113,7 +114,7 @@ func TestDeviceListStrategies(t *testing.T) {
 			wg.Go(func() {
 				agent := nodeagent.New(nodeagent.Config{
 					NodeName: nodeName, HostRoot: root,
-					Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{
+					Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
 						Binding: dgx,
 						Health:  nvml.HealthOptions{RecoveryAfter: time.Minute, WaitTimeout: 100 * time.Millisecond},
 					}}),

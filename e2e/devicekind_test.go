@@ -18,6 +18,7 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
@@ -77,7 +78,7 @@ func TestDeviceKindSeam(t *testing.T) {
 			PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
 			// No NVML on this node, whatever the machine has; and the one
 			// registration line.
-			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{Binding: lib.New(lib.WithLibraryPath("/nonexistent/libnvidia-ml.so.1"))}}).
+			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: lib.New(lib.WithLibraryPath("/nonexistent/libnvidia-ml.so.1"))}}).
 				With(testkind.Kind{}),
 		}, arc, akc)
 		if err := agent.Run(actx); err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
@@ -75,7 +76,7 @@ func TestDevicePluginHandOff(t *testing.T) {
 			defer wg.Done()
 			agent := nodeagent.New(nodeagent.Config{
 				NodeName: nodeName, HostRoot: root,
-				Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{
+				Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
 					Binding: dgx,
 					Health:  nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
 				}}),

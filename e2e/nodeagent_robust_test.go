@@ -25,6 +25,7 @@ import (
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/deviceplugin"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
@@ -92,7 +93,7 @@ func TestNodeAgentRobustness(t *testing.T) {
 		dgx.FailHandle(5, lib.ERROR_UNKNOWN)
 		agent := nodeagent.New(nodeagent.Config{
 			NodeName: node, HostRoot: root,
-			Kinds:        kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
+			Kinds:        kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
 			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Second, OpenRetryMax: 500 * time.Millisecond,
 		}, arc, akc)
 		runAgent(t, ctx, agent)
@@ -143,7 +144,7 @@ func TestNodeAgentRobustness(t *testing.T) {
 		dgx, root := mockDGX(t)
 		agent := nodeagent.New(nodeagent.Config{
 			NodeName: node, HostRoot: root,
-			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{
+			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
 				Binding: dgx,
 				Health:  nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
 			}}),
@@ -186,7 +187,7 @@ func TestNodeAgentRobustness(t *testing.T) {
 		drc, dkc := clientsFor(t, cfg)
 		agent := nodeagent.New(nodeagent.Config{
 			NodeName: node, HostRoot: t.TempDir(),
-			Kinds:        kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{Binding: nvmlmock.New()}}),
+			Kinds:        kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: nvmlmock.New()}}),
 			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Hour,
 		}, drc, dkc)
 		stop, exited := runAgent(t, ctx, agent)
@@ -238,7 +239,7 @@ func TestNodeAgentRobustness(t *testing.T) {
 		endpoint := filepath.Join(pluginDir, deviceplugin.SocketName(v1alpha1.ResourceNamePrefix+class))
 		agent := nodeagent.New(nodeagent.Config{
 			NodeName: node, HostRoot: root,
-			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{
+			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
 				Binding: dgx,
 				Health:  nvml.HealthOptions{RecoveryAfter: time.Hour, WaitTimeout: 100 * time.Millisecond},
 			}}),

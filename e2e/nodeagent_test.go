@@ -24,6 +24,7 @@ import (
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/hugepages"
 	"github.com/resclass/resclass/pkg/discovery/nic"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
@@ -94,7 +95,7 @@ func TestNodeAgents(t *testing.T) {
 		arc, akc := agentClients(t, n.name)
 		agent := nodeagent.New(nodeagent.Config{
 			NodeName: n.name, HostRoot: n.root,
-			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{
+			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
 				Binding: n.nvml,
 				// Recovery must come within the test: a quiet period of seconds.
 				Health: nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},

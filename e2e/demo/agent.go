@@ -26,6 +26,7 @@ import (
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -63,7 +64,7 @@ func startNodeAgent(ctx context.Context, c *framework.Cluster, root string) (kn 
 	}
 	agent := nodeagent.New(nodeagent.Config{
 		NodeName: agentNode, HostRoot: sysfs, PluginDir: kn.PluginDir(), WaitForPod: time.Second,
-		Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
+		Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
 	}, rc, kc)
 	// The agent's own log would interleave with the narrative.
 	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, logr.Discard()))

@@ -35,6 +35,7 @@ import (
 	rcfake "github.com/resclass/resclass/pkg/client/clientset/versioned/fake"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -234,7 +235,7 @@ func admit(t *testing.T, sc scenario, strategies handoff.Strategies, cdiDir stri
 	}
 	agent := nodeagent.New(nodeagent.Config{
 		NodeName: nodeName, HostRoot: sc.hostRoot,
-		Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{
+		Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
 			Binding: sc.nvmlMock, Library: sc.library,
 			Health: nvml.HealthOptions{RecoveryAfter: time.Minute, WaitTimeout: 100 * time.Millisecond},
 		}}),

@@ -90,7 +90,8 @@ type Config struct {
 	// devicekind.Pollers or devicekind.Openers), labels and hands out;
 	// kinds.Builtin when nil. A kind's own settings are given here: NVML's
 	// library, or a mock in tests, with
-	// kinds.Builtin.Configured(nvidiagpu.Kind{NVML: ...}); a test adds its
+	// kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{...}});
+	// without it the GPUs are not discovered. A test adds its
 	// own kind with kinds.Builtin.With (docs/architecture.md, "Adding a
 	// kind").
 	Kinds *devicekind.Registry

@@ -9,6 +9,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 )
 
@@ -35,7 +36,7 @@ func BenchmarkInventoryDGXA100(b *testing.B) {
 	if err := server.WriteSysfs(root); err != nil {
 		b.Fatal(err)
 	}
-	gpuKinds := kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{Binding: server}})
+	gpuKinds := kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: server}})
 	gpuOpts := devicekind.DiscoverOptions{HostRoot: root}
 	openGPUs := func(b *testing.B) (*sources, *opened) {
 		src := newSources(gpuKinds, gpuOpts)

@@ -27,6 +27,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 )
 
@@ -118,7 +119,7 @@ needs no cluster: run it first on a new node.
 // discover runs every source once. A source that cannot run on this node is a
 // condition, not an error: the other sources still report.
 func discover(o discoverOptions) v1alpha1.NodeDevicesStatus {
-	s := newSources(kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{Library: &o.nvml}}),
+	s := newSources(kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Library: &o.nvml}}),
 		devicekind.DiscoverOptions{HostRoot: o.hostRoot, IncludeVirtual: o.includeVirtual})
 	defer s.close()
 	s.describeOnce()

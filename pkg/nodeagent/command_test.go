@@ -19,12 +19,13 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nic"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 )
 
 func mockStatus(t *testing.T) v1alpha1.NodeDevicesStatus {
 	t.Helper()
-	s := newSources(kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{Binding: nvmlmock.New()}}), devicekind.DiscoverOptions{HostRoot: t.TempDir()})
+	s := newSources(kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: nvmlmock.New()}}), devicekind.DiscoverOptions{HostRoot: t.TempDir()})
 	defer s.close()
 	s.describeOnce()
 	gpus, conds := s.described()

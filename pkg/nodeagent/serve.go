@@ -29,6 +29,7 @@ import (
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
@@ -141,7 +142,7 @@ func (o *serveOptions) run(ctx context.Context) error {
 		CDIDriverRoot:        o.cdiDriverRoot,
 	}
 	// The kinds' own settings: how NVML is found and GPU health judged.
-	cfg.Kinds = kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvidiagpu.NVML{
+	cfg.Kinds = kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
 		Library: &o.nvml,
 		Health:  nvmldiscovery.HealthOptions{RecoveryAfter: o.recoveryAfter, IgnoredXIDs: xids},
 	}})

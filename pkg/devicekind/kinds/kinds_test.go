@@ -15,6 +15,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nic"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 )
 
 func gpu(product, memory string, mig bool) v1alpha1.Device {
@@ -181,7 +182,7 @@ func (retyped) Attributes() map[string]v1alpha1.AttributeType {
 // Configured puts a kind with its settings in the place of the kind of its
 // name: the same order, the same names, the settings kept.
 func TestConfigured(t *testing.T) {
-	settings := &nvidiagpu.NVML{}
+	settings := &nvmlsource.NVML{}
 	r := kinds.Builtin.Configured(nvidiagpu.Kind{NVML: settings})
 	if len(r.Kinds()) != len(kinds.Builtin.Kinds()) {
 		t.Fatalf("%d kinds, want %d", len(r.Kinds()), len(kinds.Builtin.Kinds()))

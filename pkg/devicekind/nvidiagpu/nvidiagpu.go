@@ -1,16 +1,19 @@
 // Package nvidiagpu is the device kind of NVIDIA GPUs and their MIG devices:
 // their attributes, node labels, how the scheduler counts them, what a
-// container gets and the devices of the CDI spec, and their discovery through
-// NVML (pkg/discovery/nvml) as a devicekind.Opener, whose source the node
-// agent opens, retries and watches for health.
+// container gets and the devices of the CDI spec, and their discovery as a
+// devicekind.Opener, whose source the node agent opens, retries and watches
+// for health.
 //
-// NVML is loaded through cgo, which the scheduler and the webhook are built
-// without (CGO_ENABLED=0) yet ask this kind too: discovery.go, the Opener,
-// is built with cgo only, and nocgo.go stands in for it without (a source
-// that never opens; no binary built so runs the agent).
+// The source is NVML, loaded through cgo, which the scheduler, the webhook
+// and kubectl-resclass, asking this kind too, must not link (a binary that
+// links Go's plugin package, as kubectl-resclass does, binds every symbol at
+// start and would not start without libnvidia-ml). So it lives apart, in
+// nvmlsource, and the agent gives it to the kind: Kind{NVML:
+// &nvmlsource.NVML{...}}.
 package nvidiagpu
 
 import (
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -18,6 +21,7 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -54,10 +58,38 @@ var controlDevices = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-
 // Condition reports whether GPU discovery through NVML works on the node.
 const Condition = "NVMLAvailable"
 
-// Kind is the nvidia-gpu kind. NVML says how the node agent reads the GPUs;
-// nil reads them through the libnvidia-ml.so.1 the dynamic linker finds.
+// Kind is the nvidia-gpu kind. NVML is how the node agent reads the GPUs
+// (nvmlsource.NVML); nil in the binaries that do not discover.
 type Kind struct {
-	NVML *NVML
+	NVML NVML
+}
+
+// NVML is the kind's source (package nvmlsource).
+type NVML interface {
+	Open(opts devicekind.DiscoverOptions) (devicekind.Source, error)
+	NotOpen(err error) metav1.Condition
+}
+
+// errNoSource is why the GPUs are not discovered by a kind without a source.
+var errNoSource = errors.New("NVML is not available: no NVML source in this binary")
+
+// SourceName names NVML in metrics and logs.
+func (Kind) SourceName() string { return "nvml" }
+
+// Open opens NVML through the kind's source.
+func (k Kind) Open(opts devicekind.DiscoverOptions) (devicekind.Source, error) {
+	if k.NVML == nil {
+		return nil, errNoSource
+	}
+	return k.NVML.Open(opts)
+}
+
+// NotOpen says why NVML is not open.
+func (k Kind) NotOpen(err error) metav1.Condition {
+	if k.NVML == nil {
+		return metav1.Condition{Type: Condition, Status: metav1.ConditionFalse, Reason: "Unavailable", Message: err.Error()}
+	}
+	return k.NVML.NotOpen(err)
 }
 
 var (

@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
@@ -19,22 +20,8 @@ import (
 // dgx returns the DGX A100 mock of nvmlmock (PCI bus ids, GPUs 0-3 on NUMA node 0
 // and 4-7 on node 1 in a sysfs tree under root) with NVLink answered as NVML does
 // for a GPU without any: nvlink_test.go wires its own topologies.
-// wellKnown are the attribute types the device kinds declare. The kinds
-// import this package (the nvidia-gpu kind opens NVML through it), so a test
-// of this package cannot import them: kinds_test.go, an external test of the
-// same binary, sets them before any test runs.
-var wellKnown map[string]v1alpha1.AttributeType
-
-// SetWellKnown is how kinds_test.go sets wellKnown.
-func SetWellKnown(types map[string]v1alpha1.AttributeType) { wellKnown = types }
-
-// TestWellKnownSet guards the checks that read wellKnown: without it they
-// would check nothing.
-func TestWellKnownSet(t *testing.T) {
-	if len(wellKnown) == 0 || wellKnown[v1alpha1.AttributeMemory] != v1alpha1.AttributeTypeQuantity {
-		t.Fatalf("the kinds' attribute types are not set: %v", wellKnown)
-	}
-}
+// wellKnown are the attribute types the device kinds declare.
+var wellKnown = kinds.Builtin.Attributes()
 
 func dgx(t *testing.T) (*dgxa100.Server, string) {
 	t.Helper()

@@ -1,6 +1,9 @@
-//go:build cgo
-
-package nvidiagpu
+// Package nvmlsource is how the nvidia-gpu kind reads the GPUs in the node
+// agent: NVML (pkg/discovery/nvml), opened, described and watched for health.
+// It loads NVML through cgo, so it is a package apart: the agent gives it to
+// the kind (nvidiagpu.Kind{NVML: &nvmlsource.NVML{...}}), and the scheduler,
+// the webhook and kubectl-resclass, which ask the same kind, never link it.
+package nvmlsource
 
 import (
 	"context"
@@ -13,10 +16,11 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 )
 
-// NVML says how the node agent reads the GPUs.
+// NVML is the nvidia-gpu kind's source: how the node agent reads the GPUs.
 type NVML struct {
 	// Library finds and checks the NVML library at each attempt to open
 	// NVML, on a node (the file may appear later: the GPU operator's driver
@@ -28,15 +32,10 @@ type NVML struct {
 	Health nvmldiscovery.HealthOptions
 }
 
-// SourceName names NVML in metrics and logs.
-func (Kind) SourceName() string { return "nvml" }
+var _ nvidiagpu.NVML = &NVML{}
 
 // Open opens NVML and keeps a handle per GPU.
-func (k Kind) Open(opts devicekind.DiscoverOptions) (devicekind.Source, error) {
-	cfg := k.NVML
-	if cfg == nil {
-		cfg = &NVML{}
-	}
+func (cfg *NVML) Open(opts devicekind.DiscoverOptions) (devicekind.Source, error) {
 	l := cfg.Binding
 	if cfg.Library != nil || l == nil {
 		library := cfg.Library
@@ -56,8 +55,8 @@ func (k Kind) Open(opts devicekind.DiscoverOptions) (devicekind.Source, error) {
 }
 
 // NotOpen says why NVML is not open.
-func (Kind) NotOpen(err error) metav1.Condition {
-	cond := metav1.Condition{Type: Condition, Status: metav1.ConditionFalse, Reason: "Failed", Message: err.Error()}
+func (*NVML) NotOpen(err error) metav1.Condition {
+	cond := metav1.Condition{Type: nvidiagpu.Condition, Status: metav1.ConditionFalse, Reason: "Failed", Message: err.Error()}
 	switch {
 	case errors.Is(err, nvmldiscovery.ErrWrongLibrary):
 		cond.Reason = "WrongLibrary"
@@ -83,7 +82,7 @@ func (s *source) Describe() ([]v1alpha1.Device, metav1.Condition, error) {
 	if err != nil {
 		return nil, metav1.Condition{}, err
 	}
-	cond := metav1.Condition{Type: Condition, Status: metav1.ConditionTrue, Reason: "Discovered"}
+	cond := metav1.Condition{Type: nvidiagpu.Condition, Status: metav1.ConditionTrue, Reason: "Discovered"}
 	cond.Message = fmt.Sprintf("%d GPUs", countKind(gpus, v1alpha1.DeviceKindNvidiaGPU))
 	if n := countKind(gpus, v1alpha1.DeviceKindNvidiaMIG); n > 0 {
 		cond.Message += fmt.Sprintf(", %d MIG devices", n)
