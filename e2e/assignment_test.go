@@ -24,6 +24,9 @@ import (
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
@@ -453,7 +456,7 @@ func TestAssignmentsAfterSchedulerRestart(t *testing.T) {
 // agentGPUNode starts a real kubelet node with the node agent on go-nvml's
 // mock of a DGX A100 (8 GPUs) and a class selecting its GPUs, and waits for
 // the agent's endpoint of class in the node's allocatable.
-func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string) *framework.KubeletNode {
+func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string, tweak ...func(*framework.KubeletNode, *nodeagent.Config)) *framework.KubeletNode {
 	t.Helper()
 	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
 		t.Fatal(err)
@@ -470,11 +473,15 @@ func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string) *fr
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		agent := nodeagent.New(nodeagent.Config{
-			NodeName: nodeName, HostRoot: root, NVML: dgx, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
+		cfg := nodeagent.Config{
+			NodeName: nodeName, HostRoot: root, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
 			IntrospectionSocket: filepath.Join(t.TempDir(), "agent.sock"),
-			Health:              nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond},
-		}, arc, akc)
+			Kinds:               kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
+		}
+		for _, f := range tweak {
+			f(kn, &cfg)
+		}
+		agent := nodeagent.New(cfg, arc, akc)
 		if err := agent.Run(actx); err != nil {
 			t.Errorf("agent: %v", err)
 		}

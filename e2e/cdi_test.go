@@ -21,7 +21,9 @@ import (
 	"github.com/resclass/resclass/e2e/framework/cri"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -111,9 +113,12 @@ func TestDeviceListStrategies(t *testing.T) {
 			var wg sync.WaitGroup
 			wg.Go(func() {
 				agent := nodeagent.New(nodeagent.Config{
-					NodeName: nodeName, HostRoot: root, NVML: dgx,
+					NodeName: nodeName, HostRoot: root,
+					Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
+						Binding: dgx,
+						Health:  nvml.HealthOptions{RecoveryAfter: time.Minute, WaitTimeout: 100 * time.Millisecond},
+					}}),
 					PollInterval: 200 * time.Millisecond, ResyncInterval: time.Minute,
-					Health:    nvml.HealthOptions{RecoveryAfter: time.Minute, WaitTimeout: 100 * time.Millisecond},
 					PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
 					DeviceListStrategies: tc.strategies, CDISpecDir: cdiDir,
 				}, arc, akc)

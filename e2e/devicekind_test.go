@@ -17,6 +17,8 @@ import (
 	"github.com/resclass/resclass/e2e/testkind"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
@@ -72,11 +74,12 @@ func TestDeviceKindSeam(t *testing.T) {
 	wg.Go(func() {
 		agent := nodeagent.New(nodeagent.Config{
 			NodeName: nodeName, HostRoot: root,
-			NVML:         lib.New(lib.WithLibraryPath("/nonexistent/libnvidia-ml.so.1")),
 			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Minute,
 			PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
-			// The one registration line.
-			Kinds: kinds.Builtin.With(testkind.Kind{}),
+			// No NVML on this node, whatever the machine has; and the one
+			// registration line.
+			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: lib.New(lib.WithLibraryPath("/nonexistent/libnvidia-ml.so.1"))}}).
+				With(testkind.Kind{}),
 		}, arc, akc)
 		if err := agent.Run(actx); err != nil {
 			t.Errorf("agent: %v", err)

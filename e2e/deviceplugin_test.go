@@ -22,6 +22,9 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/cdispec"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
@@ -72,9 +75,12 @@ func TestDevicePluginHandOff(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			agent := nodeagent.New(nodeagent.Config{
-				NodeName: nodeName, HostRoot: root, NVML: dgx,
+				NodeName: nodeName, HostRoot: root,
+				Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
+					Binding: dgx,
+					Health:  nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
+				}}),
 				PollInterval: 200 * time.Millisecond, ResyncInterval: 2 * time.Second,
-				Health:    nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
 				PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second, IntrospectionSocket: introspectionSocket,
 				// Both, as NVIDIA's plugin allows: the checks below read the
 				// env and the CDI names (TestDeviceListStrategies checks

@@ -25,6 +25,9 @@ import (
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/dra"
 	"github.com/resclass/resclass/pkg/draplugin"
@@ -85,16 +88,18 @@ func TestDRANode(t *testing.T) {
 		cfg := nodeagent.Config{
 			NodeName: name, HostRoot: root,
 			PollInterval: 200 * time.Millisecond, ResyncInterval: 2 * time.Second,
-			Health:    nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
 			PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
 			DeviceListStrategies: handoff.Strategies{handoff.StrategyEnvVar, handoff.StrategyCDICRI}, CDISpecDir: cdiDir,
 			DRA: draCfg,
 		}
+		binding := dpGPUs
 		if name == draNode {
-			cfg.NVML = draGPUs
-		} else {
-			cfg.NVML = dpGPUs
+			binding = draGPUs
 		}
+		cfg.Kinds = kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
+			Binding: binding,
+			Health:  nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
+		}})
 		r := &running{agent: nodeagent.New(cfg, arc, akc), done: make(chan struct{})}
 		actx, cancel := context.WithCancel(ctx)
 		go func() {

@@ -23,6 +23,9 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/deviceplugin"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
@@ -61,7 +64,7 @@ func runAgent(t *testing.T, ctx context.Context, agent *nodeagent.Agent) (stop f
 }
 
 func nvmlCondition(nd *v1alpha1.NodeDevices) *metav1.Condition {
-	return meta.FindStatusCondition(nd.Status.Conditions, nodeagent.ConditionNVML)
+	return meta.FindStatusCondition(nd.Status.Conditions, nvidiagpu.Condition)
 }
 
 // TestNodeAgentRobustness plays what a fleet does to the node agent, on the real
@@ -89,9 +92,9 @@ func TestNodeAgentRobustness(t *testing.T) {
 		dgx.SetAbsent(true)
 		dgx.FailHandle(5, lib.ERROR_UNKNOWN)
 		agent := nodeagent.New(nodeagent.Config{
-			NodeName: node, HostRoot: root, NVML: dgx,
-			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Second, NVMLRetryMax: 500 * time.Millisecond,
-			Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond},
+			NodeName: node, HostRoot: root,
+			Kinds:        kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
+			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Second, OpenRetryMax: 500 * time.Millisecond,
 		}, arc, akc)
 		runAgent(t, ctx, agent)
 		waitNodeDevices(t, ctx, rc, node, func(nd *v1alpha1.NodeDevices) bool {
@@ -140,9 +143,12 @@ func TestNodeAgentRobustness(t *testing.T) {
 		arc, akc := robustNode(t, ctx, node)
 		dgx, root := mockDGX(t)
 		agent := nodeagent.New(nodeagent.Config{
-			NodeName: node, HostRoot: root, NVML: dgx,
+			NodeName: node, HostRoot: root,
+			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
+				Binding: dgx,
+				Health:  nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
+			}}),
 			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Hour,
-			Health: nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
 		}, arc, akc)
 		runAgent(t, ctx, agent)
 		waitNodeDevices(t, ctx, rc, node, func(nd *v1alpha1.NodeDevices) bool { return nd.Status.Summary.GPUs == 8 })
@@ -180,7 +186,8 @@ func TestNodeAgentRobustness(t *testing.T) {
 		cfg.ServerName = apiserver.Hostname()
 		drc, dkc := clientsFor(t, cfg)
 		agent := nodeagent.New(nodeagent.Config{
-			NodeName: node, HostRoot: t.TempDir(), NVML: nvmlmock.New(),
+			NodeName: node, HostRoot: t.TempDir(),
+			Kinds:        kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: nvmlmock.New()}}),
 			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Hour,
 		}, drc, dkc)
 		stop, exited := runAgent(t, ctx, agent)
@@ -231,9 +238,12 @@ func TestNodeAgentRobustness(t *testing.T) {
 		introspectionSocket := filepath.Join(socketDir, "agent.sock")
 		endpoint := filepath.Join(pluginDir, deviceplugin.SocketName(v1alpha1.ResourceNamePrefix+class))
 		agent := nodeagent.New(nodeagent.Config{
-			NodeName: node, HostRoot: root, NVML: dgx,
+			NodeName: node, HostRoot: root,
+			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
+				Binding: dgx,
+				Health:  nvml.HealthOptions{RecoveryAfter: time.Hour, WaitTimeout: 100 * time.Millisecond},
+			}}),
 			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Hour,
-			Health:    nvml.HealthOptions{RecoveryAfter: time.Hour, WaitTimeout: 100 * time.Millisecond},
 			PluginDir: pluginDir, IntrospectionSocket: introspectionSocket,
 		}, arc, akc)
 		stop, _ := runAgent(t, ctx, agent)

@@ -24,6 +24,7 @@ import (
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/hugepages"
 	"github.com/resclass/resclass/pkg/discovery/nic"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
@@ -93,10 +94,13 @@ func TestNodeAgents(t *testing.T) {
 		})
 		arc, akc := agentClients(t, n.name)
 		agent := nodeagent.New(nodeagent.Config{
-			NodeName: n.name, HostRoot: n.root, NVML: n.nvml,
+			NodeName: n.name, HostRoot: n.root,
+			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
+				Binding: n.nvml,
+				// Recovery must come within the test: a quiet period of seconds.
+				Health: nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
+			}}),
 			PollInterval: 200 * time.Millisecond, ResyncInterval: 2 * time.Second,
-			// Recovery must come within the test: a quiet period of seconds.
-			Health: nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
 		}, arc, akc)
 		running[n.name] = agent
 		agents.Add(1)
@@ -159,8 +163,8 @@ func TestNodeAgents(t *testing.T) {
 	}
 	// The NIC-only node says why it has no GPUs.
 	nicNode, _ := rc.ResclassV1alpha1().NodeDevices().Get(ctx, "agent-nic", metav1.GetOptions{})
-	if c := meta.FindStatusCondition(nicNode.Status.Conditions, nodeagent.ConditionNVML); c == nil || c.Status != metav1.ConditionFalse || c.Reason != "Unavailable" {
-		t.Errorf("agent-nic: %s condition %+v, want False/Unavailable", nodeagent.ConditionNVML, c)
+	if c := meta.FindStatusCondition(nicNode.Status.Conditions, nvidiagpu.Condition); c == nil || c.Status != metav1.ConditionFalse || c.Reason != "Unavailable" {
+		t.Errorf("agent-nic: %s condition %+v, want False/Unavailable", nvidiagpu.Condition, c)
 	}
 	dgxNode, _ := cluster.Client.CoreV1().Nodes().Get(ctx, "agent-dgx", metav1.GetOptions{})
 	if got := dgxNode.Labels[nvidiagpu.LabelProduct]; got != "Mock-NVIDIA-A100-SXM4-40GB" {

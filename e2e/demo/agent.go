@@ -24,6 +24,9 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -60,8 +63,8 @@ func startNodeAgent(ctx context.Context, c *framework.Cluster, root string) (kn 
 		return nil, nil, nil, err
 	}
 	agent := nodeagent.New(nodeagent.Config{
-		NodeName: agentNode, HostRoot: sysfs, NVML: dgx, PluginDir: kn.PluginDir(),
-		Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}, WaitForPod: time.Second,
+		NodeName: agentNode, HostRoot: sysfs, PluginDir: kn.PluginDir(), WaitForPod: time.Second,
+		Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
 	}, rc, kc)
 	// The agent's own log would interleave with the narrative.
 	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, logr.Discard()))

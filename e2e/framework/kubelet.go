@@ -133,6 +133,12 @@ func (n *KubeletNode) PluginDir() string {
 	return fmt.Sprintf("/proc/%d/root%s", n.Pid(), node.DevicePluginDir)
 }
 
+// PodResourcesSocket is the kubelet's PodResources API socket (its root
+// directory is in the node's directory, which this process reaches as is).
+func (n *KubeletNode) PodResourcesSocket() string {
+	return filepath.Join(n.Dir, "root", "pod-resources", "kubelet.sock")
+}
+
 // RestartKubelet stops the node's kubelet and starts a new one, which wipes the
 // device-plugin directory as a kubelet restart does on a real node. It returns
 // once the new kubelet serves its registration socket again.

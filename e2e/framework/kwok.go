@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 )
 
 // Simulated nodes are managed by kwok, which plays their kubelets: it keeps them
@@ -62,16 +63,12 @@ func (c *Cluster) AddSimulatedNodes(ctx context.Context, opts SimulatedNodes) ([
 		corev1.ResourcePods:   resource.MustParse("110"),
 	}
 	if devices != nil {
-		// The kubelet reports the hugepages a pool holds as node capacity.
-		for _, d := range devices.Devices {
-			size, total := d.Attributes[v1alpha1.AttributeSize].QuantityValue, d.Attributes[v1alpha1.AttributePagesTotal].IntValue
-			if d.Kind != v1alpha1.DeviceKindHugePages || size == nil || total == nil {
-				continue
-			}
-			name := corev1.ResourceName(corev1.ResourceHugePagesPrefix + size.String())
-			q := capacity[name]
-			q.Add(*resource.NewQuantity(size.Value()**total, resource.BinarySI))
-			capacity[name] = q
+		// The kubelet reports some devices as node capacity too (the pages
+		// of a hugepage pool): the kinds say which.
+		for name, q := range kinds.Builtin.NodeCapacity(devices.Devices) {
+			sum := capacity[name]
+			sum.Add(q)
+			capacity[name] = sum
 		}
 	}
 	for name, q := range opts.Capacity {

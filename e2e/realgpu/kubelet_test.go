@@ -33,7 +33,9 @@ import (
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/cdispec"
 	rcfake "github.com/resclass/resclass/pkg/client/clientset/versioned/fake"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -232,9 +234,12 @@ func admit(t *testing.T, sc scenario, strategies handoff.Strategies, cdiDir stri
 		}}}},
 	}
 	agent := nodeagent.New(nodeagent.Config{
-		NodeName: nodeName, HostRoot: sc.hostRoot, NVML: sc.nvmlMock, NVMLLibrary: sc.library,
+		NodeName: nodeName, HostRoot: sc.hostRoot,
+		Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
+			Binding: sc.nvmlMock, Library: sc.library,
+			Health: nvml.HealthOptions{RecoveryAfter: time.Minute, WaitTimeout: 100 * time.Millisecond},
+		}}),
 		PollInterval: time.Second, ResyncInterval: time.Minute,
-		Health:    nvml.HealthOptions{RecoveryAfter: time.Minute, WaitTimeout: 100 * time.Millisecond},
 		PluginDir: dir, WaitForPod: 2 * time.Second, ShutdownTimeout: time.Second,
 		DeviceListStrategies: strategies, CDISpecDir: cdiDir, CDIDriverRoot: "/",
 	}, rcfake.NewClientset(rc), k8sfake.NewClientset(node, pod))

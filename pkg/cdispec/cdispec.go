@@ -44,6 +44,7 @@ import (
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind"
 )
 
 const (
@@ -105,9 +106,14 @@ type Config struct {
 	// MIGMinors is the kernel's table of MIG capability minors;
 	// /proc/driver/nvidia-caps/mig-minors when empty.
 	MIGMinors string
+	// Kinds say which devices the spec names and with which device nodes
+	// (devicekind.CDIKind); nil names none.
+	Kinds *devicekind.Registry
 }
 
-// Generate returns the CDI spec of the GPU and MIG devices among devices.
+// Generate returns the CDI spec of the devices whose kind is a
+// devicekind.CDIKind (the GPU and MIG devices), each with the device nodes its
+// kind lists, and the NVIDIA driver's control nodes and files for all.
 // Device nodes are written fully (type, major, minor, read from the host's
 // /dev), so the runtime needs no lookup of its own; a node the host lacks is
 // written by path only, and the runtime's error then names it.
@@ -121,49 +127,38 @@ func Generate(cfg Config, devices []v1alpha1.Device) (*specs.Spec, error) {
 	if cfg.MIGMinors == "" {
 		cfg.MIGMinors = "/proc/driver/nvidia-caps/mig-minors"
 	}
+	if cfg.Kinds == nil {
+		return nil, nil
+	}
 	byID := map[string]*v1alpha1.Device{}
 	for i := range devices {
 		byID[devices[i].ID] = &devices[i]
 	}
 	var migMinors map[string]uint32
-	spec := &specs.Spec{Kind: Kind}
-	for i := range devices {
-		d := &devices[i]
-		var nodes []*specs.DeviceNode
-		switch d.Kind {
-		case v1alpha1.DeviceKindNvidiaGPU:
-			minor, ok := intAttr(d, v1alpha1.AttributeMinor)
-			if !ok {
-				continue
-			}
-			nodes = append(nodes, deviceNode(cfg.HostRoot, "/dev/nvidia"+strconv.FormatInt(minor, 10)))
-		case v1alpha1.DeviceKindNvidiaMIG:
-			parent := byID[stringAttr(d, v1alpha1.AttributeParent)]
-			if parent == nil {
-				continue
-			}
-			minor, ok := intAttr(parent, v1alpha1.AttributeMinor)
-			gi, okGI := intAttr(d, v1alpha1.AttributeGPUInstanceID)
-			ci, okCI := intAttr(d, v1alpha1.AttributeComputeInstanceID)
-			if !ok || !okGI || !okCI {
-				continue
-			}
-			nodes = append(nodes, deviceNode(cfg.HostRoot, "/dev/nvidia"+strconv.FormatInt(minor, 10)))
+	host := &devicekind.CDIHost{
+		Device: func(id string) *v1alpha1.Device { return byID[id] },
+		CapabilityMinor: func(name string) (uint32, bool) {
 			if migMinors == nil {
 				migMinors = readMIGMinors(cfg.MIGMinors)
 			}
-			// A MIG device is used through its GPU instance's and compute
-			// instance's access capabilities.
-			for _, c := range []string{
-				fmt.Sprintf("gpu%d/gi%d/access", minor, gi),
-				fmt.Sprintf("gpu%d/gi%d/ci%d/access", minor, gi, ci),
-			} {
-				if m, ok := migMinors[c]; ok {
-					nodes = append(nodes, deviceNode(cfg.HostRoot, "/dev/nvidia-caps/nvidia-cap"+strconv.FormatUint(uint64(m), 10)))
-				}
-			}
-		default:
+			m, ok := migMinors[name]
+			return m, ok
+		},
+	}
+	spec := &specs.Spec{Kind: Kind}
+	for i := range devices {
+		d := &devices[i]
+		k, ok := cfg.Kinds.Kind(d.Kind).(devicekind.CDIKind)
+		if !ok {
 			continue
+		}
+		paths, ok := k.CDIDeviceNodes(host, d)
+		if !ok {
+			continue
+		}
+		nodes := make([]*specs.DeviceNode, len(paths))
+		for j, p := range paths {
+			nodes[j] = deviceNode(cfg.HostRoot, p)
 		}
 		spec.Devices = append(spec.Devices, specs.Device{Name: d.ID, ContainerEdits: specs.ContainerEdits{DeviceNodes: nodes}})
 	}
@@ -362,20 +357,6 @@ func (w *Writer) Write(spec *specs.Spec) (bool, error) {
 	}
 	w.last = data
 	return true, nil
-}
-
-func intAttr(d *v1alpha1.Device, name string) (int64, bool) {
-	if v := d.Attributes[name].IntValue; v != nil {
-		return *v, true
-	}
-	return 0, false
-}
-
-func stringAttr(d *v1alpha1.Device, name string) string {
-	if v := d.Attributes[name].StringValue; v != nil {
-		return *v
-	}
-	return ""
 }
 
 // IDs lists the device names of spec, for logs and tests.

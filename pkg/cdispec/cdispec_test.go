@@ -1,4 +1,4 @@
-package cdispec
+package cdispec_test
 
 import (
 	"os"
@@ -9,6 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/cdispec"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
@@ -82,11 +84,11 @@ func TestGenerate(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	spec, err := Generate(Config{HostRoot: host, DriverRoot: drv, MIGMinors: minors}, devices())
+	spec, err := cdispec.Generate(cdispec.Config{HostRoot: host, DriverRoot: drv, MIGMinors: minors, Kinds: kinds.Builtin}, devices())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if spec.Kind != Kind || spec.Version == "" {
+	if spec.Kind != cdispec.Kind || spec.Version == "" {
 		t.Errorf("kind %q version %q", spec.Kind, spec.Version)
 	}
 	got := map[string][]string{}
@@ -109,7 +111,7 @@ func TestGenerate(t *testing.T) {
 		}
 	}
 	if len(got) != len(want) {
-		t.Errorf("devices %v: the NIC has no place in the spec", IDs(spec))
+		t.Errorf("devices %v: the NIC has no place in the spec", cdispec.IDs(spec))
 	}
 	var common []string
 	for _, n := range spec.ContainerEdits.DeviceNodes {
@@ -132,7 +134,7 @@ func TestGenerate(t *testing.T) {
 	}
 
 	// No GPU: no spec.
-	if spec, err := Generate(Config{HostRoot: host}, devices()[3:]); spec != nil || err != nil {
+	if spec, err := cdispec.Generate(cdispec.Config{HostRoot: host, Kinds: kinds.Builtin}, devices()[3:]); spec != nil || err != nil {
 		t.Errorf("no GPUs: %v, %v", spec, err)
 	}
 }
@@ -143,11 +145,11 @@ func TestWriter(t *testing.T) {
 	host := t.TempDir()
 	mknod(t, host, "/dev/nvidia0", 195, 0)
 	dir := filepath.Join(t.TempDir(), "cdi")
-	w, err := NewWriter(dir)
+	w, err := cdispec.NewWriter(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec, err := Generate(Config{HostRoot: host}, devices()[:1])
+	spec, err := cdispec.Generate(cdispec.Config{HostRoot: host, Kinds: kinds.Builtin}, devices()[:1])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +161,7 @@ func TestWriter(t *testing.T) {
 		}
 	}
 	step("first", true)
-	if _, err := os.Stat(filepath.Join(dir, FileName)); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, cdispec.FileName)); err != nil {
 		t.Fatal(err)
 	}
 	step("unchanged", false)
@@ -167,7 +169,7 @@ func TestWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	step("deleted by someone", true)
-	spec, _ = Generate(Config{HostRoot: host}, devices()[:2])
+	spec, _ = cdispec.Generate(cdispec.Config{HostRoot: host, Kinds: kinds.Builtin}, devices()[:2])
 	step("a GPU more", true)
 	spec = nil
 	step("no GPU left", true)
@@ -178,11 +180,11 @@ func TestWriter(t *testing.T) {
 }
 
 func TestParseMIGMinors(t *testing.T) {
-	m, err := ParseMIGMinors([]byte("config 1\nmonitor 2\n\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n"))
+	m, err := cdispec.ParseMIGMinors([]byte("config 1\nmonitor 2\n\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n"))
 	if err != nil || len(m) != 4 || m["gpu0/gi1/ci0/access"] != 13 {
 		t.Errorf("%v %v", m, err)
 	}
-	m, err = ParseMIGMinors([]byte("gpu0/gi1/access 12\nbroken\ngpu0/gi2/access -1\ngpu0/gi3/access 99999999\n"))
+	m, err = cdispec.ParseMIGMinors([]byte("gpu0/gi1/access 12\nbroken\ngpu0/gi2/access -1\ngpu0/gi3/access 99999999\n"))
 	if err == nil || len(m) != 1 {
 		t.Errorf("bad lines: %v %v", m, err)
 	}
@@ -194,7 +196,7 @@ func FuzzParseMIGMinors(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		watchdog.Run(t, func() {
-			m, _ := ParseMIGMinors(data)
+			m, _ := cdispec.ParseMIGMinors(data)
 			for k, v := range m {
 				if k == "" || v >= 1<<20 {
 					t.Fatalf("entry %q=%d", k, v)

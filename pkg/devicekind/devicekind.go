@@ -17,11 +17,13 @@
 package devicekind
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -61,8 +63,8 @@ type Kind interface {
 }
 
 // Poller is a Kind the node agent discovers by reading the host at every poll
-// (sysfs: cheap). GPUs are not: NVML is opened once, retried with backoff and
-// watched for health by the agent itself (pkg/nodeagent, sources.go).
+// (sysfs: cheap). A kind read through a library that is opened once and
+// watched for health (NVML) is an Opener instead.
 type Poller interface {
 	// Discover lists the kind's devices on the host, with the condition the
 	// NodeDevices status reports for it (type, and True when discovery
@@ -70,7 +72,83 @@ type Poller interface {
 	Discover(opts DiscoverOptions) ([]v1alpha1.Device, metav1.Condition)
 }
 
-// DiscoverOptions are what a Poller reads.
+// Opener is a Kind discovered through a source with a lifecycle of its own:
+// a library opened once, whose devices are watched for health between
+// descriptions (NVML). The node agent opens it at start and, while it does
+// not open, again with backoff; it describes the devices after opening and at
+// every resync, watches their health while it is open, and closes it when a
+// description finds it gone (then opens it again) and when the agent stops.
+type Opener interface {
+	// SourceName names the source in metrics and logs ("nvml").
+	SourceName() string
+	// Open opens the source; the error says why it did not, and the agent
+	// tries again.
+	Open(opts DiscoverOptions) (Source, error)
+	// NotOpen is the condition the NodeDevices status reports while the
+	// source is not open, err saying why.
+	NotOpen(err error) metav1.Condition
+}
+
+// Source is an Opener's open source.
+type Source interface {
+	// Describe lists the devices, with the condition the NodeDevices status
+	// reports for them. An error means the source is gone (a driver
+	// unloaded, the devices changed): the agent closes it, reports
+	// NotOpen(err) and opens it again.
+	Describe() ([]v1alpha1.Device, metav1.Condition, error)
+	// WatchHealth reports the devices' health changes until ctx ends; an
+	// error means their health is not watched.
+	WatchHealth(ctx context.Context, report func(HealthEvent)) error
+	// Close releases the source.
+	Close()
+}
+
+// HealthEvent says that a device became unhealthy or healthy again.
+type HealthEvent struct {
+	ID      string
+	Healthy bool
+	// Reason says why the device is unhealthy; empty when it is healthy.
+	Reason string
+}
+
+// HealthInheritor is a Kind whose devices share the health of the device they
+// are part of: a MIG device is unhealthy when its GPU is (NVML reports faults
+// per GPU).
+type HealthInheritor interface {
+	// InheritedHealth says whether d is unhealthy because of another
+	// device, and why; unhealthy gives the health watchers' reason for a
+	// device id.
+	InheritedHealth(d *v1alpha1.Device, unhealthy func(id string) (string, bool)) (reason string, sick bool)
+}
+
+// NodeCapacityReporter is a Kind whose devices the kubelet also reports as
+// node capacity (a hugepage pool's pages, as hugepages-<size>), which a
+// simulated node must report alike.
+type NodeCapacityReporter interface {
+	// NodeCapacity adds d's share of the node's capacity to c.
+	NodeCapacity(d *v1alpha1.Device, c corev1.ResourceList)
+}
+
+// CDIKind is a Kind whose devices the CDI spec the node agent writes names
+// (pkg/cdispec), so that the CDI names its ContainerEdits give resolve.
+type CDIKind interface {
+	// CDIDeviceNodes lists the host device nodes a container of d needs,
+	// its CDI device's edits; false leaves d out of the spec.
+	CDIDeviceNodes(h *CDIHost, d *v1alpha1.Device) ([]string, bool)
+}
+
+// CDIHost is what CDIDeviceNodes may read.
+type CDIHost struct {
+	// Device looks up a device of the node by id (nil when unknown): a MIG
+	// device's GPU, for one.
+	Device func(id string) *v1alpha1.Device
+	// CapabilityMinor is the device minor of a driver capability by its
+	// path in the driver's table ("gpu0/gi1/access" in NVIDIA's
+	// /proc/driver/nvidia-caps/mig-minors), read when first asked.
+	CapabilityMinor func(name string) (uint32, bool)
+}
+
+// DiscoverOptions are what a Poller and an Opener read.
 type DiscoverOptions struct {
 	// HostRoot is where the host's / is mounted ("/" on the node itself).
 	HostRoot string
@@ -181,6 +259,20 @@ func (r *Registry) With(kinds ...Kind) *Registry {
 	return NewRegistry(append(slices.Clone(r.kinds), kinds...)...)
 }
 
+// Configured returns a new registry in which k takes the place of the kind
+// that publishes k's first name, in its order: how the node agent gives a
+// kind its settings (NVML's library, a mock in tests). It panics when no kind
+// publishes that name.
+func (r *Registry) Configured(k Kind) *Registry {
+	i := slices.Index(r.kinds, r.byName[k.Names()[0]])
+	if i < 0 {
+		panic(fmt.Sprintf("devicekind: no kind %q to configure", k.Names()[0]))
+	}
+	kinds := slices.Clone(r.kinds)
+	kinds[i] = k
+	return NewRegistry(kinds...)
+}
+
 // Kinds lists the kinds in registration order. The slice is the registry's
 // own (the hand-off reads it on every Allocate): do not modify it.
 func (r *Registry) Kinds() []Kind { return r.kinds }
@@ -202,6 +294,27 @@ func (r *Registry) Allocation(d *v1alpha1.Device) Allocation {
 		return k.Allocation(d)
 	}
 	return Exclusive
+}
+
+// InheritedHealth says whether d is unhealthy because of a device it is part
+// of (HealthInheritor); false for a kind without such devices.
+func (r *Registry) InheritedHealth(d *v1alpha1.Device, unhealthy func(id string) (string, bool)) (string, bool) {
+	if k, ok := r.byName[d.Kind].(HealthInheritor); ok {
+		return k.InheritedHealth(d, unhealthy)
+	}
+	return "", false
+}
+
+// NodeCapacity is what the kubelet reports as node capacity for devices
+// (NodeCapacityReporter), summed.
+func (r *Registry) NodeCapacity(devices []v1alpha1.Device) corev1.ResourceList {
+	c := corev1.ResourceList{}
+	for i := range devices {
+		if k, ok := r.byName[devices[i].Kind].(NodeCapacityReporter); ok {
+			k.NodeCapacity(&devices[i], c)
+		}
+	}
+	return c
 }
 
 // IsLabel says whether key is a node label some kind may set.

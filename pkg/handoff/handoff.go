@@ -24,6 +24,13 @@
 // A pod the informer has not seen yet (the kubelet and the agent watch the same
 // apiserver, each at its own pace) is waited for, up to Config.WaitForPod.
 //
+// When several containers qualify, the order above is a guess: the kubelet may
+// see a newer pod before an older one. With Config.KubeletPods the allocator
+// asks the kubelet which pods it knows (pkg/kubeletpods) and keeps to those:
+// the pod being admitted is one, a pod the kubelet has not seen is not. When
+// the kubelet does not answer, the guess stands (counted, and an Event on the
+// pod: DeviceAdmissionOrderGuessed).
+//
 // Hugepage pools are shared: the kubelet sees each pool as Config.PoolSlots
 // slot devices "<pool>/<n>" (docs/hugepages.md); the assignment names the pool.
 package handoff
@@ -53,13 +60,21 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/kubeletpods"
 )
 
 // Event reasons, on the pod.
 const (
 	ReasonMismatch     = "DeviceAssignmentMismatch"
 	ReasonNoAssignment = "NoDeviceAssignment"
+	ReasonOrderGuessed = "DeviceAdmissionOrderGuessed"
 )
+
+// KubeletPods says which pods the kubelet knows: those it admitted that are
+// still active, and the one it is admitting (pkg/kubeletpods).
+type KubeletPods interface {
+	Known(ctx context.Context) (kubeletpods.Pods, error)
+}
 
 // Config configures an Allocator.
 type Config struct {
@@ -84,6 +99,9 @@ type Config struct {
 	// Kinds say what a container gets for each kind of device
 	// (kinds.Builtin when nil).
 	Kinds *devicekind.Registry
+	// KubeletPods, if set, tells the pod the kubelet admits among several
+	// that wait for the same devices; nil keeps to the guess of the order.
+	KubeletPods KubeletPods
 }
 
 // Allocator answers the kubelet's allocation calls for every class endpoint of
@@ -332,18 +350,20 @@ func (m *match) key(class string) allocKey {
 
 // first returns, of the live pods indexed under key in index, the first in
 // admission order (see compare) with an unallocated container whose assignment
-// for class accept takes. It makes one pass without sorting or allocating: on
-// a shared pool every pod of the node may be indexed under the key.
-func (a *Allocator) first(index, key, class string, accept func(ids []string) bool) (match, bool) {
+// for class accept takes, and whether another pod has one too. known, if set,
+// keeps to the pods it names. It makes one pass without sorting or allocating:
+// on a shared pool every pod of the node may be indexed under the key.
+func (a *Allocator) first(index, key, class string, accept func(ids []string) bool, known kubeletpods.Pods) (best match, found, others bool) {
 	objs, err := a.informer.GetIndexer().ByIndex(index, key)
 	if err != nil {
-		return match{}, false
+		return match{}, false, false
 	}
-	var best match
-	found := false
 	for _, o := range objs {
 		p := o.(*podInfo)
-		if p.assignment == nil || p.assignment.Node != a.cfg.Node || (found && !before(p, best.pod)) {
+		if p.assignment == nil || p.assignment.Node != a.cfg.Node || (others && !before(p, best.pod)) {
+			continue
+		}
+		if known != nil && !known[types.NamespacedName{Namespace: p.Namespace, Name: p.Name}] {
 			continue
 		}
 		for _, c := range p.assignment.Containers {
@@ -353,12 +373,50 @@ func (a *Allocator) first(index, key, class string, accept func(ids []string) bo
 			}
 			m := match{pod: p, container: c.Name, devices: ids}
 			if !a.isAllocated(m.key(class)) {
-				best, found = m, true
+				if found {
+					others = true
+				}
+				if !found || before(p, best.pod) {
+					best = m
+				}
+				found = true
 				break
 			}
 		}
 	}
-	return best, found
+	return best, found, others
+}
+
+// choose is first, asking the kubelet which pods it knows when several
+// qualify: the one it admits is among them. ok false: no pod qualifies yet
+// (the caller waits for the informer). A kubelet that does not answer leaves
+// the guess of the order.
+func (a *Allocator) choose(ctx context.Context, call, index, key, class string, accept func(ids []string) bool) (match, bool) {
+	best, found, others := a.first(index, key, class, accept, nil)
+	if !others || a.cfg.KubeletPods == nil {
+		return best, found
+	}
+	known, err := a.cfg.KubeletPods.Known(ctx)
+	if err != nil {
+		a.cfg.Metrics.order(call, "guessed")
+		msg := fmt.Sprintf("several pods wait for %s devices and the kubelet did not say which one it admits (%v): guessed the oldest, %s/%s; if the kubelet admits another, the two swap devices against the scheduler's accounting", class, err, best.pod.Namespace, best.pod.Name)
+		klog.FromContext(ctx).Info("admission order guessed", "class", class, "pod", klog.KRef(best.pod.Namespace, best.pod.Name), "err", err)
+		if a.cfg.Recorder != nil {
+			a.cfg.Recorder.Event(best.pod.ref(), corev1.EventTypeWarning, ReasonOrderGuessed, msg)
+		}
+		return best, true
+	}
+	m, found, _ := a.first(index, key, class, accept, known)
+	if !found {
+		// The pod the kubelet admits is not in the cache yet: wait for it.
+		a.cfg.Metrics.order(call, "waited")
+		return match{}, false
+	}
+	a.cfg.Metrics.order(call, "asked")
+	if m.pod.UID != best.pod.UID {
+		klog.FromContext(ctx).V(2).Info("the kubelet admits a newer pod first", "class", class, "pod", klog.KRef(m.pod.Namespace, m.pod.Name), "older", klog.KRef(best.pod.Namespace, best.pod.Name))
+	}
+	return m, true
 }
 
 // Preferred implements deviceplugin.Handler.
@@ -396,7 +454,7 @@ func (a *Allocator) Preferred(ctx context.Context, resource string, req *plugina
 	var chosen match
 	found := a.waitFor(ctx, func() bool {
 		var ok bool
-		chosen, ok = a.first(byClass, class, class, fits)
+		chosen, ok = a.choose(ctx, "preferred", byClass, class, class, fits)
 		return ok
 	})
 	a.cfg.Metrics.observe("preferred", start)
@@ -445,7 +503,7 @@ func (a *Allocator) Allocate(ctx context.Context, resource string, kubeletIDs []
 	var m match
 	if !a.waitFor(ctx, func() bool {
 		var ok bool
-		m, ok = a.first(byDevice, deviceKey(class, want[0]), class, exact)
+		m, ok = a.choose(ctx, "allocate", byDevice, deviceKey(class, want[0]), class, exact)
 		return ok
 	}) {
 		return nil, a.refuse(ctx, class, want)
@@ -490,7 +548,7 @@ func (a *Allocator) deviceIDs(kubeletIDs []string) ([]string, error) {
 // pod the kubelet most likely meant, and returns the error for the kubelet.
 func (a *Allocator) refuse(ctx context.Context, class string, devices []string) error {
 	logger := klog.FromContext(ctx)
-	if m, ok := a.first(byClass, class, class, func(ids []string) bool { return len(ids) == len(devices) }); ok {
+	if m, ok, _ := a.first(byClass, class, class, func(ids []string) bool { return len(ids) == len(devices) }, nil); ok {
 		msg := fmt.Sprintf("the kubelet chose %s devices %v for container %q, but the resclass scheduler assigned %v: refusing to run on devices the scheduler did not account for",
 			class, devices, m.container, m.devices)
 		a.cfg.Metrics.outcome(class, "mismatch")

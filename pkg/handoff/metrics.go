@@ -10,6 +10,7 @@ import (
 type Metrics struct {
 	outcomes *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	orders   *prometheus.CounterVec
 }
 
 // NewMetrics registers the allocator's metrics with reg.
@@ -24,8 +25,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time to answer a kubelet call (preferred: GetPreferredAllocation, allocate: Allocate), per container, including any wait for the pod to reach the agent's cache.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 4, 10),
 		}, []string{"call"}),
+		orders: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "resclass_node_agent_admission_order_total",
+			Help: "Kubelet calls for which several pods waited for the same devices, by call (preferred, allocate) and result: asked (the kubelet's PodResources API named the pod it admits), waited (it admits a pod not in the agent's cache yet), guessed (it did not answer: the oldest pod was taken).",
+		}, []string{"call", "result"}),
 	}
-	reg.MustRegister(m.outcomes, m.latency)
+	reg.MustRegister(m.outcomes, m.latency, m.orders)
 	return m
 }
 
@@ -38,5 +43,11 @@ func (m *Metrics) outcome(class, outcome string) {
 func (m *Metrics) observe(call string, start time.Time) {
 	if m != nil {
 		m.latency.WithLabelValues(call).Observe(time.Since(start).Seconds())
+	}
+}
+
+func (m *Metrics) order(call, result string) {
+	if m != nil {
+		m.orders.WithLabelValues(call, result).Inc()
 	}
 }

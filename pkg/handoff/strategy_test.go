@@ -13,6 +13,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/resclass/resclass/pkg/cdispec"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
@@ -150,7 +151,7 @@ func TestCDINamesResolve(t *testing.T) {
 	mknod(t, hostRoot, "/dev/nvidia0", 0)
 	mknod(t, hostRoot, "/dev/nvidia2", 2)
 	mknod(t, hostRoot, "/dev/nvidiactl", 255)
-	spec, err := cdispec.Generate(cdispec.Config{HostRoot: hostRoot}, inventory())
+	spec, err := cdispec.Generate(cdispec.Config{HostRoot: hostRoot, Kinds: kinds.Builtin}, inventory())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,7 +27,6 @@ import (
 	"github.com/resclass/resclass/pkg/client/informers/externalversions"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
-	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
 	"github.com/resclass/resclass/pkg/inventory"
@@ -43,22 +41,17 @@ type Config struct {
 	HostRoot string
 	// IncludeVirtualNICs also publishes interfaces without hardware behind them.
 	IncludeVirtualNICs bool
-	// NVML is the NVML binding when NVMLLibrary is nil: a mock in tests.
-	NVML lib.Interface
-	// PollInterval is how often NICs and hugepage pools are re-read (sysfs
-	// only: link state, free pages).
+	// PollInterval is how often the kinds that are devicekind.Pollers are
+	// re-read (NICs and hugepage pools, sysfs only: link state, free pages).
 	PollInterval time.Duration
-	// ResyncInterval is how often the GPUs are re-described through NVML and
-	// the published objects compared with the inventory, whatever else happens.
+	// ResyncInterval is how often the kinds that are devicekind.Openers are
+	// described again (the GPUs, through NVML) and the published objects
+	// compared with the inventory, whatever else happens.
 	ResyncInterval time.Duration
-	// Health tunes the GPU health watcher.
-	Health nvmldiscovery.HealthOptions
-	// NVMLLibrary finds and checks the NVML library at each attempt to open
-	// NVML, on a node; nil uses NVML as it is (a mock in tests).
-	NVMLLibrary *nvmldiscovery.Library
-	// NVMLRetryMax is the longest wait between attempts to open NVML (the
-	// waits double from a second). Default 30 seconds.
-	NVMLRetryMax time.Duration
+	// OpenRetryMax is the longest wait between attempts to open a source
+	// that does not open (NVML; the waits double from a second). Default 30
+	// seconds.
+	OpenRetryMax time.Duration
 	// ShutdownTimeout bounds how long the agent, when stopping, waits for its
 	// Events to be written. Default 10 seconds.
 	ShutdownTimeout time.Duration
@@ -73,6 +66,13 @@ type Config struct {
 	// WaitForPod bounds how long a kubelet call waits for the agent's pod
 	// cache to show the pod it is about.
 	WaitForPod time.Duration
+	// PodResourcesSocket is the kubelet's PodResources API, which the
+	// hand-off asks which pod the kubelet admits when several wait for the
+	// same devices (kubeletpods.DefaultSocket on a node); "" does not ask,
+	// and the oldest pod is taken. PodResourcesTimeout bounds one question
+	// (default a second).
+	PodResourcesSocket  string
+	PodResourcesTimeout time.Duration
 	// IntrospectionSocket is where the agent serves its own gRPC API
 	// (proto/resclass/agent/v1) for `node-agent status`; "" serves none.
 	IntrospectionSocket string
@@ -87,8 +87,13 @@ type Config struct {
 	CDIDriverRoot        string
 
 	// Kinds are the device kinds the agent discovers (those that are
-	// devicekind.Pollers), labels and hands out; kinds.Builtin when nil. A
-	// test adds its own kind here (docs/architecture.md, "Adding a kind").
+	// devicekind.Pollers or devicekind.Openers), labels and hands out;
+	// kinds.Builtin when nil. A kind's own settings are given here: NVML's
+	// library, or a mock in tests, with
+	// kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{...}});
+	// without it the GPUs are not discovered. A test adds its
+	// own kind with kinds.Builtin.With (docs/architecture.md, "Adding a
+	// kind").
 	Kinds *devicekind.Registry
 
 	// DRA is where the DRA kubelet plugin lives when the Node's
@@ -119,8 +124,11 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 	if config.ResyncInterval <= 0 {
 		config.ResyncInterval = 5 * time.Minute
 	}
-	if config.NVMLRetryMax <= 0 {
-		config.NVMLRetryMax = 30 * time.Second
+	if config.OpenRetryMax <= 0 {
+		config.OpenRetryMax = 30 * time.Second
+	}
+	if config.PodResourcesTimeout <= 0 {
+		config.PodResourcesTimeout = time.Second
 	}
 	if config.ShutdownTimeout <= 0 {
 		config.ShutdownTimeout = 10 * time.Second
@@ -140,8 +148,8 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 // backoff, never an exit, so a control-plane upgrade does not crash-loop every
 // agent. Until the first publish, Published is false (/readyz).
 //
-// What triggers a publish: a GPU health event (at once), the poll (NICs'
-// link state, free hugepages), the resync, and any change of the NodeDevices
+// What triggers a publish: a health event of an opened source (a GPU's, at
+// once), the poll (NICs' link state, free hugepages), the resync, and any change of the NodeDevices
 // object or the Node made by someone else — a deleted NodeDevices is
 // re-created within moments. Publishing writes only what differs from the
 // apiserver's copy, so the triggers cost reads, not writes. The triggers meet
@@ -149,16 +157,16 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 // of triggers is one pass, and a pass that fails to publish is retried by the
 // queue's rate limiter, 1 s doubling to a minute.
 //
-// NVML that does not open (no driver yet, a wrong library) is tried again with
-// backoff, up to NVMLRetryMax apart, and NVML found gone at a resync is closed
-// and tried again likewise: the GPUs are published once it opens, with no
-// restart.
+// A source that does not open (NVML: no driver yet, a wrong library) is tried
+// again with backoff, up to OpenRetryMax apart, and a source found gone at a
+// resync is closed and tried again likewise: its devices are published once
+// it opens, with no restart.
 //
 // When ctx ends, Run shuts down in the reverse order of start: the work queue
 // and its triggers stop, the device-plugin endpoints and the introspection API
-// stop and their sockets are removed, the informers stop, the health watcher
-// stops, every Event recorded is written (ShutdownTimeout at most), NVML is
-// shut down; then it returns nil.
+// stop and their sockets are removed, the informers stop, the health watchers
+// stop, every Event recorded is written (ShutdownTimeout at most), the opened
+// sources are closed; then it returns nil.
 func (a *Agent) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("node", a.config.NodeName)
 	ctx = klog.NewContext(ctx, logger)
@@ -187,9 +195,9 @@ func (a *Agent) Run(ctx context.Context) error {
 const (
 	// passPublish discovers the polled kinds, applies health and publishes.
 	passPublish = "publish"
-	// passGPUs describes the GPUs through NVML again (opening it if it is
-	// not open) before a publish pass.
-	passGPUs = "gpus"
+	// passDescribe and an Opener's SourceName describe that source's devices
+	// again (opening it if it is not open) before a publish pass.
+	passDescribe = "describe/"
 )
 
 // running is a started agent: everything start created, the state its
@@ -208,9 +216,7 @@ type running struct {
 	src         *sources
 	queue       workqueue.TypedDelayingInterface[string]
 	publishing  workqueue.TypedRateLimiter[string] // backoff of failed publishes
-	opening     workqueue.TypedRateLimiter[string] // backoff of NVML that does not open
-	health      *gpuHealth
-	stopWatch   func()
+	opening     workqueue.TypedRateLimiter[string] // backoff of sources that do not open, by pass
 	plugins     *pluginSet
 	introspect  *introspectionSource
 	pub         *inventory.Publisher
@@ -227,9 +233,7 @@ type running struct {
 	dra         *draSet
 	modeChanged bool
 
-	// The worker's state.
-	gpus    []v1alpha1.Device
-	gpuCond metav1.Condition
+	// The worker's state (the opened sources' is in src).
 	prev    map[string]v1alpha1.Device
 	retryAt time.Time // no publish before: the last one failed
 }
@@ -239,24 +243,32 @@ type running struct {
 func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) {
 	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithCancel(ctx)
-	r := &running{a: a, node: node, cancel: cancel, stopWatch: func() {}, health: &gpuHealth{unhealthy: map[string]string{}}}
+	r := &running{a: a, node: node, cancel: cancel}
 	r.queue = workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Logger: &logger})
-	// The first pass opens NVML, queued before any informer can queue a
-	// publish: a publish before it would carry an empty NVML condition,
-	// which the apiserver refuses.
-	r.queue.Add(passGPUs)
 	r.publishing = workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, time.Minute)
-	r.opening = workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, a.config.NVMLRetryMax)
+	r.opening = workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, a.config.OpenRetryMax)
 
-	// NVML, closed last.
-	r.src = &sources{opts: sourceOptions{hostRoot: a.config.HostRoot, includeVirtual: a.config.IncludeVirtualNICs, kinds: a.config.Kinds, library: a.config.NVMLLibrary, nvml: a.config.NVML}}
+	// The kinds' opened sources (NVML), closed last.
+	r.src = newSources(a.config.Kinds, devicekind.DiscoverOptions{HostRoot: a.config.HostRoot, IncludeVirtual: a.config.IncludeVirtualNICs})
 	r.onStop(r.src.close)
-	// Events, written before NVML closes and after everything that records them.
+	// The first passes open them, queued before any informer can queue a
+	// publish: a publish before them would carry an empty condition, which
+	// the apiserver refuses.
+	for _, o := range r.src.opened {
+		r.queue.Add(o.pass)
+	}
+	// Events, written before the sources close and after everything that
+	// records them.
 	events := newEvents(ctx, a.kube, a.config.NodeName)
 	r.recorder = events
 	r.onStop(func() { events.flush(ctx, a.config.ShutdownTimeout) })
-	// The health watcher runs while NVML is open (rediscoverGPUs starts it).
-	r.onStop(func() { r.stopWatch() })
+	// The health watchers run while their source is open (describe starts
+	// them).
+	r.onStop(func() {
+		for _, o := range r.src.opened {
+			o.stopWatch()
+		}
+	})
 
 	// Informers on this node's two objects only; any change triggers a pass.
 	trigger := cache.ResourceEventHandlerFuncs{
@@ -309,7 +321,12 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 		cf.Start(ctx.Done())
 		r.onStop(cf.Shutdown)
 		pf := handoff.NodePods(a.kube, a.config.NodeName)
-		allocator := a.newAllocator(r.recorder, pf.Core().V1().Pods().Informer())
+		kubelet, closeKubelet, err := a.newKubeletPods()
+		if err != nil {
+			return r, err
+		}
+		r.onStop(closeKubelet)
+		allocator := a.newAllocator(r.recorder, pf.Core().V1().Pods().Informer(), kubelet)
 		pf.Start(ctx.Done())
 		r.onStop(pf.Shutdown)
 		spec, err := a.newCDISpec(logger)
@@ -345,8 +362,15 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 
 	// The triggers: the poll and the resync (the first pass is queued above).
 	r.pub = &inventory.Publisher{Resclass: a.resclass, Kube: a.kube, Node: node, Kinds: a.config.Kinds}
+	resync := []string{passPublish}
+	if len(r.src.opened) > 0 {
+		resync = resync[:0]
+		for _, o := range r.src.opened {
+			resync = append(resync, o.pass)
+		}
+	}
 	r.goroutine(func() { r.every(ctx, a.config.PollInterval, passPublish) })
-	r.goroutine(func() { r.every(ctx, a.config.ResyncInterval, passGPUs) })
+	r.goroutine(func() { r.every(ctx, a.config.ResyncInterval, resync...) })
 	r.onStop(r.queue.ShutDown)
 	return r, nil
 }
@@ -373,8 +397,8 @@ func (r *running) goroutine(f func()) {
 	}()
 }
 
-// every adds pass to the queue every interval until ctx ends.
-func (r *running) every(ctx context.Context, interval time.Duration, pass string) {
+// every adds passes to the queue every interval until ctx ends.
+func (r *running) every(ctx context.Context, interval time.Duration, passes ...string) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -382,7 +406,9 @@ func (r *running) every(ctx context.Context, interval time.Duration, pass string
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			r.queue.Add(pass)
+			for _, pass := range passes {
+				r.queue.Add(pass)
+			}
 		}
 	}
 }
@@ -395,93 +421,67 @@ func (r *running) work(ctx context.Context) {
 		if shutdown {
 			return
 		}
-		if pass == passGPUs {
-			r.rediscoverGPUs(ctx)
+		for _, o := range r.src.opened {
+			if pass == o.pass {
+				r.redescribe(ctx, o)
+			}
 		}
 		r.publishPass(ctx)
 		r.queue.Done(pass)
 	}
 }
 
-// gpuHealth is what the health watcher reported: GPU id -> why unhealthy.
-type gpuHealth struct {
-	mu        sync.Mutex
-	unhealthy map[string]string
-}
-
-func (h *gpuHealth) set(e nvmldiscovery.HealthEvent) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if e.Healthy {
-		delete(h.unhealthy, e.ID)
-	} else {
-		h.unhealthy[e.ID] = e.Reason
-	}
-}
-
-func (h *gpuHealth) reset() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	clear(h.unhealthy)
-}
-
-func (h *gpuHealth) apply(devices []v1alpha1.Device) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	applyHealth(devices, h.unhealthy)
-}
-
-// startWatch watches the GPUs' health while NVML is open: each event triggers
-// a pass.
-func (r *running) startWatch(ctx context.Context) {
-	logger := klog.FromContext(ctx)
+// startWatch watches the health of o's devices while o is open: each event
+// triggers a pass.
+func (r *running) startWatch(ctx context.Context, o *opened) {
+	logger := klog.FromContext(ctx).WithValues("source", o.kind.SourceName())
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	gpus := r.src.gpus
+	src := o.src
 	go func() {
 		defer close(done)
-		err := gpus.WatchHealth(wctx, r.a.config.Health, func(e nvmldiscovery.HealthEvent) {
-			r.health.set(e)
+		err := src.WatchHealth(wctx, func(e devicekind.HealthEvent) {
+			o.health.set(e)
 			r.queue.Add(passPublish)
 		})
 		if err != nil {
-			logger.Error(err, "GPU health is not watched")
+			logger.Error(err, "health is not watched")
 		}
 	}()
-	r.stopWatch = func() { cancel(); <-done; r.stopWatch = func() {} }
+	o.stopWatch = func() { cancel(); <-done; o.stopWatch = func() {} }
 }
 
-// rediscoverGPUs describes the GPUs again, opening NVML first if it is not
-// open; NVML that does not open, or went away, is tried again at the pace of
+// redescribe describes o's devices again, opening o first if it is not open;
+// a source that does not open, or went away, is tried again at the pace of
 // the opening backoff.
-func (r *running) rediscoverGPUs(ctx context.Context) {
-	logger := klog.FromContext(ctx)
+func (r *running) redescribe(ctx context.Context, o *opened) {
+	logger := klog.FromContext(ctx).WithValues("source", o.kind.SourceName())
 	start := time.Now()
-	wasOpen := r.src.gpus != nil
-	if !wasOpen && r.src.openNVML() {
-		logger.Info("NVML opened")
-		r.opening.Forget(passGPUs)
-		r.startWatch(ctx)
+	wasOpen := o.src != nil
+	if !wasOpen && r.src.open(o) {
+		logger.Info("source opened")
+		r.opening.Forget(o.pass)
+		r.startWatch(ctx, o)
 	}
-	r.gpus, r.gpuCond = r.src.discoverGPUs()
-	r.a.metrics.discovery.WithLabelValues("nvml").Observe(time.Since(start).Seconds())
-	if r.src.gpus != nil {
+	o.describe()
+	r.a.metrics.discovery.WithLabelValues(o.kind.SourceName()).Observe(time.Since(start).Seconds())
+	if o.src != nil {
 		return
 	}
 	if wasOpen {
 		// Gone while open: its watcher stops, what it said is stale.
-		logger.Info("NVML went away; opening it again", "reason", r.gpuCond.Message)
-		r.stopWatch()
-		r.health.reset()
+		logger.Info("source went away; opening it again", "reason", o.cond.Message)
+		o.stopWatch()
+		o.health.reset()
 	}
-	first := r.opening.NumRequeues(passGPUs) == 0
-	delay := r.opening.When(passGPUs)
+	first := r.opening.NumRequeues(o.pass) == 0
+	delay := r.opening.When(o.pass)
 	if first {
-		logger.Info("NVML not opened; trying again with backoff", "reason", r.gpuCond.Message, "retryIn", delay, "maxInterval", r.a.config.NVMLRetryMax)
+		logger.Info("source not opened; trying again with backoff", "reason", o.cond.Message, "retryIn", delay, "maxInterval", r.a.config.OpenRetryMax)
 	} else {
-		logger.V(2).Info("NVML not opened", "reason", r.gpuCond.Message, "retryIn", delay)
+		logger.V(2).Info("source not opened", "reason", o.cond.Message, "retryIn", delay)
 	}
-	r.queue.AddAfter(passGPUs, delay)
+	r.queue.AddAfter(o.pass, delay)
 }
 
 // publishPass discovers the polled kinds, applies health, updates the
@@ -494,9 +494,10 @@ func (r *running) publishPass(ctx context.Context) {
 	start := time.Now()
 	host, hostConds := r.src.discoverHost()
 	a.metrics.discovery.WithLabelValues("sysfs").Observe(time.Since(start).Seconds())
-	devices := append(cloneDevices(r.gpus), host...)
-	r.health.apply(devices)
-	status := assemble(r.src.kinds(), devices, append([]metav1.Condition{r.gpuCond}, hostConds...)...)
+	devices, conds := r.src.described()
+	devices = append(devices, host...)
+	r.src.applyHealth(devices)
+	status := assemble(a.config.Kinds, devices, append(conds, hostConds...)...)
 	r.prev = a.reportHealth(ctx, r.recorder, r.node, r.introspect.HealthHub, r.prev, status.Devices)
 	a.metrics.observe(status.Devices)
 	if r.plugins != nil {

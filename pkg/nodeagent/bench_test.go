@@ -6,6 +6,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 )
 
@@ -32,12 +36,20 @@ func BenchmarkInventoryDGXA100(b *testing.B) {
 	if err := server.WriteSysfs(root); err != nil {
 		b.Fatal(err)
 	}
-	gpuOpts := sourceOptions{hostRoot: root, nvml: server}
-	host := &sources{opts: sourceOptions{hostRoot: "/"}}
-	inventory := func(gpuSrc *sources) v1alpha1.NodeDevicesStatus {
-		gpus, gpuCond := gpuSrc.discoverGPUs()
+	gpuKinds := kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: server}})
+	gpuOpts := devicekind.DiscoverOptions{HostRoot: root}
+	openGPUs := func(b *testing.B) (*sources, *opened) {
+		src := newSources(gpuKinds, gpuOpts)
+		if len(src.opened) != 1 || !src.open(src.opened[0]) {
+			b.Fatalf("NVML did not open")
+		}
+		return src, src.opened[0]
+	}
+	host := newSources(kinds.Builtin, devicekind.DiscoverOptions{HostRoot: "/"})
+	inventory := func(gpus *opened) v1alpha1.NodeDevicesStatus {
+		gpus.describe()
 		devices, hostConds := host.discoverHost()
-		return assemble(host.kinds(), append(gpus, devices...), append([]metav1.Condition{gpuCond}, hostConds...)...)
+		return assemble(host.kinds, append(gpus.devices, devices...), append([]metav1.Condition{gpus.cond}, hostConds...)...)
 	}
 	check := func(b *testing.B, status v1alpha1.NodeDevicesStatus) {
 		b.Helper()
@@ -52,13 +64,13 @@ func BenchmarkInventoryDGXA100(b *testing.B) {
 	}
 
 	b.Run("resclass", func(b *testing.B) {
-		src := openSources(gpuOpts)
+		src, gpus := openGPUs(b)
 		defer src.close()
-		status := inventory(src)
+		status := inventory(gpus)
 		check(b, status)
 		b.ReportAllocs()
 		for b.Loop() {
-			inventory(src)
+			inventory(gpus)
 		}
 		// What one pass describes depends on this machine's NICs. Reported
 		// after the loop: b.Loop's timer reset drops earlier metrics.
@@ -66,9 +78,9 @@ func BenchmarkInventoryDGXA100(b *testing.B) {
 	})
 	b.Run("baseline-reinit", func(b *testing.B) {
 		reinit := func() v1alpha1.NodeDevicesStatus {
-			src := openSources(gpuOpts)
+			src, gpus := openGPUs(b)
 			defer src.close()
-			return inventory(src)
+			return inventory(gpus)
 		}
 		check(b, reinit())
 		b.ReportAllocs()

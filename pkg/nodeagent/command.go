@@ -18,13 +18,16 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 )
 
@@ -123,11 +126,13 @@ needs no cluster: run it first on a new node.
 // discover runs every source once. A source that cannot run on this node is a
 // condition, not an error: the other sources still report.
 func discover(o discoverOptions) v1alpha1.NodeDevicesStatus {
-	s := openSources(sourceOptions{hostRoot: o.hostRoot, includeVirtual: o.includeVirtual, library: &o.nvml})
+	s := newSources(kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Library: &o.nvml}}),
+		devicekind.DiscoverOptions{HostRoot: o.hostRoot, IncludeVirtual: o.includeVirtual})
 	defer s.close()
-	gpus, gpuCond := s.discoverGPUs()
+	s.describeOnce()
+	devices, conds := s.described()
 	host, hostConds := s.discoverHost()
-	return assemble(s.kinds(), append(gpus, host...), append([]metav1.Condition{gpuCond}, hostConds...)...)
+	return assemble(s.kinds, append(devices, host...), append(conds, hostConds...)...)
 }
 
 func write(w io.Writer, status v1alpha1.NodeDevicesStatus, format string) error {

@@ -14,21 +14,25 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/hugepages"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nic"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 )
 
 func mockStatus(t *testing.T) v1alpha1.NodeDevicesStatus {
 	t.Helper()
-	s := openSources(sourceOptions{nvml: nvmlmock.New(), hostRoot: t.TempDir()})
+	s := newSources(kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: nvmlmock.New()}}), devicekind.DiscoverOptions{HostRoot: t.TempDir()})
 	defer s.close()
-	gpus, cond := s.discoverGPUs()
-	if cond.Status != metav1.ConditionTrue || cond.Message != "8 GPUs" {
-		t.Fatalf("NVML condition %+v", cond)
+	s.describeOnce()
+	gpus, conds := s.described()
+	if len(conds) != 1 || conds[0].Type != nvidiagpu.Condition || conds[0].Status != metav1.ConditionTrue || conds[0].Message != "8 GPUs" {
+		t.Fatalf("NVML condition %+v", conds)
 	}
-	return assemble(s.kinds(), gpus)
+	return assemble(s.kinds, gpus)
 }
 
 func TestOutputFormats(t *testing.T) {
@@ -74,9 +78,9 @@ func TestOutputFormats(t *testing.T) {
 // NVML (CI), the GPU source reports itself unavailable instead of failing.
 func TestDiscoverThisMachine(t *testing.T) {
 	status := discover(discoverOptions{hostRoot: "/"})
-	c := meta.FindStatusCondition(status.Conditions, ConditionNVML)
+	c := meta.FindStatusCondition(status.Conditions, nvidiagpu.Condition)
 	if c == nil {
-		t.Fatalf("no %s condition: %+v", ConditionNVML, status.Conditions)
+		t.Fatalf("no %s condition: %+v", nvidiagpu.Condition, status.Conditions)
 	}
 	t.Logf("%s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message)
 	if c.Status == "False" && (c.Reason != "Unavailable" || status.Summary.GPUs != 0) {

@@ -18,6 +18,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/deviceplugin"
 	"github.com/resclass/resclass/pkg/handoff"
+	"github.com/resclass/resclass/pkg/kubeletpods"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -130,12 +131,26 @@ type pluginSet struct {
 
 // newAllocator answers the kubelet's calls from the assignments of pods, the
 // informer of the node's pods (handoff.NodePods).
-func (a *Agent) newAllocator(recorder record.EventRecorder, pods cache.SharedIndexInformer) *handoff.Allocator {
+func (a *Agent) newAllocator(recorder record.EventRecorder, pods cache.SharedIndexInformer, kubelet handoff.KubeletPods) *handoff.Allocator {
 	return handoff.New(handoff.Config{
 		Node: a.config.NodeName, HostRoot: a.config.HostRoot, PoolSlots: a.config.HugepagePoolSlots,
 		WaitForPod: a.config.WaitForPod, Recorder: recorder, Metrics: a.metrics.handoff,
 		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,
+		KubeletPods: kubelet,
 	}, pods)
+}
+
+// newKubeletPods is the client of the kubelet's PodResources API, nil without
+// a socket; stop closes it.
+func (a *Agent) newKubeletPods() (kubelet handoff.KubeletPods, stop func(), err error) {
+	if a.config.PodResourcesSocket == "" {
+		return nil, func() {}, nil
+	}
+	c, err := kubeletpods.New(a.config.PodResourcesSocket, a.config.PodResourcesTimeout)
+	if err != nil {
+		return nil, func() {}, err
+	}
+	return c, func() { _ = c.Close() }, nil
 }
 
 // newCDISpec keeps the CDI spec with a CDI strategy; nil otherwise.
@@ -149,7 +164,7 @@ func (a *Agent) newCDISpec(logger klog.Logger) (*cdiSpec, error) {
 	}
 	return &cdiSpec{
 		writer: w, logger: logger, metrics: a.metrics,
-		config: cdispec.Config{HostRoot: a.config.HostRoot, DriverRoot: a.config.CDIDriverRoot},
+		config: cdispec.Config{HostRoot: a.config.HostRoot, DriverRoot: a.config.CDIDriverRoot, Kinds: a.config.Kinds},
 	}, nil
 }
 
@@ -196,7 +211,7 @@ func (c *cdiSpec) update(devices []v1alpha1.Device) {
 	if c == nil {
 		return
 	}
-	if key := gpuKey(devices); key != c.key || c.spec == nil {
+	if key := cdiKey(c.config.Kinds, devices); key != c.key || c.spec == nil {
 		spec, err := cdispec.Generate(c.config, devices)
 		if err != nil {
 			c.logger.Error(err, "generating the CDI spec")
@@ -223,16 +238,19 @@ func cdispecDevices(s *specs.Spec) []specs.Device {
 	return s.Devices
 }
 
-// gpuKey is what the spec depends on among devices.
-func gpuKey(devices []v1alpha1.Device) string {
+// cdiKey is what the spec depends on among devices: the devices it names
+// (those of a devicekind.CDIKind) with every attribute, so that a change of
+// identity, device node, MIG placement or driver version generates it again.
+func cdiKey(kinds *devicekind.Registry, devices []v1alpha1.Device) string {
 	var b strings.Builder
-	for _, d := range devices {
-		if d.Kind != v1alpha1.DeviceKindNvidiaGPU && d.Kind != v1alpha1.DeviceKindNvidiaMIG {
+	for i := range devices {
+		d := &devices[i]
+		if _, ok := kinds.Kind(d.Kind).(devicekind.CDIKind); !ok {
 			continue
 		}
 		b.WriteString(d.ID)
-		for _, a := range []string{v1alpha1.AttributeMinor, v1alpha1.AttributeParent, v1alpha1.AttributeGPUInstanceID, v1alpha1.AttributeComputeInstanceID, v1alpha1.AttributeDriverVersion} {
-			b.WriteString("|" + d.Attributes[a].String())
+		for _, name := range slices.Sorted(maps.Keys(d.Attributes)) {
+			b.WriteString("|" + name + "=" + d.Attributes[name].String())
 		}
 		b.WriteString("\n")
 	}

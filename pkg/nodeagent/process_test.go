@@ -22,6 +22,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind/hugepages"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 )
 
 // These tests run node-agent as cmd/node-agent does, in a process of its own
@@ -86,7 +87,7 @@ func TestWrongLibraryIsACondition(t *testing.T) {
 	if err := json.Unmarshal([]byte(out.String()), &status); err != nil {
 		t.Fatalf("%v: %s", err, out.String())
 	}
-	c := meta.FindStatusCondition(status.Conditions, ConditionNVML)
+	c := meta.FindStatusCondition(status.Conditions, nvidiagpu.Condition)
 	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "WrongLibrary" || !strings.Contains(c.Message, "lacks nvmlInit_v2") {
 		t.Errorf("NVMLAvailable = %+v, want False/WrongLibrary naming the missing symbol", c)
 	}

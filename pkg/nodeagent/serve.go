@@ -28,25 +28,31 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
+	"github.com/resclass/resclass/pkg/kubeletpods"
 )
 
 type serveOptions struct {
-	nodeName       string
-	kubeconfig     string
-	hostRoot       string
-	includeVirtual bool
-	poll           time.Duration
-	resync         time.Duration
-	recoveryAfter  time.Duration
-	ignoredXIDs    xidList
-	metricsAddress string
-	pluginDir      string
-	poolSlots      int
-	waitForPod     time.Duration
-	introspection  string
+	nodeName            string
+	kubeconfig          string
+	hostRoot            string
+	includeVirtual      bool
+	poll                time.Duration
+	resync              time.Duration
+	recoveryAfter       time.Duration
+	ignoredXIDs         xidList
+	metricsAddress      string
+	pluginDir           string
+	poolSlots           int
+	waitForPod          time.Duration
+	podResources        string
+	podResourcesTimeout time.Duration
+	introspection       string
 
 	// Robustness (docs/node-agent.md, "Late drivers, partial failures and
 	// shutdown").
@@ -76,6 +82,8 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.Var(&o.ignoredXIDs, "ignored-xids", fmt.Sprintf("XIDs to treat as application errors in addition to the built-in list (13, 31, 43, 45, 68, 109), e.g. --ignored-xids=94,95: decimal numbers from 1 to %d, repeatable", nvmldiscovery.MaxXID))
 	f.StringVar(&o.pluginDir, "device-plugin-dir", pluginapi.DevicePluginPath, "the kubelet's device-plugin directory: one endpoint (rc-<class>.sock) per ResourceClass that selects a device of this node is served and registered there; \"\" serves none (inventory only)")
 	f.IntVar(&o.poolSlots, "hugepage-pool-slots", 110, "how many containers may draw from one hugepage pool at once: the slot devices each pool is to the kubelet (docs/hugepages.md); raise it with the kubelet's maxPods")
+	f.StringVar(&o.podResources, "pod-resources-socket", kubeletpods.DefaultSocket, "the kubelet's PodResources API socket: when several pods wait for the same devices, the agent asks the kubelet which pods it knows, to hand the devices to the pod it admits (\"\": do not ask, take the oldest pod)")
+	f.DurationVar(&o.podResourcesTimeout, "pod-resources-timeout", time.Second, "how long one question to the kubelet's PodResources API may take before the agent takes the oldest pod (counted in resclass_node_agent_admission_order_total{result=\"guessed\"})")
 	f.DurationVar(&o.waitForPod, "pod-wait", 3*time.Second, "how long a kubelet Allocate or GetPreferredAllocation call waits for the agent's pod cache to show the pod it is about before answering without it")
 	f.StringVar(&o.introspection, "introspection-socket", introspection.DefaultIntrospectionSocket, "`path` of the unix socket (mode 0600) of the agent's own gRPC API, which \"node-agent status\" reads: devices with their classes, allocations and refusals, health changes; \"\" serves none")
 	f.StringVar(&o.metricsAddress, "metrics-bind-address", ":9420", "address of the /metrics, /healthz and /readyz endpoint; \"0\" turns it off")
@@ -123,14 +131,15 @@ func (o *serveOptions) run(ctx context.Context) error {
 		NodeName:            o.nodeName,
 		HostRoot:            o.hostRoot,
 		IncludeVirtualNICs:  o.includeVirtual,
-		NVMLLibrary:         &o.nvml,
-		NVMLRetryMax:        o.nvmlRetryMax,
+		OpenRetryMax:        o.nvmlRetryMax,
 		ShutdownTimeout:     o.shutdownTimeout,
 		PollInterval:        o.poll,
 		ResyncInterval:      o.resync,
 		PluginDir:           o.pluginDir,
 		HugepagePoolSlots:   o.poolSlots,
 		WaitForPod:          o.waitForPod,
+		PodResourcesSocket:  o.podResources,
+		PodResourcesTimeout: o.podResourcesTimeout,
 		IntrospectionSocket: o.introspection,
 
 		DeviceListStrategies: o.deviceListStrategies,
@@ -138,7 +147,11 @@ func (o *serveOptions) run(ctx context.Context) error {
 		CDIDriverRoot:        o.cdiDriverRoot,
 		DRA:                  o.dra,
 	}
-	cfg.Health.RecoveryAfter, cfg.Health.IgnoredXIDs = o.recoveryAfter, xids
+	// The kinds' own settings: how NVML is found and GPU health judged.
+	cfg.Kinds = kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
+		Library: &o.nvml,
+		Health:  nvmldiscovery.HealthOptions{RecoveryAfter: o.recoveryAfter, IgnoredXIDs: xids},
+	}})
 	m := newMetrics()
 	agent := newAgent(cfg, resclass, kube, m)
 

@@ -2,127 +2,130 @@ package nodeagent
 
 import (
 	"errors"
-	"fmt"
 	"sort"
-	"strings"
+	"sync"
 
-	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind"
-	"github.com/resclass/resclass/pkg/devicekind/kinds"
-	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 )
 
-// ConditionNVML reports whether GPU discovery through NVML works on the node.
-// The kinds the agent polls report their own (devicekind.Poller).
-const ConditionNVML = "NVMLAvailable"
-
-// sourceOptions choose what the discovery sources read.
-type sourceOptions struct {
-	hostRoot       string
-	includeVirtual bool
-	// kinds are the device kinds: those that are Pollers are read at every
-	// poll, and the summary counts devices by kind.
-	kinds *devicekind.Registry
-	// library finds and checks the NVML library at each attempt to open
-	// NVML (on a node); nil uses nvml.
-	library *nvmldiscovery.Library
-	// nvml is the NVML binding when library is nil: a mock in tests.
-	nvml lib.Interface
-}
-
-// sources are the node's discovery sources. NVML is opened by openNVML and
-// kept until discoverGPUs finds it gone; a node without it is a condition, not
-// an error, and the agent calls openNVML again (with backoff) until it opens.
+// sources are the node's discovery sources, as the kinds say: those that are
+// devicekind.Pollers are read at every poll, and those that are
+// devicekind.Openers each have a source that is opened once, described at
+// resyncs and watched for health (NVML). A source that does not open is a
+// condition, not an error; the agent opens it again with backoff.
 type sources struct {
-	opts    sourceOptions
-	gpus    *nvmldiscovery.Discoverer // nil while NVML is not usable
-	nvmlErr error                     // why gpus is nil
+	opts   devicekind.DiscoverOptions
+	kinds  *devicekind.Registry
+	opened []*opened
 }
 
-// openSources returns the sources with NVML opened once (or the reason it
-// did not open).
-func openSources(opts sourceOptions) *sources {
-	s := &sources{opts: opts}
-	s.openNVML()
+// opened is one Opener's source and what the agent knows of it.
+type opened struct {
+	kind devicekind.Opener
+	// pass is the work queue's item that describes it again (opening it
+	// first when it is not open).
+	pass string
+	src  devicekind.Source // nil while not open
+	err  error             // why src is nil
+	// devices and cond are what the last description found.
+	devices []v1alpha1.Device
+	cond    metav1.Condition
+	// health is what its watcher reported; stopWatch stops the watcher.
+	health    watchedHealth
+	stopWatch func()
+}
+
+// errNotOpened is the reason of a source not opened yet, or closed.
+var errNotOpened = errors.New("not opened")
+
+// newSources lists the kinds' sources; it opens none.
+func newSources(kinds *devicekind.Registry, opts devicekind.DiscoverOptions) *sources {
+	s := &sources{opts: opts, kinds: kinds}
+	for _, k := range kinds.Kinds() {
+		if o, ok := k.(devicekind.Opener); ok {
+			s.opened = append(s.opened, &opened{
+				kind: o, pass: passDescribe + o.SourceName(), err: errNotOpened,
+				health: watchedHealth{unhealthy: map[string]string{}}, stopWatch: func() {},
+			})
+		}
+	}
 	return s
 }
 
-// openNVML opens NVML if it is not open, and reports whether it is.
-func (s *sources) openNVML() bool {
-	if s.gpus != nil {
+// open opens o if it is not open, and reports whether it is.
+func (s *sources) open(o *opened) bool {
+	if o.src != nil {
 		return true
 	}
-	l := s.opts.nvml
-	if s.opts.library != nil {
-		if l, s.nvmlErr = s.opts.library.Load(); s.nvmlErr != nil {
-			return false
-		}
-	}
-	s.gpus, s.nvmlErr = nvmldiscovery.Open(l, s.opts.hostRoot)
-	return s.gpus != nil
+	o.src, o.err = o.kind.Open(s.opts)
+	return o.src != nil
 }
 
-// closeNVML shuts NVML down; err says why, for the condition until it opens
+// describe describes o's devices with its condition. A source found gone
+// (the driver unloaded, the devices changed) is closed: the caller opens it
 // again.
-func (s *sources) closeNVML(err error) {
-	if s.gpus != nil {
-		_ = s.gpus.Close()
-	}
-	s.gpus, s.nvmlErr = nil, err
-}
-
-func (s *sources) close() {
-	s.closeNVML(nvmldiscovery.ErrUnavailable)
-}
-
-// discoverGPUs describes the GPUs (and MIG devices) with the NVML condition.
-// NVML found gone (the driver unloaded, the GPUs changed) is closed: the
-// caller opens it again.
-func (s *sources) discoverGPUs() ([]v1alpha1.Device, metav1.Condition) {
-	cond := metav1.Condition{Type: ConditionNVML, Status: metav1.ConditionTrue, Reason: "Discovered"}
-	if s.gpus != nil {
-		gpus, err := s.gpus.Discover()
+func (o *opened) describe() {
+	if o.src != nil {
+		devices, cond, err := o.src.Describe()
 		if err == nil {
-			cond.Message = fmt.Sprintf("%d GPUs", countKind(gpus, v1alpha1.DeviceKindNvidiaGPU))
-			if n := countKind(gpus, v1alpha1.DeviceKindNvidiaMIG); n > 0 {
-				cond.Message += fmt.Sprintf(", %d MIG devices", n)
-			}
-			if unnamed := s.gpus.Unnamed(); len(unnamed) > 0 {
-				// Published are the GPUs that can be named; the others
-				// are here until NVML names them (tried at each resync).
-				cond.Reason = "Incomplete"
-				cond.Message += fmt.Sprintf("; %d not published, NVML cannot name them: %s", len(unnamed), strings.Join(unnamed, "; "))
-			}
-			return gpus, cond
+			o.devices, o.cond = devices, cond
+			return
 		}
-		s.closeNVML(err)
+		o.close(err)
 	}
-	cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Failed", s.nvmlErr.Error()
-	switch {
-	case errors.Is(s.nvmlErr, nvmldiscovery.ErrWrongLibrary):
-		cond.Reason = "WrongLibrary"
-	case errors.Is(s.nvmlErr, nvmldiscovery.ErrUnavailable):
-		cond.Reason = "Unavailable"
-	case errors.Is(s.nvmlErr, nvmldiscovery.ErrChanged):
-		cond.Reason = "Changed"
+	o.devices, o.cond = nil, o.kind.NotOpen(o.err)
+}
+
+// close releases o's source; err says why, for the condition until it opens
+// again.
+func (o *opened) close(err error) {
+	if o.src != nil {
+		o.src.Close()
 	}
-	return nil, cond
+	o.src, o.err = nil, err
+}
+
+// close releases every source.
+func (s *sources) close() {
+	for _, o := range s.opened {
+		o.close(errNotOpened)
+	}
+}
+
+// describeOnce opens and describes every opened source once (`node-agent
+// discover`).
+func (s *sources) describeOnce() {
+	for _, o := range s.opened {
+		s.open(o)
+		o.describe()
+	}
+}
+
+// described are the devices of the opened sources as last described, copied
+// for applyHealth to mark, and their conditions.
+func (s *sources) described() ([]v1alpha1.Device, []metav1.Condition) {
+	var devices []v1alpha1.Device
+	conds := make([]metav1.Condition, 0, len(s.opened))
+	for _, o := range s.opened {
+		devices = append(devices, o.devices...)
+		conds = append(conds, o.cond)
+	}
+	return cloneDevices(devices), conds
 }
 
 // discoverHost reads every kind the agent polls (NICs, hugepage pools: sysfs
 // only, cheap enough for every poll), in the registry's order.
 func (s *sources) discoverHost() ([]v1alpha1.Device, []metav1.Condition) {
-	kinds := s.kinds().Kinds()
+	kinds := s.kinds.Kinds()
 	var devices []v1alpha1.Device
 	conds := make([]metav1.Condition, 0, len(kinds))
-	opts := devicekind.DiscoverOptions{HostRoot: s.opts.hostRoot, IncludeVirtual: s.opts.includeVirtual}
 	for _, k := range kinds {
 		if p, ok := k.(devicekind.Poller); ok {
-			found, cond := p.Discover(opts)
+			found, cond := p.Discover(s.opts)
 			if devices == nil {
 				devices = found // the first kind's slice, not a copy: this runs at every poll
 			} else {
@@ -134,12 +137,60 @@ func (s *sources) discoverHost() ([]v1alpha1.Device, []metav1.Condition) {
 	return devices, conds
 }
 
-// kinds are the device kinds of the sources (kinds.Builtin unless set).
-func (s *sources) kinds() *devicekind.Registry {
-	if s.opts.kinds == nil {
-		return kinds.Builtin
+// applyHealth marks the devices the health watchers found unhealthy, and
+// those a kind says share the health of an unhealthy device (a MIG device,
+// its GPU's).
+func (s *sources) applyHealth(devices []v1alpha1.Device) {
+	for _, o := range s.opened {
+		o.health.mu.Lock()
 	}
-	return s.opts.kinds
+	applyHealth(s.kinds, devices, func(id string) (string, bool) {
+		for _, o := range s.opened {
+			if reason, sick := o.health.unhealthy[id]; sick {
+				return reason, true
+			}
+		}
+		return "", false
+	})
+	for _, o := range s.opened {
+		o.health.mu.Unlock()
+	}
+}
+
+func applyHealth(kinds *devicekind.Registry, devices []v1alpha1.Device, unhealthy func(id string) (string, bool)) {
+	for i := range devices {
+		d := &devices[i]
+		reason, sick := unhealthy(d.ID)
+		if !sick {
+			reason, sick = kinds.InheritedHealth(d, unhealthy)
+		}
+		if sick && d.Healthy {
+			d.Healthy, d.Reason = false, reason
+		}
+	}
+}
+
+// watchedHealth is what a source's health watcher reported: device id -> why
+// unhealthy.
+type watchedHealth struct {
+	mu        sync.Mutex
+	unhealthy map[string]string
+}
+
+func (h *watchedHealth) set(e devicekind.HealthEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e.Healthy {
+		delete(h.unhealthy, e.ID)
+	} else {
+		h.unhealthy[e.ID] = e.Reason
+	}
+}
+
+func (h *watchedHealth) reset() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	clear(h.unhealthy)
 }
 
 // assemble makes the NodeDevices status of the sources' devices: sorted by id,
@@ -153,33 +204,4 @@ func assemble(kinds *devicekind.Registry, devices []v1alpha1.Device, conditions 
 		meta.SetStatusCondition(&status.Conditions, c)
 	}
 	return status
-}
-
-func countKind(devices []v1alpha1.Device, kind string) int {
-	n := 0
-	for _, d := range devices {
-		if d.Kind == kind {
-			n++
-		}
-	}
-	return n
-}
-
-// applyHealth marks the devices the health watchers found unhealthy. A MIG
-// device is unhealthy when its GPU is: NVML reports faults per GPU.
-func applyHealth(devices []v1alpha1.Device, unhealthy map[string]string) {
-	for i := range devices {
-		d := &devices[i]
-		reason, sick := unhealthy[d.ID]
-		if !sick && d.Kind == v1alpha1.DeviceKindNvidiaMIG {
-			if parent := d.Attributes[v1alpha1.AttributeParent].StringValue; parent != nil {
-				if reason, sick = unhealthy[*parent]; sick {
-					reason = "GPU " + *parent + ": " + reason
-				}
-			}
-		}
-		if sick && d.Healthy {
-			d.Healthy, d.Reason = false, reason
-		}
-	}
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind/kinds"
 )
 
 func TestApplyHealth(t *testing.T) {
@@ -13,7 +14,8 @@ func TestApplyHealth(t *testing.T) {
 		{ID: "GPU-b", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true},
 		{ID: "GPU-c", Kind: v1alpha1.DeviceKindNvidiaGPU, Reason: "NVML: memory: ERROR_UNKNOWN"},
 	}
-	applyHealth(devices, map[string]string{"GPU-a": "XID 79", "GPU-c": "XID 48"})
+	unhealthy := map[string]string{"GPU-a": "XID 79", "GPU-c": "XID 48"}
+	applyHealth(kinds.Builtin, devices, func(id string) (string, bool) { r, ok := unhealthy[id]; return r, ok })
 	want := []struct {
 		healthy bool
 		reason  string
@@ -28,7 +30,7 @@ func TestApplyHealth(t *testing.T) {
 func TestCloneDevicesLeavesTheOriginal(t *testing.T) {
 	orig := []v1alpha1.Device{{ID: "GPU-a", Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{"x": v1alpha1.IntAttribute(1)}}}
 	c := cloneDevices(orig)
-	applyHealth(c, map[string]string{"GPU-a": "XID 79"})
+	applyHealth(kinds.Builtin, c, func(id string) (string, bool) { return "XID 79", id == "GPU-a" })
 	c[0].Attributes["y"] = v1alpha1.IntAttribute(2)
 	if !orig[0].Healthy || len(orig[0].Attributes) != 1 {
 		t.Errorf("the cached GPU list changed: %+v", orig[0])

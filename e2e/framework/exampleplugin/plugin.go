@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -32,6 +33,34 @@ type Plugin struct {
 	ids    []string
 	socket string
 	srv    *grpc.Server
+
+	// hold, when set, is where Allocate announces itself and then waits
+	// until it is closed (Hold).
+	holdMu sync.Mutex
+	hold   *Hold
+}
+
+// Hold keeps the kubelet inside the admission of a pod: the kubelet admits
+// one pod at a time, and calls Allocate from that admission.
+type Hold struct {
+	// Waiting is closed when an Allocate call waits.
+	Waiting chan struct{}
+	release chan struct{}
+	waiting sync.Once
+	once    sync.Once
+}
+
+// Release lets the waiting and later Allocate calls answer.
+func (h *Hold) Release() { h.once.Do(func() { close(h.release) }) }
+
+// Hold makes the next Allocate calls wait until the returned hold is
+// released.
+func (p *Plugin) Hold() *Hold {
+	h := &Hold{Waiting: make(chan struct{}), release: make(chan struct{})}
+	p.holdMu.Lock()
+	defer p.holdMu.Unlock()
+	p.hold = h
+	return h
 }
 
 var _ pluginapi.DevicePluginServer = &Plugin{}
@@ -112,7 +141,18 @@ func (p *Plugin) GetPreferredAllocation(context.Context, *pluginapi.PreferredAll
 }
 
 // Allocate gives each container its device ids in EnvDevices and as CDI names.
-func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+func (p *Plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	p.holdMu.Lock()
+	h := p.hold
+	p.holdMu.Unlock()
+	if h != nil {
+		h.waiting.Do(func() { close(h.Waiting) })
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	resp := &pluginapi.AllocateResponse{}
 	for _, c := range req.GetContainerRequests() {
 		cr := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{EnvDevices: strings.Join(c.GetDevicesIds(), ",")}}

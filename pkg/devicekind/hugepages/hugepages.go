@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -35,8 +37,9 @@ const Condition = "HugePagesDiscovered"
 type Kind struct{}
 
 var (
-	_ devicekind.Kind   = Kind{}
-	_ devicekind.Poller = Kind{}
+	_ devicekind.Kind                 = Kind{}
+	_ devicekind.Poller               = Kind{}
+	_ devicekind.NodeCapacityReporter = Kind{}
 )
 
 // Names: one kind.
@@ -62,6 +65,19 @@ func (Kind) Discover(opts devicekind.DiscoverOptions) ([]v1alpha1.Device, metav1
 
 // Allocation: a pool is shared by the pods it serves.
 func (Kind) Allocation(*v1alpha1.Device) devicekind.Allocation { return devicekind.Pool }
+
+// NodeCapacity: the kubelet reports the pages of a pool as node capacity,
+// hugepages-<size>.
+func (Kind) NodeCapacity(d *v1alpha1.Device, c corev1.ResourceList) {
+	size, total := d.Attributes[v1alpha1.AttributeSize].QuantityValue, d.Attributes[v1alpha1.AttributePagesTotal].IntValue
+	if size == nil || total == nil {
+		return
+	}
+	name := corev1.ResourceName(corev1.ResourceHugePagesPrefix + size.String())
+	q := c[name]
+	q.Add(*resource.NewQuantity(size.Value()**total, resource.BinarySI))
+	c[name] = q
+}
 
 // LabelKeys lists the labels of the kind.
 func (Kind) LabelKeys() []string { return []string{LabelSizes} }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nic"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 )
 
 func gpu(product, memory string, mig bool) v1alpha1.Device {
@@ -175,4 +177,71 @@ type retyped struct{ devicekind.Kind }
 func (retyped) Names() []string { return []string{"other"} }
 func (retyped) Attributes() map[string]v1alpha1.AttributeType {
 	return map[string]v1alpha1.AttributeType{v1alpha1.AttributeNUMANode: v1alpha1.AttributeTypeString}
+}
+
+// Configured puts a kind with its settings in the place of the kind of its
+// name: the same order, the same names, the settings kept.
+func TestConfigured(t *testing.T) {
+	settings := &nvmlsource.NVML{}
+	r := kinds.Builtin.Configured(nvidiagpu.Kind{NVML: settings})
+	if len(r.Kinds()) != len(kinds.Builtin.Kinds()) {
+		t.Fatalf("%d kinds, want %d", len(r.Kinds()), len(kinds.Builtin.Kinds()))
+	}
+	for i, k := range r.Kinds() {
+		if k.Names()[0] != kinds.Builtin.Kinds()[i].Names()[0] {
+			t.Errorf("kind %d is %v, want %v", i, k.Names(), kinds.Builtin.Kinds()[i].Names())
+		}
+	}
+	if k, ok := r.Kind(v1alpha1.DeviceKindNvidiaMIG).(nvidiagpu.Kind); !ok || k.NVML != settings {
+		t.Errorf("the MIG devices' kind is %#v, want the configured one", r.Kind(v1alpha1.DeviceKindNvidiaMIG))
+	}
+	if k := kinds.Builtin.Kind(v1alpha1.DeviceKindNvidiaGPU).(nvidiagpu.Kind); k.NVML != nil {
+		t.Errorf("Configured changed kinds.Builtin")
+	}
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(r.(string), "no kind") {
+			t.Errorf("configuring a kind not registered: %v, want a panic", r)
+		}
+	}()
+	kinds.Builtin.Configured(retyped{nic.Kind{}})
+}
+
+// A MIG device is unhealthy when its GPU is; other devices have their own
+// health.
+func TestBuiltinInheritedHealth(t *testing.T) {
+	unhealthy := func(id string) (string, bool) { return "XID 79", id == "GPU-a" }
+	mig := func(parent string) *v1alpha1.Device {
+		return &v1alpha1.Device{ID: "MIG-" + parent, Kind: v1alpha1.DeviceKindNvidiaMIG, Attributes: map[string]v1alpha1.DeviceAttribute{v1alpha1.AttributeParent: v1alpha1.StringAttribute(parent)}}
+	}
+	if reason, sick := kinds.Builtin.InheritedHealth(mig("GPU-a"), unhealthy); !sick || reason != "GPU GPU-a: XID 79" {
+		t.Errorf("MIG device of a sick GPU: %v %q", sick, reason)
+	}
+	if _, sick := kinds.Builtin.InheritedHealth(mig("GPU-b"), unhealthy); sick {
+		t.Errorf("MIG device of a healthy GPU is sick")
+	}
+	nicOfParent := &v1alpha1.Device{ID: "0000:01:00.1", Kind: v1alpha1.DeviceKindNIC, Attributes: map[string]v1alpha1.DeviceAttribute{v1alpha1.AttributeParent: v1alpha1.StringAttribute("GPU-a")}}
+	for _, d := range []*v1alpha1.Device{{ID: "GPU-c", Kind: v1alpha1.DeviceKindNvidiaGPU}, nicOfParent, {ID: "x", Kind: "fpga"}} {
+		if _, sick := kinds.Builtin.InheritedHealth(d, unhealthy); sick {
+			t.Errorf("%s (%s) inherits health", d.ID, d.Kind)
+		}
+	}
+}
+
+// The kubelet reports a hugepage pool's pages as node capacity; no other
+// device is capacity.
+func TestBuiltinNodeCapacity(t *testing.T) {
+	got := kinds.Builtin.NodeCapacity([]v1alpha1.Device{
+		poolDevice("2Mi", 512), poolDevice("2Mi", 256), poolDevice("1Gi", 4),
+		{Kind: v1alpha1.DeviceKindHugePages}, // no size: counts nothing
+		gpu("NVIDIA A100-SXM4-80GB", "80Gi", false), nicDevice("100Gbps"),
+	})
+	want := map[string]string{"hugepages-2Mi": "1536Mi", "hugepages-1Gi": "4Gi"}
+	if len(got) != len(want) {
+		t.Errorf("capacity %v, want %v", got, want)
+	}
+	for name, q := range want {
+		if v, ok := got[corev1.ResourceName(name)]; !ok || v.Cmp(resource.MustParse(q)) != 0 {
+			t.Errorf("%s = %v, want %s", name, v.String(), q)
+		}
+	}
 }

@@ -1,12 +1,19 @@
 // Package nvidiagpu is the device kind of NVIDIA GPUs and their MIG devices:
-// their attributes, node labels, how the scheduler counts them and what a
-// container gets. They are discovered through NVML (pkg/discovery/nvml),
-// which the node agent opens, retries and watches for health itself; this
-// package imports no cgo, so the scheduler and the webhook, built without
-// it, can ask it.
+// their attributes, node labels, how the scheduler counts them, what a
+// container gets and the devices of the CDI spec, and their discovery as a
+// devicekind.Opener, whose source the node agent opens, retries and watches
+// for health.
+//
+// The source is NVML, loaded through cgo, which the scheduler, the webhook
+// and kubectl-resclass, asking this kind too, must not link (a binary that
+// links Go's plugin package, as kubectl-resclass does, binds every symbol at
+// start and would not start without libnvidia-ml). So it lives apart, in
+// nvmlsource, and the agent gives it to the kind: Kind{NVML:
+// &nvmlsource.NVML{...}}.
 package nvidiagpu
 
 import (
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -14,11 +21,13 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvlink"
 )
 
 // EnvVisibleDevices names the container's GPUs and MIG devices (every class's)
@@ -46,10 +55,84 @@ const cdiAnnotationPlugin = "resclass.io.gpu"
 // GPUs'.
 var controlDevices = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
 
-// Kind is the nvidia-gpu kind.
-type Kind struct{}
+// Condition reports whether GPU discovery through NVML works on the node.
+const Condition = "NVMLAvailable"
 
-var _ devicekind.Kind = Kind{}
+// Kind is the nvidia-gpu kind. NVML is how the node agent reads the GPUs
+// (nvmlsource.NVML); nil in the binaries that do not discover.
+type Kind struct {
+	NVML NVML
+}
+
+// NVML is the kind's source (package nvmlsource).
+type NVML interface {
+	Open(opts devicekind.DiscoverOptions) (devicekind.Source, error)
+	NotOpen(err error) metav1.Condition
+}
+
+// errNoSource is why the GPUs are not discovered by a kind without a source.
+var errNoSource = errors.New("NVML is not available: no NVML source in this binary")
+
+// SourceName names NVML in metrics and logs.
+func (Kind) SourceName() string { return "nvml" }
+
+// Open opens NVML through the kind's source.
+func (k Kind) Open(opts devicekind.DiscoverOptions) (devicekind.Source, error) {
+	if k.NVML == nil {
+		return nil, errNoSource
+	}
+	return k.NVML.Open(opts)
+}
+
+// NotOpen says why NVML is not open.
+func (k Kind) NotOpen(err error) metav1.Condition {
+	if k.NVML == nil {
+		return metav1.Condition{Type: Condition, Status: metav1.ConditionFalse, Reason: "Unavailable", Message: err.Error()}
+	}
+	return k.NVML.NotOpen(err)
+}
+
+var (
+	_ devicekind.Kind            = Kind{}
+	_ devicekind.Opener          = Kind{}
+	_ devicekind.HealthInheritor = Kind{}
+	_ devicekind.CDIKind         = Kind{}
+)
+
+// PeerLinks, ParsePeerLinks and MaxNVLinks are the nvlinkPeerLinks codec
+// (package nvlink), for the scheduler, which reads GPUs through this kind.
+type PeerLinks = nvlink.PeerLinks
+
+// ParsePeerLinks reads a nvlinkPeerLinks value.
+func ParsePeerLinks(s string) (PeerLinks, error) { return nvlink.ParsePeerLinks(s) }
+
+// MaxNVLinks bounds the links of one pair of GPUs.
+const MaxNVLinks = nvlink.MaxNVLinks
+
+// PeerIndex is the index by which the nvlinkPeerLinks of other GPUs name d:
+// its NVML index, when d is a whole GPU (a MIG device is no NVLink peer).
+func PeerIndex(d *v1alpha1.Device) (int64, bool) {
+	if v := d.Attributes[v1alpha1.AttributeIndex].IntValue; v != nil && d.Kind == v1alpha1.DeviceKindNvidiaGPU {
+		return *v, true
+	}
+	return 0, false
+}
+
+// InheritedHealth: a MIG device is unhealthy when its GPU is; NVML reports
+// faults per GPU.
+func (Kind) InheritedHealth(d *v1alpha1.Device, unhealthy func(id string) (string, bool)) (string, bool) {
+	if d.Kind != v1alpha1.DeviceKindNvidiaMIG {
+		return "", false
+	}
+	parent := d.Attributes[v1alpha1.AttributeParent].StringValue
+	if parent == nil {
+		return "", false
+	}
+	if reason, sick := unhealthy(*parent); sick {
+		return "GPU " + *parent + ": " + reason, true
+	}
+	return "", false
+}
 
 // Names: GPUs and the MIG devices of GPUs in MIG mode.
 func (Kind) Names() []string {
@@ -190,6 +273,47 @@ func (Kind) ContainerEdits(h *devicekind.Handoff, class, all []*v1alpha1.Device,
 		e.Annotations[key] = value
 	}
 	return nil
+}
+
+// CDIDeviceNodes: a GPU's device node; a MIG device's are its GPU's and the
+// access capabilities of its GPU instance and compute instance. A device
+// whose numbers are not published is left out.
+func (Kind) CDIDeviceNodes(h *devicekind.CDIHost, d *v1alpha1.Device) ([]string, bool) {
+	switch d.Kind {
+	case v1alpha1.DeviceKindNvidiaGPU:
+		minor := d.Attributes[v1alpha1.AttributeMinor].IntValue
+		if minor == nil {
+			return nil, false
+		}
+		return []string{"/dev/nvidia" + strconv.FormatInt(*minor, 10)}, true
+	case v1alpha1.DeviceKindNvidiaMIG:
+		var parent *v1alpha1.Device
+		if p := d.Attributes[v1alpha1.AttributeParent].StringValue; p != nil {
+			parent = h.Device(*p)
+		}
+		if parent == nil {
+			return nil, false
+		}
+		minor := parent.Attributes[v1alpha1.AttributeMinor].IntValue
+		gi := d.Attributes[v1alpha1.AttributeGPUInstanceID].IntValue
+		ci := d.Attributes[v1alpha1.AttributeComputeInstanceID].IntValue
+		if minor == nil || gi == nil || ci == nil {
+			return nil, false
+		}
+		nodes := []string{"/dev/nvidia" + strconv.FormatInt(*minor, 10)}
+		// A MIG device is used through its GPU instance's and compute
+		// instance's access capabilities.
+		for _, c := range []string{
+			fmt.Sprintf("gpu%d/gi%d/access", *minor, *gi),
+			fmt.Sprintf("gpu%d/gi%d/ci%d/access", *minor, *gi, *ci),
+		} {
+			if m, ok := h.CapabilityMinor(c); ok {
+				nodes = append(nodes, "/dev/nvidia-caps/nvidia-cap"+strconv.FormatUint(uint64(m), 10))
+			}
+		}
+		return nodes, true
+	}
+	return nil, false
 }
 
 // gpusFirst orders devices GPUs first, then MIG devices, each in the order

@@ -9,7 +9,7 @@ import (
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
-	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	peerlinks "github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvlink"
 )
 
 // addNVLinks gives each of gpus, which describe devs in order, its active
@@ -63,10 +63,10 @@ func (d *Discoverer) addNVLinks(devs []lib.Device, gpus []v1alpha1.Device) {
 			// Peers by NVML index, as nvidia-smi topo shows them: UUIDs
 			// would outgrow an attribute's 256 characters at 7 peers.
 			indices := make([]int, 0, len(l.peers))
-			perPeer := nvidiagpu.PeerLinks{}
+			perPeer := peerlinks.PeerLinks{}
 			for id, n := range l.peers {
 				indices = append(indices, index[id])
-				perPeer[index[id]] = min(n, nvidiagpu.MaxNVLinks)
+				perPeer[index[id]] = min(n, peerlinks.MaxNVLinks)
 			}
 			slices.Sort(indices)
 			peers := make([]string, len(indices))

@@ -309,9 +309,9 @@ func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 		}
 		ds.root = place(d.Attributes[v1alpha1.AttributePCIeRoot])
 		ds.sw = place(d.Attributes[v1alpha1.AttributePCIeSwitch])
-		if v := d.Attributes[v1alpha1.AttributeIndex].IntValue; v != nil && d.Kind == v1alpha1.DeviceKindNvidiaGPU {
-			if _, dup := gpuAt[*v]; !dup {
-				gpuAt[*v] = len(n.devices) - 1
+		if v, ok := nvidiagpu.PeerIndex(d); ok {
+			if _, dup := gpuAt[v]; !dup {
+				gpuAt[v] = len(n.devices) - 1
 			}
 		}
 		// The device's kind says how it is counted (a GPU in MIG mode, for

@@ -1,4 +1,4 @@
-package nvidiagpu
+package nvlink
 
 import (
 	"strings"

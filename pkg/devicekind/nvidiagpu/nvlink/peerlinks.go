@@ -1,4 +1,8 @@
-package nvidiagpu
+// Package nvlink is the codec of the nvidia-gpu kind's nvlinkPeerLinks
+// attribute: NVML discovery (pkg/discovery/nvml) writes it, the scheduler
+// reads it (through pkg/devicekind/nvidiagpu). It imports nothing of either,
+// so that the kind can import the discovery.
+package nvlink
 
 import (
 	"fmt"
