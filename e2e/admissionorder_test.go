@@ -53,8 +53,8 @@ func TestHandoffAdmissionOrder(t *testing.T) {
 			class := "e2e-order-gpu-" + map[bool]string{false: "guess", true: "ask"}[tc.podResources]
 			nodeName := "order-node-" + map[bool]string{false: "guess", true: "ask"}[tc.podResources]
 			kn := agentGPUNode(t, ctx, nodeName, class, func(kn *framework.KubeletNode, c *nodeagent.Config) {
-				if tc.podResources {
-					c.PodResourcesSocket = kn.PodResourcesSocket()
+				if !tc.podResources {
+					c.PodResourcesSocket = "" // agentGPUNode asks the kubelet, as the DaemonSet does
 				}
 			})
 			t.Cleanup(func() {

@@ -477,6 +477,9 @@ func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string, twe
 			NodeName: nodeName, HostRoot: root, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
 			IntrospectionSocket: filepath.Join(t.TempDir(), "agent.sock"),
 			Kinds:               kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
+			// As deployed (--pod-resources-socket): the hand-off asks the
+			// kubelet which pod it admits (docs/node-agent.md).
+			PodResourcesSocket: kn.PodResourcesSocket(),
 		}
 		for _, f := range tweak {
 			f(kn, &cfg)

@@ -119,7 +119,7 @@ func TestDeviceListStrategies(t *testing.T) {
 						Health:  nvml.HealthOptions{RecoveryAfter: time.Minute, WaitTimeout: 100 * time.Millisecond},
 					}}),
 					PollInterval: 200 * time.Millisecond, ResyncInterval: time.Minute,
-					PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
+					PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second, PodResourcesSocket: kn.PodResourcesSocket(),
 					DeviceListStrategies: tc.strategies, CDISpecDir: cdiDir,
 				}, arc, akc)
 				if err := agent.Run(actx); err != nil {

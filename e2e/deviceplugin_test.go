@@ -81,7 +81,7 @@ func TestDevicePluginHandOff(t *testing.T) {
 					Health:  nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
 				}}),
 				PollInterval: 200 * time.Millisecond, ResyncInterval: 2 * time.Second,
-				PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second, IntrospectionSocket: introspectionSocket,
+				PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second, IntrospectionSocket: introspectionSocket, PodResourcesSocket: kn.PodResourcesSocket(),
 				// Both, as NVIDIA's plugin allows: the checks below read the
 				// env and the CDI names (TestDeviceListStrategies checks
 				// each strategy alone).

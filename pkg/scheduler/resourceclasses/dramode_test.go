@@ -33,7 +33,9 @@ func TestDRAModeNodesAreLeftToDynamicResources(t *testing.T) {
 	pod := gpuPod("two", "gpu", 2)
 	cs, st := h.fits(pod, "dp-1")
 	wantCode(t, st, fwk.Unschedulable)
-	wantCode(t, h.filter(cs, pod, "typo-1"), fwk.Unschedulable)
+	// typo-1 has no device of the class at all: unresolvable there, as on any
+	// device-plugin node without the class (TestFilterRefusesNodeWithoutTheClass).
+	wantCode(t, h.filter(cs, pod, "typo-1"), fwk.UnschedulableAndUnresolvable)
 	if st := h.filter(cs, pod, "dra-1"); !st.IsSuccess() {
 		t.Fatalf("Filter on the DRA node: %v", st)
 	}
