@@ -258,9 +258,6 @@ var (
 // Every operator on every corpus key with every corpus value (one value, or
 // two for In and NotIn), alone and in an AND and an OR with a kind test.
 func TestOperatorCorpusEquivalent(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the corpus takes seconds; the fuzz target's seeds cover the shapes")
-	}
 	devices := allDevices(t)
 	var refused, total int
 	hits := map[v1alpha1.ResourceSelectorOperator]int{}
