@@ -327,6 +327,17 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 		return nil, unfitStatus(u)
 	}
 	cs.Write(stateKey, &state{demand: d})
+	// A PreFilterResult costs the framework a copy of the set and a lookup per
+	// name, for every pod: O(eligible nodes), 5000 map operations on a 5000-node
+	// cluster. Filter refuses a node without a class in one lookup, so
+	// narrowing pays only when it leaves out most nodes (docs/scheduler.md,
+	// "Where the time goes"). Filter passes DRA-mode nodes, so without
+	// narrowing they need no look either: the scan of every node's labels
+	// below is paid only when the result narrows or refuses.
+	narrows := func() bool { return eligible.Len()*2 <= len(nodes) }
+	if u == nil && !narrows() {
+		return nil, nil
+	}
 	// DRA-mode nodes are the DynamicResources plugin's (Filter passes them).
 	if dra := draNodes(nodes); dra.Len() > 0 {
 		eligible, u = eligible.Union(dra), nil
@@ -334,12 +345,7 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	if u != nil { // no node has devices of every class
 		return nil, unfitStatus(u)
 	}
-	// A PreFilterResult costs the framework a copy of the set and a lookup per
-	// name, for every pod: O(eligible nodes), 5000 map operations on a 5000-node
-	// cluster. Filter refuses a node without a class in one lookup, so
-	// narrowing pays only when it leaves out most nodes (docs/scheduler.md,
-	// "Where the time goes").
-	if eligible.Len()*2 > len(nodes) {
+	if !narrows() {
 		return nil, nil
 	}
 	return &fwk.PreFilterResult{NodeNames: eligible}, nil
