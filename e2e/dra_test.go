@@ -29,6 +29,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/dra"
 	"github.com/resclass/resclass/pkg/draplugin"
 	"github.com/resclass/resclass/pkg/handoff"
@@ -75,45 +76,8 @@ func TestDRANode(t *testing.T) {
 	// device-plugin directory is the hard-coded /var/lib/kubelet one).
 	kubeletDir := filepath.Join(dkn.Dir, "root")
 	draCfg := nodeagent.DRAConfig{PluginDataDir: filepath.Join(kubeletDir, "plugins", dra.DriverName), RegistrationDir: filepath.Join(kubeletDir, "plugins_registry")}
-	// startAgent runs a node's agent; stop ends it, and done is closed with
-	// its error set when Run returns on its own.
-	type running struct {
-		agent *nodeagent.Agent
-		stop  func()
-		done  chan struct{}
-		err   error
-	}
-	startAgent := func(name string, kn *framework.KubeletNode, gpus any, root string) *running {
-		arc, akc := agentClients(t, name)
-		cfg := nodeagent.Config{
-			NodeName: name, HostRoot: root,
-			PollInterval: 200 * time.Millisecond, ResyncInterval: 2 * time.Second,
-			PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
-			DeviceListStrategies: handoff.Strategies{handoff.StrategyEnvVar, handoff.StrategyCDICRI}, CDISpecDir: cdiDir,
-			DRA: draCfg,
-		}
-		binding := dpGPUs
-		if name == draNode {
-			binding = draGPUs
-		}
-		cfg.Kinds = kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
-			Binding: binding,
-			Health:  nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
-		}})
-		r := &running{agent: nodeagent.New(cfg, arc, akc), done: make(chan struct{})}
-		actx, cancel := context.WithCancel(ctx)
-		go func() {
-			defer close(r.done)
-			r.err = r.agent.Run(actx)
-		}()
-		r.stop = func() {
-			cancel()
-			<-r.done
-			if r.err != nil && !errors.Is(r.err, nodeagent.ErrModeChanged) {
-				t.Errorf("agent on %s: %v", name, r.err)
-			}
-		}
-		return r
+	startAgent := func(name string, kn *framework.KubeletNode, gpus *nvmlmock.Server, root string) *draTestAgent {
+		return startDRATestAgent(t, ctx, name, kn, gpus, root, cdiDir, draCfg)
 	}
 	draAgent := startAgent(draNode, dkn, draGPUs, draRoot)
 	t.Cleanup(func() { draAgent.stop() })
@@ -432,6 +396,48 @@ func TestDRANode(t *testing.T) {
 	if err != nil {
 		t.Errorf("the node back in device-plugin mode does not publish its GPUs in NodeDevices: %v", err)
 	}
+}
+
+// draTestAgent is a running node agent of a DRA test: stop ends it, and done
+// is closed, with err set, when its Run returns on its own.
+type draTestAgent struct {
+	agent *nodeagent.Agent
+	stop  func()
+	done  chan struct{}
+	err   error
+}
+
+// startDRATestAgent runs node name's agent on go-nvml's mock gpus (host root
+// root), with the envvar and cdi-cri strategies, CDI specs in cdiDir and, in
+// DRA mode, the kubelet plugin's sockets as draCfg says.
+func startDRATestAgent(t *testing.T, ctx context.Context, name string, kn *framework.KubeletNode, gpus *nvmlmock.Server, root, cdiDir string, draCfg nodeagent.DRAConfig) *draTestAgent {
+	t.Helper()
+	arc, akc := agentClients(t, name)
+	cfg := nodeagent.Config{
+		NodeName: name, HostRoot: root,
+		PollInterval: 200 * time.Millisecond, ResyncInterval: 2 * time.Second,
+		PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
+		DeviceListStrategies: handoff.Strategies{handoff.StrategyEnvVar, handoff.StrategyCDICRI}, CDISpecDir: cdiDir,
+		DRA: draCfg,
+	}
+	cfg.Kinds = kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
+		Binding: gpus,
+		Health:  nvml.HealthOptions{RecoveryAfter: 2 * time.Second, WaitTimeout: 100 * time.Millisecond},
+	}})
+	r := &draTestAgent{agent: nodeagent.New(cfg, arc, akc), done: make(chan struct{})}
+	actx, cancel := context.WithCancel(ctx)
+	go func() {
+		defer close(r.done)
+		r.err = r.agent.Run(actx)
+	}()
+	r.stop = func() {
+		cancel()
+		<-r.done
+		if r.err != nil && !errors.Is(r.err, nodeagent.ErrModeChanged) {
+			t.Errorf("agent on %s: %v", name, r.err)
+		}
+	}
+	return r
 }
 
 // deviceClass waits for the DeviceClass of ResourceClass class, which the

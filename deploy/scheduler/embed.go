@@ -22,3 +22,9 @@ var RBAC []byte
 //
 //go:embed assignment-policy.yaml
 var AssignmentPolicy []byte
+
+// DRAConfig is dra-config.yaml: the stock kube-scheduler profile that serves
+// class requests in the extended-resource form on DRA-mode nodes only.
+//
+//go:embed dra-config.yaml
+var DRAConfig []byte

@@ -80,6 +80,8 @@ type Cluster struct {
 	schedulerArgs []string
 	schedulerPort int
 
+	draSchedulerPort int // StartDRAScheduler's, once started
+
 	resclassOnce sync.Once
 	resclass     versioned.Interface
 	resclassErr  error

@@ -126,11 +126,17 @@ func (c *Cluster) get(ctx context.Context, component, path string) ([]byte, erro
 		return req.DoRaw(ctx)
 	case "etcd":
 		url = c.etcd + path
-	case "scheduler":
-		if c.scheduler == nil {
-			return nil, fmt.Errorf("the cluster runs no scheduler")
+	case "scheduler", "scheduler-dra":
+		port := c.schedulerPort
+		if component == "scheduler-dra" {
+			c.mu.Lock()
+			port = c.draSchedulerPort
+			c.mu.Unlock()
 		}
-		url = fmt.Sprintf("https://127.0.0.1:%d%s", c.schedulerPort, path)
+		if port == 0 {
+			return nil, fmt.Errorf("the cluster runs no %s", component)
+		}
+		url = fmt.Sprintf("https://127.0.0.1:%d%s", port, path)
 		// The scheduler serves a self-signed certificate of its own.
 		client.Transport = &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // loopback metrics of a self-signed component
 	default:
@@ -140,7 +146,7 @@ func (c *Cluster) get(ctx context.Context, component, path string) ([]byte, erro
 	if err != nil {
 		return nil, err
 	}
-	if component == "scheduler" {
+	if component == "scheduler" || component == "scheduler-dra" {
 		req.Header.Set("Authorization", "Bearer "+c.Config.BearerToken)
 	}
 	resp, err := client.Do(req)

@@ -1,0 +1,75 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"sigs.k8s.io/yaml"
+
+	deployscheduler "github.com/resclass/resclass/deploy/scheduler"
+)
+
+// DRASchedulerName is the profile of deploy/scheduler/dra-config.yaml: the
+// stock kube-scheduler profile, with DRAExtendedResource on, confined to
+// DRA-mode nodes (docs/dra.md).
+const DRASchedulerName = "resclass-dra"
+
+// StartDRAScheduler starts a second scheduler beside the resclass one: the
+// scheduler binary with --feature-gates=DRAExtendedResource=true (the
+// default of upstream kube-scheduler 1.36, which the binary turns off) and
+// deploy/scheduler/dra-config.yaml, whose one profile is upstream's default
+// plugins, unmodified, plus NodeAffinity's addedAffinity to DRA-mode nodes. It
+// runs as upstream kube-scheduler does, as the user system:kube-scheduler with
+// the apiserver's bootstrap role, so nothing of resclass's RBAC or admission
+// policies applies to it. A second call does nothing.
+func (c *Cluster) StartDRAScheduler(ctx context.Context) error {
+	c.mu.Lock()
+	started := c.draSchedulerPort != 0
+	c.mu.Unlock()
+	if started {
+		return nil
+	}
+	kubeconfig, err := c.componentKubeconfig("scheduler-dra", "system:kube-scheduler", nil)
+	if err != nil {
+		return err
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal(deployscheduler.DRAConfig, &cfg); err != nil {
+		return fmt.Errorf("deploy/scheduler/dra-config.yaml: %w", err)
+	}
+	// One replica; the client as scheduler_perf sets it, as for the resclass
+	// scheduler (SchedulerConfig).
+	cfg["leaderElection"] = map[string]any{"leaderElect": false}
+	cfg["clientConnection"] = map[string]any{"kubeconfig": kubeconfig, "qps": 5000, "burst": 5000}
+	config, err := yaml.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(c.Dir, "scheduler-dra-config.yaml")
+	if err := os.WriteFile(path, config, 0o644); err != nil {
+		return err
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	c.progress("starting the stock scheduler profile %s", DRASchedulerName)
+	if _, err := c.start("scheduler-dra", c.bins.scheduler, nil, "--config="+path,
+		"--feature-gates=DRAExtendedResource=true",
+		"--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port),
+		"--v=2",
+	); err != nil {
+		return err
+	}
+	if err := c.waitHealthy(ctx, "scheduler-dra", port); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.draSchedulerPort = port
+	c.mu.Unlock()
+	return nil
+}
