@@ -81,6 +81,10 @@ type Config struct {
 	// ClassOf names the ResourceClass a DeviceClass stands for (for
 	// RESCLASS_DEVICES_<CLASS>); the DeviceClass name itself when nil.
 	ClassOf func(deviceClass string) string
+	// Client reads the pod a claim is prepared for and the pod's other
+	// claims, so that each request's CDI device names every device of the
+	// requests its containers use (container.go); nil: each names its own.
+	Client kubernetes.Interface
 	// Recorder records Events on claims and pods; nil records none.
 	Recorder record.EventRecorder
 	// Metrics, if set, counts outcomes and latencies.
@@ -218,8 +222,13 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	var added []types.UID
 	changed := false
+	// The kubelet prepares all of a pod's claims of this driver in one call.
+	batch := make(map[types.NamespacedName]*resourceapi.ResourceClaim, len(claims))
+	for _, c := range claims {
+		batch[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c
+	}
 	for _, claim := range claims {
-		pc, outcome, err := p.prepare(claim)
+		pc, outcome, err := p.prepare(ctx, claim, batch)
 		p.cfg.Metrics.claim("prepare", outcome)
 		if err != nil {
 			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
@@ -253,7 +262,8 @@ func (p *Plugin) checkpointPath() string { return filepath.Join(p.cfg.PluginData
 
 // prepare works out one claim: its devices (this driver's results only), the
 // CDI spec of its requests, written. It returns the outcome for the metric.
-func (p *Plugin) prepare(claim *resourceapi.ResourceClaim) (*PreparedClaim, string, error) {
+// batch holds the claims of the call, by namespace/name.
+func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, batch map[types.NamespacedName]*resourceapi.ResourceClaim) (*PreparedClaim, string, error) {
 	if claim.Status.Allocation == nil {
 		return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
@@ -294,10 +304,20 @@ func (p *Plugin) prepare(claim *resourceapi.ResourceClaim) (*PreparedClaim, stri
 			ids[i] = pc.Devices[j].ID
 		}
 		class := p.cfg.ClassOf(deviceClassOf(claim, request))
+		// What the request's containers get of every request they use
+		// (container.go), or of this one only.
+		all := ids
+		parent, _, _ := strings.Cut(request, "/")
+		set := p.companions(ctx, claim, parent, batch)
+		if set.ok {
+			all = set.all
+		} else {
+			klog.FromContext(ctx).V(3).Info("the request's CDI device names its own devices only", "claim", klog.KObj(claim), "request", request, "reason", set.why)
+		}
 		e, err := handoff.Edits(p.kinds, &p.handoff, class, ids, func(k devicekind.Kind) []*v1alpha1.Device {
 			var out []*v1alpha1.Device
-			for _, id := range ids {
-				if d := p.devices[id]; p.kinds.Kind(d.Kind) == k {
+			for _, id := range all {
+				if d := p.devices[id]; d != nil && p.kinds.Kind(d.Kind) == k && !slices.Contains(out, d) {
 					out = append(out, d)
 				}
 			}
@@ -305,6 +325,9 @@ func (p *Plugin) prepare(claim *resourceapi.ResourceClaim) (*PreparedClaim, stri
 		})
 		if err != nil {
 			return nil, "invalid", err
+		}
+		if same := set.byClass[class]; set.ok && len(same) > 0 {
+			e.Env[handoff.ClassEnv(class)] = strings.Join(same, ",")
 		}
 		name := cdiDeviceName(claim.UID, request)
 		dev := specs.Device{Name: name, ContainerEdits: specs.ContainerEdits{}}

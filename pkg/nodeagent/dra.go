@@ -76,7 +76,7 @@ func (a *Agent) startDRA(ctx context.Context, node *corev1.Node, recorder record
 		NodeName: a.config.NodeName, DriverName: dra.DriverName, HostRoot: a.config.HostRoot,
 		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,
 		CDIDir: a.config.CDISpecDir, PluginDataDir: c.PluginDataDir, RegistrarDir: c.RegistrationDir,
-		Recorder: recorder, Metrics: a.metrics.dra,
+		Client: a.kube, Recorder: recorder, Metrics: a.metrics.dra,
 	})
 	if err != nil {
 		return nil, err
