@@ -26,6 +26,7 @@ type breakdown struct {
 	self    time.Duration
 	machine time.Duration
 	sched   framework.Samples
+	dra     framework.Samples // the stock scheduler profile's (StartDRAScheduler), when it runs
 	api     framework.Samples
 	etcd    framework.Samples
 }
@@ -70,16 +71,26 @@ func (s *breakdown) readMetrics(b testing.TB, ctx context.Context) {
 			b.Fatalf("%s metrics: %v", component, err)
 		}
 	}
+	if cluster.DRASchedulerStarted() {
+		if s.dra, err = cluster.Metrics(ctx, "scheduler-dra"); err != nil {
+			b.Fatalf("scheduler-dra metrics: %v", err)
+		}
+	}
 }
 
 // cpuGroups are the processes a breakdown reports, by the metric's prefix.
 var cpuGroups = []struct{ metric, process string }{
 	{"scheduler", "scheduler"},
+	{"scheduler-dra", "scheduler-dra"},
 	{"apiserver", "kube-apiserver"},
 	{"etcd", "etcd"},
 	{"kwok", "kwok"},
 	{"kcm", "kube-controller-manager"},
 }
+
+// breakdownPlugins are the plugins whose time a breakdown reports: resclass's,
+// and upstream's DynamicResources, which allocates on DRA-mode nodes.
+var breakdownPlugins = []string{resourceclasses.Name, "DynamicResources"}
 
 // extensionPoints are the plugin's, as the scheduler's metrics name them.
 var extensionPoints = []string{"PreFilter", "Filter", "PreScore", "Score", "Reserve", "PreBind", "Bind"}
@@ -90,8 +101,8 @@ type runFigures struct {
 	pods    float64
 	cpuMS   map[string]float64 // per pod, by cpuGroups' metric, plus "client", "other-cluster" and "total"
 	outside float64            // cores used by processes outside the cluster and the benchmark
-	plugin  map[string]float64 // µs per scheduling cycle, by extension point
-	fw      map[string]float64 // µs per pod, by extension point, all plugins
+	plugin  map[string]map[string]float64 // µs per scheduling cycle, by breakdownPlugins and extension point
+	fw      map[string]float64            // µs per pod, by extension point, all plugins of both schedulers
 	writes  map[string]float64 // mutating requests per pod, by resource (and subresource)
 	inBytes map[string]float64 // request body bytes per pod, by resource
 	watchB  map[string]float64 // watch event bytes sent per pod, by resource
@@ -100,7 +111,7 @@ type runFigures struct {
 
 func (before *breakdown) figures(b testing.TB, after *breakdown, pods int) runFigures {
 	n := float64(pods)
-	f := runFigures{wall: after.at.Sub(before.at), pods: n, cpuMS: map[string]float64{}, plugin: map[string]float64{}, fw: map[string]float64{},
+	f := runFigures{wall: after.at.Sub(before.at), pods: n, cpuMS: map[string]float64{}, plugin: map[string]map[string]float64{}, fw: map[string]float64{},
 		writes: map[string]float64{}, inBytes: map[string]float64{}, watchB: map[string]float64{}}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / n }
 	var cluster time.Duration
@@ -125,15 +136,24 @@ func (before *breakdown) figures(b testing.TB, after *breakdown, pods int) runFi
 	}
 	// Plugin durations are sampled (kube-scheduler records them for 10% of
 	// cycles): per cycle is their sum over the sampled cycles' count, which
-	// PreFilter's count is (it runs once in every cycle).
+	// PreFilter's count is (it runs once in every cycle). A plugin's figures
+	// are the sum over both schedulers (a run uses one of them).
 	const pluginMetric = "scheduler_plugin_execution_duration_seconds"
-	plugin := "plugin=" + resourceclasses.Name
-	cycles := delta(before.sched, after.sched, pluginMetric+"_count", plugin, "extension_point=PreFilter")
-	for _, ep := range extensionPoints {
-		if cycles > 0 {
-			f.plugin[ep] = delta(before.sched, after.sched, pluginMetric+"_sum", plugin, "extension_point="+ep) / cycles * 1e6
+	for _, name := range breakdownPlugins {
+		plugin := "plugin=" + name
+		f.plugin[name] = map[string]float64{}
+		cycles := delta(before.sched, after.sched, pluginMetric+"_count", plugin, "extension_point=PreFilter") +
+			delta(before.dra, after.dra, pluginMetric+"_count", plugin, "extension_point=PreFilter")
+		for _, ep := range extensionPoints {
+			if cycles > 0 {
+				f.plugin[name][ep] = (delta(before.sched, after.sched, pluginMetric+"_sum", plugin, "extension_point="+ep) +
+					delta(before.dra, after.dra, pluginMetric+"_sum", plugin, "extension_point="+ep)) / cycles * 1e6
+			}
 		}
-		f.fw[ep] = delta(before.sched, after.sched, "scheduler_framework_extension_point_duration_seconds_sum", "extension_point="+ep) / n * 1e6
+	}
+	for _, ep := range extensionPoints {
+		const fwMetric = "scheduler_framework_extension_point_duration_seconds_sum"
+		f.fw[ep] = (delta(before.sched, after.sched, fwMetric, "extension_point="+ep) + delta(before.dra, after.dra, fwMetric, "extension_point="+ep)) / n * 1e6
 	}
 	byDelta := func(s0, s1 framework.Samples, name, key string, match ...string) map[string]float64 {
 		out := map[string]float64{}
@@ -164,8 +184,11 @@ func (f runFigures) report(b *testing.B) {
 		b.ReportMetric(f.cpuMS[g.metric], g.metric+"-cpu-ms/pod")
 	}
 	for _, ep := range extensionPoints {
-		if v := f.plugin[ep]; v > 0 {
+		if v := f.plugin[resourceclasses.Name][ep]; v > 0 {
 			b.ReportMetric(v, "plugin-"+strings.ToLower(ep)+"-us/pod")
+		}
+		if v := f.plugin["DynamicResources"][ep]; v > 0 {
+			b.ReportMetric(v, "dra-plugin-"+strings.ToLower(ep)+"-us/pod")
 		}
 	}
 	b.ReportMetric(sum(f.writes), "writes/pod")
@@ -173,7 +196,11 @@ func (f runFigures) report(b *testing.B) {
 	b.ReportMetric(sum(f.watchB), "watch-B/pod")
 	b.ReportMetric(f.walB, "etcd-wal-B/pod")
 	b.Logf("CPU ms per pod: %s; other work on the machine: %.2f cores over %v (%.1f pods/s)", fmtMap(f.cpuMS, "%.2f"), f.outside, f.wall.Round(time.Millisecond), f.pods/f.wall.Seconds())
-	b.Logf("ResourceClasses µs per cycle (sampled): %s", fmtMap(f.plugin, "%.1f"))
+	for _, name := range breakdownPlugins {
+		if len(f.plugin[name]) > 0 {
+			b.Logf("%s µs per cycle (sampled): %s", name, fmtMap(f.plugin[name], "%.1f"))
+		}
+	}
 	b.Logf("all plugins µs per pod: %s", fmtMap(f.fw, "%.1f"))
 	b.Logf("writes per pod: %s", fmtMap(f.writes, "%.3f"))
 	b.Logf("request bytes per pod: %s", fmtMap(f.inBytes, "%.0f"))

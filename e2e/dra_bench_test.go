@@ -25,19 +25,25 @@ import (
 // resclass plugin places pods on, and 500 in DRA mode, whose ResourceSlices
 // (the same devices through pkg/dra's mapping, published by the benchmark as
 // the agent would) the stock DynamicResources plugin allocates from through
-// the class's DeviceClass (kept by the scheduler, pkg/dra). The same scheduler
-// binary serves both (its default profile). Each pod asks for one GPU of the
-// class, pinned by node label to one half.
+// the class's DeviceClass (kept by the scheduler, pkg/dra). Each pod asks for
+// one GPU of the class, pinned by node label to one half.
 //
-//   - baseline-resclass: the device-plugin half (ResourceClasses plugin), the
-//     pod asking class.resclass.io/<class>: 1.
-//   - dra: the DRA half (DynamicResources), the pod naming a
-//     ResourceClaimTemplate of one device of the class's DeviceClass: the
-//     resourceclaim controller makes each pod's claim, the scheduler
-//     allocates it (the resclass scheduler runs with DRAExtendedResource
-//     off, docs/dra.md).
+//   - baseline-resclass: the device-plugin half (ResourceClasses plugin of
+//     the resclass scheduler), the pod asking class.resclass.io/<class>: 1.
+//   - dra: the DRA half (DynamicResources of the resclass scheduler's
+//     default profile), the pod naming a ResourceClaimTemplate of one device
+//     of the class's DeviceClass: the resourceclaim controller makes each
+//     pod's claim, the scheduler allocates it (the resclass scheduler runs
+//     with DRAExtendedResource off, docs/dra.md).
+//   - dra-extended: the DRA half, the pod spec of the baseline (the class as
+//     an extended resource) with the stock profile's schedulerName
+//     (deploy/scheduler/dra-config.yaml, DRAExtendedResource on): the
+//     scheduler makes each pod's claim itself, in PreBind.
 //
-// ns/op is suppressed; the ratio is dra pods/s over baseline pods/s.
+// Each run reports its breakdown (breakdown_test.go: CPU per pod per process,
+// ResourceClasses' and DynamicResources' time per extension point, writes per
+// pod; docs/dra.md, "Throughput"). ns/op is suppressed; the ratios are each
+// DRA run's figures over the baseline's.
 func BenchmarkDRASchedulingThroughput(b *testing.B) {
 	const (
 		nodes = 500
@@ -69,11 +75,23 @@ func BenchmarkDRASchedulingThroughput(b *testing.B) {
 	publishBenchSlices(b, ctx, draNames)
 	// The scheduler's class-status leader creates the class's DeviceClass.
 	deviceClass(b, ctx, class)
+	if err := cluster.StartDRAScheduler(ctx); err != nil {
+		b.Fatal(err)
+	}
 	client := fastClient(b)
+	time.Sleep(5 * time.Second) // the nodes' first heartbeats
+	idle := 1.3*clusterCores(b, 3*time.Second) + 0.05
+	b.Logf("%d nodes: the cluster idles at %.2f cores or less", 2*nodes, idle)
 
-	run := func(b *testing.B, pool string, claimForm bool) {
-		var podsPerSecond float64
+	run := func(b *testing.B, pool, schedulerName string, claimForm bool) {
+		var (
+			podsPerSecond float64
+			figures       runFigures
+		)
 		for b.Loop() {
+			b.StopTimer()
+			settle(b, idle)
+			b.StartTimer()
 			ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-"}}, metav1.CreateOptions{})
 			if err != nil {
 				b.Fatal(err)
@@ -94,7 +112,7 @@ func BenchmarkDRASchedulingThroughput(b *testing.B) {
 				batch[i] = &corev1.Pod{
 					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p-%05d", i), Namespace: ns.Name, Labels: map[string]string{"bench-run": ns.Name}},
 					Spec: corev1.PodSpec{
-						SchedulerName: corev1.DefaultSchedulerName,
+						SchedulerName: schedulerName,
 						NodeSelector:  map[string]string{"pool": pool},
 						Containers: []corev1.Container{{Name: "main", Image: "registry.example/train:1", Resources: corev1.ResourceRequirements{
 							Limits: corev1.ResourceList{classResource: resource.MustParse("1")},
@@ -106,15 +124,20 @@ func BenchmarkDRASchedulingThroughput(b *testing.B) {
 					batch[i].Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}
 				}
 			}
-			elapsed, _ := scheduleAll(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
-			podsPerSecond = pods / elapsed.Seconds()
+			elapsed, f := scheduleAllMeasured(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
+			podsPerSecond, figures = pods/elapsed.Seconds(), f
 			deleteNamespaceAndWait(b, ctx, ns.Name)
 		}
 		b.ReportMetric(0, "ns/op")
 		b.ReportMetric(podsPerSecond, "pods/s")
+		figures.report(b)
+		if figures.outside > maxOutsideCores {
+			disturbed(b, "other work used %.2f cores of the machine during the run (at most %.2f for a figure worth reporting)", figures.outside, maxOutsideCores)
+		}
 	}
-	b.Run("baseline-resclass", func(b *testing.B) { run(b, "bench-dp", false) })
-	b.Run("dra", func(b *testing.B) { run(b, "bench-dra", true) })
+	b.Run("baseline-resclass", func(b *testing.B) { run(b, "bench-dp", corev1.DefaultSchedulerName, false) })
+	b.Run("dra", func(b *testing.B) { run(b, "bench-dra", corev1.DefaultSchedulerName, true) })
+	b.Run("dra-extended", func(b *testing.B) { run(b, "bench-dra", framework.DRASchedulerName, false) })
 }
 
 // publishBenchSlices publishes, for each node, one ResourceSlice of the

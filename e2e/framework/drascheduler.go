@@ -73,3 +73,10 @@ func (c *Cluster) StartDRAScheduler(ctx context.Context) error {
 	c.mu.Unlock()
 	return nil
 }
+
+// DRASchedulerStarted says whether StartDRAScheduler has started it.
+func (c *Cluster) DRASchedulerStarted() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.draSchedulerPort != 0
+}
