@@ -99,14 +99,14 @@ var extensionPoints = []string{"PreFilter", "Filter", "PreScore", "Score", "Rese
 type runFigures struct {
 	wall    time.Duration
 	pods    float64
-	cpuMS   map[string]float64 // per pod, by cpuGroups' metric, plus "client", "other-cluster" and "total"
-	outside float64            // cores used by processes outside the cluster and the benchmark
+	cpuMS   map[string]float64            // per pod, by cpuGroups' metric, plus "client", "other-cluster" and "total"
+	outside float64                       // cores used by processes outside the cluster and the benchmark
 	plugin  map[string]map[string]float64 // µs per scheduling cycle, by breakdownPlugins and extension point
 	fw      map[string]float64            // µs per pod, by extension point, all plugins of both schedulers
-	writes  map[string]float64 // mutating requests per pod, by resource (and subresource)
-	inBytes map[string]float64 // request body bytes per pod, by resource
-	watchB  map[string]float64 // watch event bytes sent per pod, by resource
-	walB    float64            // etcd WAL bytes per pod
+	writes  map[string]float64            // mutating requests per pod, by resource (and subresource)
+	inBytes map[string]float64            // request body bytes per pod, by resource
+	watchB  map[string]float64            // watch event bytes sent per pod, by resource
+	walB    float64                       // etcd WAL bytes per pod
 }
 
 func (before *breakdown) figures(b testing.TB, after *breakdown, pods int) runFigures {

@@ -40,7 +40,7 @@ import (
 // once the DRA node is full, its next pod waits. A container asking for two
 // classes sees the GPUs of both in NVIDIA_VISIBLE_DEVICES once the runtime has
 // applied the CDI devices in the order the kubelet sent them. No GPU is given
-// twice.
+// twice. The resclass scheduler never places a class request on the DRA node.
 func TestDRAExtendedResourceForm(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -162,6 +162,11 @@ func TestDRAExtendedResourceForm(t *testing.T) {
 			t.Errorf("%s was not placed on %s by the resclass plugin", name, dpNode)
 		}
 	}
+	// The device-plugin node has four GPUs left: six wait, as the resclass
+	// scheduler (DRAExtendedResource off) refuses the DRA node to a class
+	// request, where nothing would allocate it.
+	create("dp-z", resclassScheduler, map[string]int64{big: 6})
+	waitUnschedulable(t, ctx, ns, "dp-z")
 	// The DRA node is full; the device-plugin node has four free GPUs and
 	// advertises the class, but the stock profile may not place pods there.
 	create("ext-e", framework.DRASchedulerName, map[string]int64{big: 1})

@@ -1,9 +1,13 @@
 package resourceclasses
 
 import (
+	"strings"
 	"testing"
 
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	featuregatetesting "k8s.io/component-base/featuregate/testing"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/features"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
@@ -65,5 +69,31 @@ func TestDeviceModeOf(t *testing.T) {
 		if got := v1alpha1.DeviceModeOf(map[string]string{v1alpha1.LabelDeviceMode: labels}); got != want {
 			t.Errorf("DeviceModeOf(%q) = %q, want %q", labels, got, want)
 		}
+	}
+}
+
+// TestDRAModeNodesRefuseClassRequestsWithoutDRAExtendedResource: in a
+// process where DynamicResources does not serve class requests (the resclass
+// binary's default), a class request bound to a DRA-mode node would get no
+// device, so Filter refuses such nodes, and a class only DRA nodes could
+// serve is unresolvable.
+func TestDRAModeNodesRefuseClassRequestsWithoutDRAExtendedResource(t *testing.T) {
+	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.DRAExtendedResource, false)
+	dra := nodeDevices("dra-1")
+	dra.Labels = map[string]string{v1alpha1.LabelDeviceMode: v1alpha1.DeviceModeDRA}
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("dp-1", gpu("g0", 0, "80Gi")), dra}, allClasses)
+
+	pod := gpuPod("one", "gpu", 1)
+	cs, st := h.fits(pod, "dp-1")
+	if !st.IsSuccess() {
+		t.Fatalf("the device-plugin node: %v", st)
+	}
+	st = h.filter(cs, pod, "dra-1")
+	wantCode(t, st, fwk.UnschedulableAndUnresolvable)
+	if !strings.Contains(st.Message(), "through DRA") {
+		t.Errorf("Filter on the DRA node says %q", st.Message())
+	}
+	if _, _, st := h.preFilter(gpuPod("nic", "nic", 1)); st.Code() != fwk.UnschedulableAndUnresolvable {
+		t.Errorf("PreFilter of a class no device-plugin node has: %v, want unresolvable", st)
 	}
 }

@@ -19,10 +19,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/features"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
@@ -42,6 +44,11 @@ type Plugin struct {
 	args   *Args
 	cache  *cache
 	synced func() bool
+	// draClasses: DynamicResources serves class requests on DRA-mode nodes
+	// (DRAExtendedResource on in this process), so they pass this plugin
+	// there; off (the resclass binary's default), they are refused there,
+	// as nothing would allocate them (dramode.go).
+	draClasses bool
 
 	mu      sync.Mutex
 	waiting map[types.UID]*corev1.Pod // pods with class requests not yet placed
@@ -70,7 +77,8 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	if err != nil {
 		return nil, fmt.Errorf("%s: resclass client: %w", Name, err)
 	}
-	p := &Plugin{handle: h, args: args, cache: newCache(), waiting: map[types.UID]*corev1.Pod{}}
+	p := &Plugin{handle: h, args: args, cache: newCache(), waiting: map[types.UID]*corev1.Pod{},
+		draClasses: utilfeature.DefaultFeatureGate.Enabled(features.DRAExtendedResource)}
 	p.cache.freed = p.activateWaiting
 
 	logger := klog.FromContext(ctx).WithName(Name)
@@ -338,9 +346,13 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	if u == nil && !narrows() {
 		return nil, nil
 	}
-	// DRA-mode nodes are the DynamicResources plugin's (Filter passes them).
-	if dra := draNodes(nodes); dra.Len() > 0 {
-		eligible, u = eligible.Union(dra), nil
+	// DRA-mode nodes are the DynamicResources plugin's (Filter passes them)
+	// where it serves class requests; else Filter refuses them, and no
+	// device-plugin node without the classes is in eligible either.
+	if p.draClasses {
+		if dra := draNodes(nodes); dra.Len() > 0 {
+			eligible, u = eligible.Union(dra), nil
+		}
 	}
 	if u != nil { // no node has devices of every class
 		return nil, unfitStatus(u)
@@ -363,7 +375,10 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	}
 	name := ni.Node().Name
 	if isDRANode(ni.Node()) {
-		return nil
+		if p.draClasses {
+			return nil
+		}
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, errDRANode)
 	}
 	if why, ok := p.cache.fits(name, s.views[name], s.demand); !ok {
 		return unfitStatus(&why)
