@@ -136,6 +136,7 @@ func TestDRAExtendedResourceForm(t *testing.T) {
 		// the kubelet sent them, resolved by the CDI library as containerd
 		// and CRI-O do.
 		env := injectClaimEnv(t, cdiDir, rec)
+		t.Logf("%s: claim %s allocated %v; CDI devices %d; NVIDIA_VISIBLE_DEVICES=%s", name, claim.Name, allocated, len(rec.CDIDevices), env["NVIDIA_VISIBLE_DEVICES"])
 		if got := strings.Split(env["NVIDIA_VISIBLE_DEVICES"], ","); !sameSet(got, allocated) {
 			t.Errorf("%s: the container would see NVIDIA_VISIBLE_DEVICES=%v, allocated %v", name, got, allocated)
 		}
@@ -167,10 +168,12 @@ func TestDRAExtendedResourceForm(t *testing.T) {
 	// request, where nothing would allocate it.
 	create("dp-z", resclassScheduler, map[string]int64{big: 6})
 	waitUnschedulable(t, ctx, ns, "dp-z")
+	t.Log("dp-z (6 GPUs, resclass scheduler) waits: the device-plugin node has 4 left and the DRA node is refused")
 	// The DRA node is full; the device-plugin node has four free GPUs and
 	// advertises the class, but the stock profile may not place pods there.
 	create("ext-e", framework.DRASchedulerName, map[string]int64{big: 1})
 	waitUnschedulable(t, ctx, ns, "ext-e")
+	t.Log("ext-e (stock profile) waits: the DRA node is full, the device-plugin node is not its to use")
 	if got := draClaims(t, draAgent.agent, "prepare", "prepared"); got != 4 {
 		t.Errorf("the DRA node's agent counted %v prepared claims, want 4", got)
 	}
