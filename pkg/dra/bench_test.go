@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	resourceapi "k8s.io/api/resource/v1"
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -20,7 +21,10 @@ func nvidiaHighMem() *v1alpha1.ResourceClassSpec {
 // device, the way DRA's documentation writes selectors: what the
 // translation's form (cel.bind, lookups by key, presence tests) costs per
 // device the allocator checks. (Most of either is DeviceMatches building the
-// device's maps: 20 attributes and capacities.)
+// device's maps: 20 attributes and capacities.) translated-two-attributes is
+// the translation against the same device stripped to the two keys the class
+// reads: what publishing every attribute costs each evaluation (docs/dra.md,
+// "Throughput").
 func BenchmarkDeviceClassMatch(b *testing.B) {
 	h := h100()
 	mapped, err := Device(&h)
@@ -46,6 +50,15 @@ func BenchmarkDeviceClassMatch(b *testing.B) {
 			b.Fatal(err)
 		}
 		run(b, expr, dracel.Device{Driver: DriverName, Attributes: mapped.Attributes, Capacity: mapped.Capacity})
+	})
+	b.Run("translated-two-attributes", func(b *testing.B) {
+		expr, err := Selector(nvidiaHighMem())
+		if err != nil {
+			b.Fatal(err)
+		}
+		attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"kind": mapped.Attributes["kind"]}
+		capacity := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": mapped.Capacity["memory"]}
+		run(b, expr, dracel.Device{Driver: DriverName, Attributes: attrs, Capacity: capacity})
 	})
 	b.Run("baseline-handwritten", func(b *testing.B) {
 		run(b, `device.driver == "resclass.io" && device.attributes["resclass.io"].kind == "nvidia-gpu" && `+
