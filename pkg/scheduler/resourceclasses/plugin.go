@@ -339,9 +339,10 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	// name, for every pod: O(eligible nodes), 5000 map operations on a 5000-node
 	// cluster. Filter refuses a node without a class in one lookup, so
 	// narrowing pays only when it leaves out most nodes (docs/scheduler.md,
-	// "Where the time goes"). Filter passes DRA-mode nodes, so without
-	// narrowing they need no look either: the scan of every node's labels
-	// below is paid only when the result narrows or refuses.
+	// "Where the time goes"). Filter answers for DRA-mode nodes itself
+	// (dramode.go), so without narrowing they need no look either: the scan
+	// of every node's labels below is paid only when the result narrows or
+	// refuses.
 	narrows := func() bool { return eligible.Len()*2 <= len(nodes) }
 	if u == nil && !narrows() {
 		return nil, nil
