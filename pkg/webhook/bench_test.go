@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,9 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -190,7 +187,7 @@ func BenchmarkAdmission(b *testing.B) {
 	cfg := mustParseQuotaConfig(b, benchQuotaConfig)
 	pods := &podPolicies{
 		config: func() *quota.Config { return cfg },
-		quotas: indexerReader(b, benchQuotas()...),
+		quotas: quotaIndex(b, benchQuotas()...),
 	}
 	podReview := review(b, "admission.k8s.io/v1", ptr.To(podRequest(admissionv1.Create, "team-a", mustJSON(b, benchPod())).AdmissionRequest))
 	classReview := review(b, "admission.k8s.io/v1", ptr.To(classRequest(admissionv1.Create, mustJSON(b, benchClass()), nil).AdmissionRequest))
@@ -430,40 +427,6 @@ func (l *openLoop) post() error {
 	}
 	if ar.Response == nil || !ar.Response.Allowed {
 		return fmt.Errorf("not allowed: %s", data)
-	}
-	return nil
-}
-
-// indexerReader lists ResourceQuotas from a client-go indexer by namespace,
-// as controller-runtime's cache reader does for a List with
-// UnsafeDisableDeepCopy.
-func indexerReader(tb testing.TB, quotas ...*corev1.ResourceQuota) client.Reader {
-	tb.Helper()
-	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc})
-	for _, q := range quotas {
-		if err := indexer.Add(q.DeepCopy()); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return indexReader{indexer}
-}
-
-type indexReader struct{ indexer toolscache.Indexer }
-
-func (r indexReader) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
-	return errors.New("not used by the pod webhook")
-}
-
-func (r indexReader) List(_ context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	o := (&client.ListOptions{}).ApplyOptions(opts)
-	objs, err := r.indexer.ByIndex(toolscache.NamespaceIndex, o.Namespace)
-	if err != nil {
-		return err
-	}
-	quotas := list.(*corev1.ResourceQuotaList)
-	quotas.Items = make([]corev1.ResourceQuota, len(objs))
-	for i, obj := range objs {
-		quotas.Items[i] = *obj.(*corev1.ResourceQuota)
 	}
 	return nil
 }

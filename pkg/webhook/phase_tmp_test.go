@@ -18,7 +18,7 @@ import (
 
 func BenchmarkTmpPhases(b *testing.B) {
 	cfg := mustParseQuotaConfig(b, benchQuotaConfig)
-	pods := &podPolicies{config: func() *quota.Config { return cfg }, quotas: indexerReader(b, benchQuotas()...)}
+	pods := &podPolicies{config: func() *quota.Config { return cfg }, quotas: quotaIndex(b, benchQuotas()...)}
 	req := podRequest(admissionv1.Create, "team-a", mustJSON(b, benchPod()))
 	body := review(b, "admission.k8s.io/v1", ptr.To(req.AdmissionRequest))
 	b.Logf("review %d bytes, object %d", len(body), len(req.Object.Raw))
