@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -238,8 +240,12 @@ func Run(ctx context.Context, o *Options) error {
 	}); err != nil {
 		return err
 	}
+	// The collector's settings come from the environment (the Deployment sets
+	// GOGC and GOMEMLIMIT, docs/webhook.md "Performance"); said here because
+	// they decide the pod webhook's tail. debug.SetMemoryLimit(-1) only reads.
 	log.Info("starting", "namespace", o.Namespace, "certDir", o.CertDir,
-		"allowEmptyNamespaceSelector", o.AllowEmptyNamespaceSelector, "quotaConfig", o.QuotaConfig)
+		"allowEmptyNamespaceSelector", o.AllowEmptyNamespaceSelector, "quotaConfig", o.QuotaConfig,
+		"quotaReads", fmt.Sprintf("%T", quotas), "GOGC", os.Getenv("GOGC"), "memoryLimitBytes", debug.SetMemoryLimit(-1))
 	return mgr.Start(ctx)
 }
 
