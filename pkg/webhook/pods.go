@@ -154,7 +154,7 @@ type policyAffinityTerm struct {
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
 }
 
-// affinity is a as a corev1.Affinity holding the terms' policy fields only.
+// affinity is a, as a corev1.Affinity whose terms hold the policy fields only.
 func (a *policyAffinity) affinity() *corev1.Affinity {
 	if a == nil {
 		return nil
