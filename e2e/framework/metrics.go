@@ -8,10 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/resclass/resclass/internal/cpustat"
 )
 
 // CPUTimes returns the CPU time (user + system, all threads) each running
@@ -39,59 +40,13 @@ func (c *Cluster) CPUTimes() (map[string]time.Duration, error) {
 	return out, nil
 }
 
-// clockTick is the unit of /proc/<pid>/stat's times: USER_HZ, 100 on every
-// Linux architecture Go supports.
-const clockTick = 10 * time.Millisecond
-
 // ProcessCPU is the CPU time (utime + stime) process pid has used, from
 // /proc/<pid>/stat; os.Getpid() gives the caller's own.
-func ProcessCPU(pid int) (time.Duration, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces; the fields after its
-	// closing parenthesis are plain: state is field 3, utime 14, stime 15.
-	s := string(raw)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
-	}
-	return time.Duration(utime+stime) * clockTick, nil
-}
+func ProcessCPU(pid int) (time.Duration, error) { return cpustat.Process(pid) }
 
-// MachineCPU is the CPU time every process on the machine has used (all
-// cores; /proc/stat's user, nice, system, irq, softirq and steal), so that a
-// benchmark can tell its own processes' share from other work's.
-func MachineCPU() (time.Duration, error) {
-	raw, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, err
-	}
-	line, _, _ := strings.Cut(string(raw), "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		return 0, fmt.Errorf("/proc/stat: unexpected first line %q", line)
-	}
-	var ticks int64
-	for _, i := range []int{1, 2, 3, 6, 7, 8} { // user nice system (idle iowait) irq softirq steal
-		v, err := strconv.ParseInt(f[i], 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("/proc/stat: %q", line)
-		}
-		ticks += v
-	}
-	return time.Duration(ticks) * clockTick, nil
-}
+// MachineCPU is the CPU time every process on the machine has used, so that
+// a benchmark can tell how much of it was not the cluster's nor its own.
+func MachineCPU() (time.Duration, error) { return cpustat.Machine() }
 
 // Metrics returns the samples of a component's /metrics: "kube-apiserver",
 // "etcd" or "scheduler" (read as the admin).

@@ -68,14 +68,13 @@ func review(tb testing.TB, apiVersion string, req *admissionv1.AdmissionRequest)
 // panic is not recovered: it crashes the fuzzer, which then keeps the input.
 func fuzzHandlers(tb testing.TB) map[string]http.Handler {
 	tb.Helper()
-	s := newTestScheme(tb)
 	cfg := mustParseQuotaConfig(tb, fuzzQuotaConfig)
 	gpuQuota := clusterServicesQuota("team-a")
 	gpuQuota.Name = "gpus"
 	gpuQuota.Spec.Hard["requests.class.resclass.io/nvidia-big"] = gpuQuota.Spec.Hard[corev1.ResourcePods]
 	pods := &podPolicies{
 		config: func() *quota.Config { return cfg },
-		quotas: quotaReader(tb, s, gpuQuota, crossNamespaceQuota("team-a"), clusterServicesQuota("team-b")),
+		quotas: quotaIndex(tb, gpuQuota, crossNamespaceQuota("team-a"), clusterServicesQuota("team-b")),
 	}
 	distributions, _ := distributionEnv(tb, map[string]bool{"create a": true, "delete a": true})
 	return map[string]http.Handler{
@@ -246,8 +245,8 @@ func FuzzPolicyPodAgrees(f *testing.F) {
 	// class and the class resource), which leave scopes to deny.
 	all := benchQuotas()
 	policies := []*podPolicies{
-		{config: func() *quota.Config { return cfg }, quotas: indexerReader(f, all...)},
-		{config: func() *quota.Config { return cfg }, quotas: indexerReader(f, all[1], all[4])},
+		{config: func() *quota.Config { return cfg }, quotas: quotaIndex(f, all...)},
+		{config: func() *quota.Config { return cfg }, quotas: quotaIndex(f, all[1], all[4])},
 	}
 	gvk := corev1.SchemeGroupVersion.WithKind("Pod")
 	f.Fuzz(func(t *testing.T, data []byte) {

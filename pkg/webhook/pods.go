@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -36,7 +37,54 @@ type podPolicies struct {
 	allowEmptyNamespaceSelector bool
 	config                      func() *quota.Config
 	// quotas reads ResourceQuotas from the informer cache, never the apiserver.
-	quotas client.Reader
+	quotas quotaSource
+}
+
+// quotaSource lists the ResourceQuotas of a namespace from a cache. The
+// quotas are the cache's own objects: read them, never change them.
+type quotaSource interface {
+	resourceQuotas(ctx context.Context, ns string) ([]*corev1.ResourceQuota, error)
+}
+
+// informerQuotas reads the quota informer's store through its namespace
+// index: the objects as stored, no copy. Listing through the manager's cache
+// copies every quota of the namespace into a new list on each admission
+// (controller-runtime sets the list's items by reflection, even with
+// UnsafeDisableDeepCopy): allocations the pod webhook's tail pays for
+// (docs/webhook.md, "Performance").
+type informerQuotas struct{ indexer toolscache.Indexer }
+
+func (q informerQuotas) resourceQuotas(_ context.Context, ns string) ([]*corev1.ResourceQuota, error) {
+	objs, err := q.indexer.ByIndex(toolscache.NamespaceIndex, ns)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*corev1.ResourceQuota, 0, len(objs))
+	for _, o := range objs {
+		rq, ok := o.(*corev1.ResourceQuota)
+		if !ok {
+			return nil, fmt.Errorf("the quota informer holds a %T", o)
+		}
+		out = append(out, rq)
+	}
+	return out, nil
+}
+
+// readerQuotas lists the quotas through a client.Reader: the manager's cache
+// where its informer is not a client-go SharedIndexInformer, and the tests'
+// fake clients.
+type readerQuotas struct{ reader client.Reader }
+
+func (q readerQuotas) resourceQuotas(ctx context.Context, ns string) ([]*corev1.ResourceQuota, error) {
+	var list corev1.ResourceQuotaList
+	if err := q.reader.List(ctx, &list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	out := make([]*corev1.ResourceQuota, len(list.Items))
+	for i := range list.Items {
+		out[i] = &list.Items[i]
+	}
+	return out, nil
 }
 
 func (p *podPolicies) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -73,7 +121,7 @@ type policyPod struct {
 		InitContainers        []policyContainer            `json:"initContainers,omitempty"`
 		Containers            []policyContainer            `json:"containers"`
 		ActiveDeadlineSeconds *int64                       `json:"activeDeadlineSeconds,omitempty"`
-		Affinity              *corev1.Affinity             `json:"affinity,omitempty"`
+		Affinity              *policyAffinity              `json:"affinity,omitempty"`
 		PriorityClassName     string                       `json:"priorityClassName,omitempty"`
 		Priority              *int32                       `json:"priority,omitempty"`
 		Overhead              corev1.ResourceList          `json:"overhead,omitempty"`
@@ -82,6 +130,62 @@ type policyPod struct {
 	// Status is small on a create (the apiserver sets phase and qosClass);
 	// the evaluator reads phase, qosClass and the containers' statuses.
 	Status corev1.PodStatus `json:"status"`
+}
+
+// policyAffinity is what the policies read of a pod's affinity: the pod
+// (anti-)affinity terms' namespaces and namespaceSelector (the empty-selector
+// rule, and the evaluator's CrossNamespacePodAffinity scope). Node affinity,
+// label selectors and topology keys, maps and strings built for nothing, are
+// skipped.
+type policyAffinity struct {
+	PodAffinity     *policyPodAffinity `json:"podAffinity,omitempty"`
+	PodAntiAffinity *policyPodAffinity `json:"podAntiAffinity,omitempty"`
+}
+
+type policyPodAffinity struct {
+	Required  []policyAffinityTerm `json:"requiredDuringSchedulingIgnoredDuringExecution,omitempty"`
+	Preferred []struct {
+		Term policyAffinityTerm `json:"podAffinityTerm"`
+	} `json:"preferredDuringSchedulingIgnoredDuringExecution,omitempty"`
+}
+
+type policyAffinityTerm struct {
+	Namespaces        []string              `json:"namespaces,omitempty"`
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+}
+
+// affinity is a, as a corev1.Affinity whose terms hold the policy fields only.
+func (a *policyAffinity) affinity() *corev1.Affinity {
+	if a == nil {
+		return nil
+	}
+	terms := func(in *policyPodAffinity) ([]corev1.PodAffinityTerm, []corev1.WeightedPodAffinityTerm) {
+		var required []corev1.PodAffinityTerm
+		var preferred []corev1.WeightedPodAffinityTerm
+		if in.Required != nil {
+			required = make([]corev1.PodAffinityTerm, len(in.Required))
+			for i, t := range in.Required {
+				required[i] = corev1.PodAffinityTerm{Namespaces: t.Namespaces, NamespaceSelector: t.NamespaceSelector}
+			}
+		}
+		if in.Preferred != nil {
+			preferred = make([]corev1.WeightedPodAffinityTerm, len(in.Preferred))
+			for i, t := range in.Preferred {
+				preferred[i].PodAffinityTerm = corev1.PodAffinityTerm{Namespaces: t.Term.Namespaces, NamespaceSelector: t.Term.NamespaceSelector}
+			}
+		}
+		return required, preferred
+	}
+	out := &corev1.Affinity{}
+	if a.PodAffinity != nil {
+		r, p := terms(a.PodAffinity)
+		out.PodAffinity = &corev1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: r, PreferredDuringSchedulingIgnoredDuringExecution: p}
+	}
+	if a.PodAntiAffinity != nil {
+		r, p := terms(a.PodAntiAffinity)
+		out.PodAntiAffinity = &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: r, PreferredDuringSchedulingIgnoredDuringExecution: p}
+	}
+	return out
 }
 
 type policyContainer struct {
@@ -96,7 +200,7 @@ func (d *policyPod) pod() *corev1.Pod {
 	pod.DeletionTimestamp, pod.DeletionGracePeriodSeconds = d.Metadata.DeletionTimestamp, d.Metadata.DeletionGracePeriodSeconds
 	s := &pod.Spec
 	s.ActiveDeadlineSeconds, s.Affinity, s.PriorityClassName, s.Priority, s.Overhead, s.Resources =
-		d.Spec.ActiveDeadlineSeconds, d.Spec.Affinity, d.Spec.PriorityClassName, d.Spec.Priority, d.Spec.Overhead, d.Spec.Resources
+		d.Spec.ActiveDeadlineSeconds, d.Spec.Affinity.affinity(), d.Spec.PriorityClassName, d.Spec.Priority, d.Spec.Overhead, d.Spec.Resources
 	containers := func(in []policyContainer) []corev1.Container {
 		if in == nil {
 			return nil
@@ -116,7 +220,7 @@ func (d *policyPod) pod() *corev1.Pod {
 // owner names the workload's kind ("Deployment") and template is where the
 // template is in it, so that a denial names the field to fix.
 func (p *podPolicies) check(ctx context.Context, path, ns string, pod *corev1.Pod, owner string, template *field.Path) admission.Response {
-	specPath := field.NewPath("spec")
+	specPath := podSpecPath
 	if template != nil {
 		specPath = template.Child("spec")
 	}
@@ -130,13 +234,9 @@ func (p *podPolicies) check(ctx context.Context, path, ns string, pod *corev1.Po
 	if cfg.Empty() {
 		return admission.Allowed("")
 	}
-	var list corev1.ResourceQuotaList
-	if err := p.quotas.List(ctx, &list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
+	quotas, err := p.quotas.resourceQuotas(ctx, ns)
+	if err != nil {
 		return internalError(ctx, path, fmt.Errorf("reading the ResourceQuotas of namespace %q: %w", ns, err))
-	}
-	quotas := make([]*corev1.ResourceQuota, len(list.Items))
-	for i := range list.Items {
-		quotas[i] = &list.Items[i]
 	}
 	denial, err := cfg.Check(pod, quotas)
 	if err != nil {
@@ -162,38 +262,49 @@ func internalError(ctx context.Context, path string, err error) admission.Respon
 	return admission.Errored(http.StatusInternalServerError, err)
 }
 
+// podSpecPath is a pod's spec, where a pod's denials point. Paths are
+// immutable (Child makes a new one), so one serves every admission.
+var podSpecPath = field.NewPath("spec")
+
 // EmptyNamespaceSelectors reports every pod (anti-)affinity term, required or
 // preferred, whose namespaceSelector is the empty selector {}. The
 // namespaceSelector policy (docs/webhook.md) makes {} invalid so that no pod selects
 // every namespace by accident; upstream Kubernetes later read it as "all
-// namespaces". A nil selector (the pod's own namespace) is fine.
+// namespaces". A nil selector (the pod's own namespace) is fine. A term's path
+// is built only when the term is refused: nearly every pod has none, and the
+// paths were allocations on every admission.
 func EmptyNamespaceSelectors(spec *corev1.PodSpec, path *field.Path) field.ErrorList {
 	if spec.Affinity == nil {
 		return nil
 	}
 	var errs field.ErrorList
-	check := func(term *corev1.PodAffinityTerm, p *field.Path) {
-		if s := term.NamespaceSelector; s != nil && len(s.MatchLabels) == 0 && len(s.MatchExpressions) == 0 {
-			errs = append(errs, field.Invalid(p.Child("namespaceSelector"), "{}",
-				"an empty namespaceSelector selects every namespace, so this term would reach pods cluster-wide: "+
-					"select the namespaces you mean (e.g. matchLabels: {team: hpc}) or list them in namespaces; "+
-					"leave namespaceSelector unset to mean the pod's own namespace"))
-		}
+	empty := func(term *corev1.PodAffinityTerm) bool {
+		s := term.NamespaceSelector
+		return s != nil && len(s.MatchLabels) == 0 && len(s.MatchExpressions) == 0
 	}
-	walk := func(required []corev1.PodAffinityTerm, preferred []corev1.WeightedPodAffinityTerm, p *field.Path) {
+	refuse := func(p *field.Path) {
+		errs = append(errs, field.Invalid(p.Child("namespaceSelector"), "{}",
+			"an empty namespaceSelector selects every namespace, so this term would reach pods cluster-wide: "+
+				"select the namespaces you mean (e.g. matchLabels: {team: hpc}) or list them in namespaces; "+
+				"leave namespaceSelector unset to mean the pod's own namespace"))
+	}
+	walk := func(required []corev1.PodAffinityTerm, preferred []corev1.WeightedPodAffinityTerm, kind string) {
 		for i := range required {
-			check(&required[i], p.Child("requiredDuringSchedulingIgnoredDuringExecution").Index(i))
+			if empty(&required[i]) {
+				refuse(path.Child("affinity", kind, "requiredDuringSchedulingIgnoredDuringExecution").Index(i))
+			}
 		}
 		for i := range preferred {
-			check(&preferred[i].PodAffinityTerm, p.Child("preferredDuringSchedulingIgnoredDuringExecution").Index(i).Child("podAffinityTerm"))
+			if empty(&preferred[i].PodAffinityTerm) {
+				refuse(path.Child("affinity", kind, "preferredDuringSchedulingIgnoredDuringExecution").Index(i).Child("podAffinityTerm"))
+			}
 		}
 	}
-	affinity := path.Child("affinity")
 	if a := spec.Affinity.PodAffinity; a != nil {
-		walk(a.RequiredDuringSchedulingIgnoredDuringExecution, a.PreferredDuringSchedulingIgnoredDuringExecution, affinity.Child("podAffinity"))
+		walk(a.RequiredDuringSchedulingIgnoredDuringExecution, a.PreferredDuringSchedulingIgnoredDuringExecution, "podAffinity")
 	}
 	if a := spec.Affinity.PodAntiAffinity; a != nil {
-		walk(a.RequiredDuringSchedulingIgnoredDuringExecution, a.PreferredDuringSchedulingIgnoredDuringExecution, affinity.Child("podAntiAffinity"))
+		walk(a.RequiredDuringSchedulingIgnoredDuringExecution, a.PreferredDuringSchedulingIgnoredDuringExecution, "podAntiAffinity")
 	}
 	return errs
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -43,15 +44,17 @@ func newTestScheme(tb testing.TB) *runtime.Scheme {
 	return s
 }
 
-// quotaReader stands in for the manager's informer cache, the only thing the
-// pod webhook reads ResourceQuotas from.
-func quotaReader(tb testing.TB, s *runtime.Scheme, quotas ...*corev1.ResourceQuota) client.Reader {
+// quotaIndex is a client-go indexer holding quotas, as the quota
+// informer's store does, read as the webhook reads it (informerQuotas).
+func quotaIndex(tb testing.TB, quotas ...*corev1.ResourceQuota) quotaSource {
 	tb.Helper()
-	objs := make([]client.Object, len(quotas))
-	for i, q := range quotas {
-		objs[i] = q.DeepCopy()
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc})
+	for _, q := range quotas {
+		if err := indexer.Add(q.DeepCopy()); err != nil {
+			tb.Fatal(err)
+		}
 	}
-	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
+	return informerQuotas{indexer}
 }
 
 func mustParseQuotaConfig(tb testing.TB, data string) *quota.Config {
@@ -496,9 +499,9 @@ limitedResources:
 		{name: "quota cache not read for an unlimited config", req: create(clusterServicesPod), reader: failingReader, want: allowed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			reader := tc.reader
-			if reader == nil {
-				reader = quotaReader(t, s, tc.quotas...)
+			var reader quotaSource = readerQuotas{tc.reader}
+			if tc.reader == nil {
+				reader = quotaIndex(t, tc.quotas...)
 			}
 			h := &podPolicies{
 				allowEmptyNamespaceSelector: tc.allowEmpty,
@@ -551,11 +554,10 @@ func checkResponse(t *testing.T, resp admission.Response, allowed bool, code int
 // TestPodPoliciesDenialMetric: the series an alert on uncovered pods would
 // use, read as an operator's dashboard does, by its labels.
 func TestPodPoliciesDenialMetric(t *testing.T) {
-	s := newTestScheme(t)
 	cfg := mustParseQuotaConfig(t, seedQuotaConfig)
 	h := &podPolicies{
 		config: func() *quota.Config { return cfg },
-		quotas: quotaReader(t, s),
+		quotas: quotaIndex(t),
 	}
 	series := denials.WithLabelValues(PodsPath, quota.ReasonUncoveredScopes)
 	req := podRequest(admissionv1.Create, "team-a", mustJSON(t, newPod(priority("cluster-services"))))

@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -26,6 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/component-base/featuregate"
@@ -180,6 +183,22 @@ func Run(ctx context.Context, o *Options) error {
 		CertDir: o.CertDir, CertName: certFile, KeyName: keyFile,
 		TLSOpts: []func(*tls.Config){http1Only},
 	})
+	// Started now so that they have synced before the first admission, which
+	// reads quotas and namespaces from them and never from the apiserver.
+	quotaInformer, err := mgr.GetCache().GetInformer(ctx, &corev1.ResourceQuota{})
+	if err != nil {
+		return err
+	}
+	namespaceInformer, err := mgr.GetCache().GetInformer(ctx, &corev1.Namespace{})
+	if err != nil {
+		return err
+	}
+	// The pod policies read the quota informer's store directly (no copy per
+	// admission); controller-runtime's informers are client-go's.
+	var quotas quotaSource = readerQuotas{mgr.GetCache()}
+	if i, ok := quotaInformer.(toolscache.SharedIndexInformer); ok {
+		quotas = informerQuotas{i.GetIndexer()}
+	}
 	server.Register(ResourceClassesPath, &webhook.Admission{Handler: &resourceClasses{}})
 	server.Register(ResourceDistributionsPath, &webhook.Admission{Handler: &resourceDistributions{
 		namespaces: mgr.GetCache(),
@@ -190,7 +209,7 @@ func Run(ctx context.Context, o *Options) error {
 	pods := &podPolicies{
 		allowEmptyNamespaceSelector: o.AllowEmptyNamespaceSelector,
 		config:                      quotaFile.Current,
-		quotas:                      mgr.GetCache(),
+		quotas:                      quotas,
 	}
 	server.Register(PodsPath, &webhook.Admission{Handler: pods})
 	server.Register(WorkloadsPath, &webhook.Admission{Handler: &workloadPolicies{pods: pods}})
@@ -207,16 +226,6 @@ func Run(ctx context.Context, o *Options) error {
 		return err
 	}
 
-	// Started now so that they have synced before the first admission, which
-	// reads quotas and namespaces from them and never from the apiserver.
-	quotaInformer, err := mgr.GetCache().GetInformer(ctx, &corev1.ResourceQuota{})
-	if err != nil {
-		return err
-	}
-	namespaceInformer, err := mgr.GetCache().GetInformer(ctx, &corev1.Namespace{})
-	if err != nil {
-		return err
-	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
@@ -231,8 +240,12 @@ func Run(ctx context.Context, o *Options) error {
 	}); err != nil {
 		return err
 	}
+	// The collector's settings come from the environment (the Deployment sets
+	// GOGC and GOMEMLIMIT, docs/webhook.md "Performance"); said here because
+	// they decide the pod webhook's tail. debug.SetMemoryLimit(-1) only reads.
 	log.Info("starting", "namespace", o.Namespace, "certDir", o.CertDir,
-		"allowEmptyNamespaceSelector", o.AllowEmptyNamespaceSelector, "quotaConfig", o.QuotaConfig)
+		"allowEmptyNamespaceSelector", o.AllowEmptyNamespaceSelector, "quotaConfig", o.QuotaConfig,
+		"quotaReads", fmt.Sprintf("%T", quotas), "GOGC", os.Getenv("GOGC"), "memoryLimitBytes", debug.SetMemoryLimit(-1))
 	return mgr.Start(ctx)
 }
 

@@ -60,9 +60,8 @@ func withTemplate(pod *corev1.Pod) []templated {
 }
 
 func TestWorkloadPolicies(t *testing.T) {
-	s := newTestScheme(t)
 	cfg := mustParseQuotaConfig(t, seedQuotaConfig)
-	h := &workloadPolicies{pods: &podPolicies{config: func() *quota.Config { return cfg }, quotas: quotaReader(t, s)}}
+	h := &workloadPolicies{pods: &podPolicies{config: func() *quota.Config { return cfg }, quotas: quotaIndex(t)}}
 	ctx := context.Background()
 	emptySel := newPod(affinity(requiredAffinity(affinityTerm(&metav1.LabelSelector{}))))
 	uncovered := newPod(priority("cluster-services"))
