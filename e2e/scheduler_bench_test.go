@@ -84,7 +84,6 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 		b.Logf("%d nodes: the cluster idles at %.2f cores or less", count, idle)
 		return idle
 	}
-	idle := measureIdle(nodes)
 	// The first pods a fresh cluster schedules cost more than the later ones
 	// (the processes' heaps and caches grow, the apiserver's watch cache
 	// fills): scheduled unmeasured, of both kinds, so that neither the
@@ -103,6 +102,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	}
 	warmUp(plain)
 	warmUp(corev1.ResourceName(v1alpha1.ResourceNamePrefix + class))
+	idle := measureIdle(nodes)
 
 	baselines := map[string]float64{}
 	run := func(b *testing.B, schedulerName string, resourceName corev1.ResourceName) {
@@ -125,6 +125,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 			elapsed, f := scheduleAllMeasured(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
 			podsPerSecond = pods / elapsed.Seconds()
 			figures = f
+			stayedPending(b, ctx, ns.Name)
 			deleteNamespaceAndWait(b, ctx, ns.Name)
 		}
 		b.ReportMetric(0, "ns/op")
@@ -174,7 +175,7 @@ const warmUpPods = 500
 // resourceName, on a node of pool.
 func benchPod(ns string, i int, schedulerName string, resourceName corev1.ResourceName, pool string) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p-%05d", i), Namespace: ns, Labels: map[string]string{"bench-run": ns}},
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p-%05d", i), Namespace: ns, Labels: map[string]string{"bench-run": ns, framework.SimulatedPendingLabel: "true"}},
 		Spec: corev1.PodSpec{
 			SchedulerName: schedulerName,
 			NodeSelector:  map[string]string{"pool": pool},
@@ -182,6 +183,22 @@ func benchPod(ns string, i int, schedulerName string, resourceName corev1.Resour
 				Limits: corev1.ResourceList{resourceName: resource.MustParse("1")},
 			}}},
 		},
+	}
+}
+
+// stayedPending fails the benchmark if kwok moved a pod of ns to Running:
+// the pods' status updates would have counted as scheduling work
+// (framework.SimulatedPendingLabel).
+func stayedPending(b *testing.B, ctx context.Context, ns string) {
+	b.Helper()
+	list, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range list.Items {
+		if p := &list.Items[i]; p.Status.Phase != corev1.PodPending {
+			b.Fatalf("pod %s is %s: kwok did not leave the benchmark's pods Pending (is _output/bin/kwok-stages.yaml from `make e2e-binaries`?)", p.Name, p.Status.Phase)
+		}
 	}
 }
 

@@ -24,6 +24,12 @@ const (
 	SimulatedNodeLabel      = "resclass.io/simulated"
 )
 
+// SimulatedPendingLabel on a pod keeps kwok from moving it to Running once it
+// is bound to a simulated node (the build adds it to kwok's pod-ready stage):
+// a scheduling benchmark's pods are bound and nothing more, as in upstream's
+// scheduler_perf, so that no kubelet's work falls into what it measures.
+const SimulatedPendingLabel = "resclass.io/simulated-pending"
+
 // SimulatedNodes describes a batch of kwok nodes.
 type SimulatedNodes struct {
 	// Prefix names the nodes Prefix-0 ... Prefix-(Count-1).
