@@ -145,9 +145,16 @@ func (before *breakdown) figures(b testing.TB, after *breakdown, pods int) runFi
 		}
 		return out
 	}
+	// Writes by resource and subresource: a pod's create, Binding
+	// (pods/binding) and status patches (pods/status) are different work.
 	for _, verb := range []string{"POST", "PUT", "PATCH", "DELETE"} {
-		for res, v := range byDelta(before.api, after.api, "apiserver_request_total", "resource", "verb="+verb) {
-			f.writes[res] += v
+		for _, sub := range subresources(after.api, "apiserver_request_total") {
+			for res, v := range byDelta(before.api, after.api, "apiserver_request_total", "resource", "verb="+verb, "subresource="+sub) {
+				if sub != "" {
+					res += "/" + sub
+				}
+				f.writes[res] += v
+			}
 		}
 	}
 	f.inBytes = byDelta(before.api, after.api, "apiserver_request_body_size_bytes_sum", "resource")
@@ -179,6 +186,18 @@ func (f runFigures) report(b *testing.B) {
 	b.Logf("request bytes per pod: %s", fmtMap(f.inBytes, "%.0f"))
 	b.Logf("watch bytes sent per pod: %s", fmtMap(f.watchB, "%.0f"))
 	b.Logf("etcd WAL bytes per pod: %.0f", f.walB)
+}
+
+// subresources are the values of the label subresource among the samples
+// named name ("" for the resource itself).
+func subresources(s framework.Samples, name string) []string {
+	seen := map[string]bool{}
+	for _, x := range s {
+		if x.Name == name {
+			seen[x.Labels["subresource"]] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 func sum(m map[string]float64) float64 {
