@@ -33,7 +33,8 @@ import (
 //   - class: pods request 1 GPU as class.resclass.io/<class>; the
 //     ResourceClasses plugin picks node and device and writes the assignment.
 //   - class-prebind: the same, with the assignment written by a PreBind patch
-//     instead of in the Binding (assignmentWrite: PreBind), one more write.
+//     instead of in the Binding (assignmentWrite: PreBind): two more writes,
+//     the patch and kube-scheduler's nominatedNodeName status patch.
 //   - class-topology: the same, with strategy Topology (Reserve runs the
 //     topology search once per pod).
 //   - repeat-baseline-extended-resource: the baseline again, after the
@@ -43,8 +44,10 @@ import (
 //     (scheduler_perf's 5000 nodes), unless RESCLASS_BENCH_NODES_5000=0;
 //     RESCLASS_BENCH_NODES_5000=only runs these alone.
 //
-// Each run creates the pods (16 writers) and measures from the first create to
-// the last pod bound; ns/op means nothing here and is suppressed. The ratio is
+// The pods stay Pending once bound (framework.SimulatedPendingLabel), as in
+// scheduler_perf, and 500 pods of each kind are scheduled before the first
+// run (warmUpPods). Each run creates the pods (16 writers) and measures from
+// the first create to the last pod bound; ns/op means nothing here and is suppressed. The ratio is
 // class pods/s over baseline pods/s. Each run also reports where its CPU went,
 // per bound pod (breakdown_test.go, docs/scheduler.md "Where the time goes").
 //
