@@ -93,6 +93,39 @@ func MachineCPU() (time.Duration, error) {
 	return time.Duration(ticks) * clockTick, nil
 }
 
+// DirectReclaim is how often the kernel made processes reclaim memory
+// themselves since boot (/proc/vmstat: allocstall_* stalls, pgscan_direct
+// pages scanned): time it charges to whichever process allocates, the
+// cluster's and the benchmark's included.
+func DirectReclaim() (stalls, scanned int64, err error) {
+	raw, err := os.ReadFile("/proc/vmstat")
+	if err != nil {
+		return 0, 0, err
+	}
+	stalls, scanned = parseVMStat(string(raw))
+	return stalls, scanned, nil
+}
+
+func parseVMStat(raw string) (stalls, scanned int64) {
+	for line := range strings.Lines(raw) {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseInt(value, 10, 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(name, "allocstall_"):
+			stalls += v
+		case name == "pgscan_direct":
+			scanned += v
+		}
+	}
+	return stalls, scanned
+}
+
 // Metrics returns the samples of a component's /metrics: "kube-apiserver",
 // "etcd" or "scheduler" (read as the admin).
 func (c *Cluster) Metrics(ctx context.Context, component string) (Samples, error) {
