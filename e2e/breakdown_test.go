@@ -25,6 +25,8 @@ type breakdown struct {
 	cpu     map[string]time.Duration
 	self    time.Duration
 	machine time.Duration
+	stalls  int64 // the kernel's direct reclaim (framework.DirectReclaim)
+	scanned int64
 	sched   framework.Samples
 	dra     framework.Samples // the stock scheduler profile's (StartDRAScheduler), when it runs
 	api     framework.Samples
@@ -59,6 +61,9 @@ func (s *breakdown) readCPU(b testing.TB) {
 		b.Fatal(err)
 	}
 	if s.machine, err = framework.MachineCPU(); err != nil {
+		b.Fatal(err)
+	}
+	if s.stalls, s.scanned, err = framework.DirectReclaim(); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -107,6 +112,8 @@ type runFigures struct {
 	inBytes map[string]float64            // request body bytes per pod, by resource
 	watchB  map[string]float64            // watch event bytes sent per pod, by resource
 	walB    float64                       // etcd WAL bytes per pod
+	stalls  int64                         // direct reclaim stalls during the run
+	scanned int64                         // and pages they scanned
 }
 
 func (before *breakdown) figures(b testing.TB, after *breakdown, pods int) runFigures {
@@ -130,6 +137,7 @@ func (before *breakdown) figures(b testing.TB, after *breakdown, pods int) runFi
 	f.cpuMS["client"] = ms(self)
 	f.cpuMS["total"] = ms(cluster + self)
 	f.outside = float64(after.machine-before.machine-cluster-self) / float64(f.wall)
+	f.stalls, f.scanned = after.stalls-before.stalls, after.scanned-before.scanned
 
 	delta := func(s0, s1 framework.Samples, name string, match ...string) float64 {
 		return s1.Sum(name, match...) - s0.Sum(name, match...)
@@ -165,9 +173,16 @@ func (before *breakdown) figures(b testing.TB, after *breakdown, pods int) runFi
 		}
 		return out
 	}
+	// Writes by resource and subresource: a pod's create, Binding
+	// (pods/binding) and status patches (pods/status) are different work.
 	for _, verb := range []string{"POST", "PUT", "PATCH", "DELETE"} {
-		for res, v := range byDelta(before.api, after.api, "apiserver_request_total", "resource", "verb="+verb) {
-			f.writes[res] += v
+		for _, sub := range subresources(after.api, "apiserver_request_total") {
+			for res, v := range byDelta(before.api, after.api, "apiserver_request_total", "resource", "verb="+verb, "subresource="+sub) {
+				if sub != "" {
+					res += "/" + sub
+				}
+				f.writes[res] += v
+			}
 		}
 	}
 	f.inBytes = byDelta(before.api, after.api, "apiserver_request_body_size_bytes_sum", "resource")
@@ -206,6 +221,20 @@ func (f runFigures) report(b *testing.B) {
 	b.Logf("request bytes per pod: %s", fmtMap(f.inBytes, "%.0f"))
 	b.Logf("watch bytes sent per pod: %s", fmtMap(f.watchB, "%.0f"))
 	b.Logf("etcd WAL bytes per pod: %.0f", f.walB)
+	// Not (yet) a reason to refuse a run: docs/scheduler.md, "An idle cluster".
+	b.Logf("direct memory reclaim during the run: %d stalls, %d pages scanned", f.stalls, f.scanned)
+}
+
+// subresources are the values of the label subresource among the samples
+// named name ("" for the resource itself).
+func subresources(s framework.Samples, name string) []string {
+	seen := map[string]bool{}
+	for _, x := range s {
+		if x.Name == name {
+			seen[x.Labels["subresource"]] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 func sum(m map[string]float64) float64 {

@@ -56,13 +56,22 @@ go build -o "$out/etcd" go.etcd.io/etcd/server/v3
 if $with_kwok; then
   echo ">> building kwok ($((SECONDS - start))s)"
   go build -C hack/tools -o "$PWD/$out/kwok" sigs.k8s.io/kwok/cmd/kwok
-  # The stages kwok plays for simulated nodes and their pods.
+  # The stages kwok plays for simulated nodes and their pods. pod-ready leaves
+  # alone the pods labelled resclass.io/simulated-pending (they stay Pending on
+  # their node, as in scheduler_perf: docs/e2e.md, "Simulated nodes").
   stages=$(go list -C hack/tools -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
   for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
     pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
     echo ---
-    cat "$stages/$f"
+    if [ "$f" = pod/fast/pod-ready.yaml ]; then
+      awk '{ print } /^    matchExpressions:$/ && !done { done = 1
+        print "    - key: \x27.metadata.labels[\"resclass.io/simulated-pending\"]\x27"
+        print "      operator: \x27DoesNotExist\x27" }' "$stages/$f"
+    else
+      cat "$stages/$f"
+    fi
   done >"$out/kwok-stages.yaml"
+  grep -q simulated-pending "$out/kwok-stages.yaml" || { echo "kwok's pod-ready stage changed: no selector to extend" >&2; exit 1; }
 
   # helm renders and lints deploy/helm/resclass (deploy/install_test.go). It is
   # told its version and the Kubernetes release of its client libraries, as

@@ -24,6 +24,12 @@ const (
 	SimulatedNodeLabel      = "resclass.io/simulated"
 )
 
+// SimulatedPendingLabel on a pod keeps kwok from moving it to Running once it
+// is bound to a simulated node (the build adds it to kwok's pod-ready stage):
+// a scheduling benchmark's pods are bound and nothing more, as in upstream's
+// scheduler_perf, so that no kubelet's work falls into what it measures.
+const SimulatedPendingLabel = "resclass.io/simulated-pending"
+
 // SimulatedNodes describes a batch of kwok nodes.
 type SimulatedNodes struct {
 	// Prefix names the nodes Prefix-0 ... Prefix-(Count-1).
@@ -151,7 +157,14 @@ func (c *Cluster) startKwok(ctx context.Context) error {
 		"--config="+c.bins.kwokStages,
 		"--manage-all-nodes=false",
 		"--manage-nodes-with-annotation-selector="+SimulatedNodeAnnotation+"=fake",
-		"--node-lease-duration-seconds=40",
+		// A simulated node renews its Lease every quarter of this (kwok's
+		// rule, as the kubelet's): 75 s, well inside the controller manager's
+		// node-monitor grace period (5 minutes, startControllerManager), so
+		// the nodes stay Ready. The kubelet's 40 s (a renewal every 10 s) cost
+		// 100 Lease writes a second at 1000 nodes and 500 at 5000: most of
+		// an idle cluster's CPU on two cores, taken from whatever a benchmark
+		// measured (docs/scheduler.md, "An idle cluster").
+		"--node-lease-duration-seconds=300",
 		"--cidr=10.128.0.0/16",
 	)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -47,6 +48,39 @@ func ProcessCPU(pid int) (time.Duration, error) { return cpustat.Process(pid) }
 // MachineCPU is the CPU time every process on the machine has used, so that
 // a benchmark can tell how much of it was not the cluster's nor its own.
 func MachineCPU() (time.Duration, error) { return cpustat.Machine() }
+
+// DirectReclaim is how often the kernel made processes reclaim memory
+// themselves since boot (/proc/vmstat: allocstall_* stalls, pgscan_direct
+// pages scanned): time it charges to whichever process allocates, the
+// cluster's and the benchmark's included.
+func DirectReclaim() (stalls, scanned int64, err error) {
+	raw, err := os.ReadFile("/proc/vmstat")
+	if err != nil {
+		return 0, 0, err
+	}
+	stalls, scanned = parseVMStat(string(raw))
+	return stalls, scanned, nil
+}
+
+func parseVMStat(raw string) (stalls, scanned int64) {
+	for line := range strings.Lines(raw) {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseInt(value, 10, 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(name, "allocstall_"):
+			stalls += v
+		case name == "pgscan_direct":
+			scanned += v
+		}
+	}
+	return stalls, scanned
+}
 
 // Metrics returns the samples of a component's /metrics: "kube-apiserver",
 // "etcd" or "scheduler" (read as the admin).

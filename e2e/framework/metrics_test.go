@@ -61,3 +61,11 @@ func FuzzParseSamples(f *testing.F) {
 		}
 	})
 }
+
+func TestParseVMStat(t *testing.T) {
+	raw := "nr_free_pages 123\nallocstall_dma 0\nallocstall_normal 75\nallocstall_movable 4375\npgscan_direct 271302\npgscan_direct_throttle 9\nbroken\npgscan_kswapd x\n"
+	stalls, scanned := parseVMStat(raw)
+	if stalls != 4450 || scanned != 271302 {
+		t.Errorf("parseVMStat: %d stalls, %d scanned; want 4450, 271302", stalls, scanned)
+	}
+}
