@@ -335,6 +335,10 @@ func TestResourceDistributionTrust(t *testing.T) {
 		d := d.with(t)
 		ns := d.ns(nil)
 		foreign := d.foreignSecret(ns, "someone-elses")
+		foreignCM, err := cluster.Client.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses"}, Data: map[string]string{"owner": "someone else"}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		ctl, err := kubernetes.NewForConfig(impersonating(framework.DistributionUser, serviceAccountGroups...))
 		if err != nil {
 			t.Fatal(err)
@@ -359,6 +363,27 @@ func TestResourceDistributionTrust(t *testing.T) {
 			"delete": func() error { return ctl.CoreV1().Secrets(ns).Delete(ctx, foreign.Name, metav1.DeleteOptions{}) },
 			"create a plain Secret": func() error {
 				return ignoreResult(ctl.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{}))
+			},
+			// Half a copy is not one: the policy's verdict (its
+			// matchConditions) needs both marks.
+			"create a Secret with the label and no owner": func() error {
+				return ignoreResult(ctl.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "label-only", Labels: disguised.Labels}}, metav1.CreateOptions{}))
+			},
+			"create a Secret with the owner and no label": func() error {
+				return ignoreResult(ctl.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "owner-only", OwnerReferences: disguised.OwnerReferences}}, metav1.CreateOptions{}))
+			},
+			"create a Secret owned by a distribution, not as its controller": func() error {
+				refs := []metav1.OwnerReference{disguised.OwnerReferences[0]}
+				refs[0].Controller = nil
+				return ignoreResult(ctl.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "not-controller", Labels: disguised.Labels, OwnerReferences: refs}}, metav1.CreateOptions{}))
+			},
+			"update a foreign ConfigMap": func() error {
+				cm := foreignCM.DeepCopy()
+				cm.Data = map[string]string{"owner": "the controller"}
+				return ignoreResult(ctl.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}))
+			},
+			"delete a foreign ConfigMap": func() error {
+				return ctl.CoreV1().ConfigMaps(ns).Delete(ctx, foreignCM.Name, metav1.DeleteOptions{})
 			},
 			"create a token Secret dressed as a copy": func() error {
 				token := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "token", Labels: disguised.Labels, OwnerReferences: disguised.OwnerReferences,
@@ -403,6 +428,11 @@ func TestResourceDistributionTrust(t *testing.T) {
 		}
 		if now.ResourceVersion != foreign.ResourceVersion {
 			t.Errorf("the foreign Secret changed: resourceVersion %s -> %s", foreign.ResourceVersion, now.ResourceVersion)
+		}
+		if now, err := cluster.Client.CoreV1().ConfigMaps(ns).Get(ctx, foreignCM.Name, metav1.GetOptions{}); err != nil {
+			t.Error(err)
+		} else if now.ResourceVersion != foreignCM.ResourceVersion {
+			t.Errorf("the foreign ConfigMap changed: resourceVersion %s -> %s", foreignCM.ResourceVersion, now.ResourceVersion)
 		}
 		if now, err := cluster.Client.CoreV1().Secrets(ns).Get(ctx, "fenced", metav1.GetOptions{}); err != nil {
 			t.Error(err)
