@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -332,6 +335,10 @@ func TestResourceDistributionTrust(t *testing.T) {
 		d := d.with(t)
 		ns := d.ns(nil)
 		foreign := d.foreignSecret(ns, "someone-elses")
+		foreignCM, err := cluster.Client.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses"}, Data: map[string]string{"owner": "someone else"}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		ctl, err := kubernetes.NewForConfig(impersonating(framework.DistributionUser, serviceAccountGroups...))
 		if err != nil {
 			t.Fatal(err)
@@ -356,6 +363,27 @@ func TestResourceDistributionTrust(t *testing.T) {
 			"delete": func() error { return ctl.CoreV1().Secrets(ns).Delete(ctx, foreign.Name, metav1.DeleteOptions{}) },
 			"create a plain Secret": func() error {
 				return ignoreResult(ctl.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{}))
+			},
+			// Half a copy is not one: the policy's verdict (its
+			// matchConditions) needs both marks.
+			"create a Secret with the label and no owner": func() error {
+				return ignoreResult(ctl.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "label-only", Labels: disguised.Labels}}, metav1.CreateOptions{}))
+			},
+			"create a Secret with the owner and no label": func() error {
+				return ignoreResult(ctl.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "owner-only", OwnerReferences: disguised.OwnerReferences}}, metav1.CreateOptions{}))
+			},
+			"create a Secret owned by a distribution, not as its controller": func() error {
+				refs := []metav1.OwnerReference{disguised.OwnerReferences[0]}
+				refs[0].Controller = nil
+				return ignoreResult(ctl.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "not-controller", Labels: disguised.Labels, OwnerReferences: refs}}, metav1.CreateOptions{}))
+			},
+			"update a foreign ConfigMap": func() error {
+				cm := foreignCM.DeepCopy()
+				cm.Data = map[string]string{"owner": "the controller"}
+				return ignoreResult(ctl.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}))
+			},
+			"delete a foreign ConfigMap": func() error {
+				return ctl.CoreV1().ConfigMaps(ns).Delete(ctx, foreignCM.Name, metav1.DeleteOptions{})
 			},
 			"create a token Secret dressed as a copy": func() error {
 				token := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "token", Labels: disguised.Labels, OwnerReferences: disguised.OwnerReferences,
@@ -401,6 +429,11 @@ func TestResourceDistributionTrust(t *testing.T) {
 		if now.ResourceVersion != foreign.ResourceVersion {
 			t.Errorf("the foreign Secret changed: resourceVersion %s -> %s", foreign.ResourceVersion, now.ResourceVersion)
 		}
+		if now, err := cluster.Client.CoreV1().ConfigMaps(ns).Get(ctx, foreignCM.Name, metav1.GetOptions{}); err != nil {
+			t.Error(err)
+		} else if now.ResourceVersion != foreignCM.ResourceVersion {
+			t.Errorf("the foreign ConfigMap changed: resourceVersion %s -> %s", foreignCM.ResourceVersion, now.ResourceVersion)
+		}
 		if now, err := cluster.Client.CoreV1().Secrets(ns).Get(ctx, "fenced", metav1.GetOptions{}); err != nil {
 			t.Error(err)
 		} else if now.ResourceVersion != realCopy.ResourceVersion || !metav1.IsControlledBy(now, rd) {
@@ -410,3 +443,83 @@ func TestResourceDistributionTrust(t *testing.T) {
 }
 
 func ignoreResult[T any](_ T, err error) error { return err }
+
+// TestResourceDistributionStatusBounded: status.distributedResources names
+// at most --distribution-status-max-copies namespaces (here 50 of 200
+// copies) and status.distributed counts them all, so the status stays small
+// however many namespaces a distribution reaches; and the delete
+// authorization still covers the copies the status leaves out: a user
+// without delete in b, a namespace beyond the bound, can neither delete the
+// distribution nor shrink b out of its targets.
+func TestResourceDistributionStatusBounded(t *testing.T) {
+	diagnoseOnFailure(t, cluster)
+	ctx := context.Background()
+	const copies, bound = 200, 50
+	startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
+	startDistribution(t, framework.DistributionOptions{Args: []string{fmt.Sprintf("--distribution-status-max-copies=%d", bound)}})
+	rc, err := cluster.Resclass()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &distEnv{t: t, ctx: ctx, rc: rc}
+	label := d.uniqueLabel()
+	var targets []string
+	for range copies {
+		targets = append(targets, d.ns(label))
+	}
+	slices.Sort(targets)
+	rd := d.create("bounded", secret("bounded", map[string]string{"k": "v"}), v1alpha1.ResourceDistributionTargets{
+		NamespaceLabelSelector: &metav1.LabelSelector{MatchLabels: label}})
+	st := d.waitSynced(rd, copies)
+	var named []string
+	poll(t, ctx, 30*time.Second, fmt.Sprintf("status.distributed %d, %d named", copies, bound), func(ctx context.Context) (bool, error) {
+		got, err := rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, rd.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		st = got.Status
+		named = slices.Sorted(maps.Keys(st.DistributedResources))
+		return st.Distributed == copies, nil
+	})
+	if !slices.Equal(named, targets[:bound]) {
+		t.Fatalf("status.distributedResources names %d namespaces (%v...), want the first %d of the %d targets by name", len(named), named[:min(3, len(named))], bound, copies)
+	}
+	if raw, err := json.Marshal(st); err != nil {
+		t.Fatal(err)
+	} else if size := len(raw); size > 8000 {
+		t.Errorf("the status of %d copies is %d bytes, want a bounded few kB", copies, size)
+	}
+
+	// b holds a copy the status does not name.
+	b := targets[copies-1]
+	bob := fmt.Sprintf("e2e-bob-%d", time.Now().UnixNano()%1e9)
+	grant(t, ctx, bob, "", rbacv1.PolicyRule{APIGroups: []string{"resclass.io"}, Resources: []string{"resourcedistributions"}, Verbs: []string{"get", "update", "delete"}})
+	asBob, err := versioned.NewForConfig(impersonating(bob, "system:authenticated"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	current, err := asBob.ResclassV1alpha1().ResourceDistributions().Get(ctx, rd.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	current.Spec.Targets = v1alpha1.ResourceDistributionTargets{IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: targets[0]}}}
+	_, err = asBob.ResclassV1alpha1().ResourceDistributions().Update(ctx, current, metav1.UpdateOptions{})
+	wantDenied(t, err, fmt.Sprintf("user %q may not delete secrets in", bob), "that may hold a copy", b)
+	err = asBob.ResclassV1alpha1().ResourceDistributions().Delete(ctx, rd.Name, metav1.DeleteOptions{})
+	wantDenied(t, err, fmt.Sprintf("user %q may not delete secrets in", bob), "that may hold a copy", b)
+	d.wantCopies("bounded", []string{targets[0], b}, nil)
+
+	// An author allowed everywhere shrinks it below the bound: the status
+	// names every copy again.
+	d.update(rd.Name, func(rd *v1alpha1.ResourceDistribution) {
+		rd.Spec.Targets = v1alpha1.ResourceDistributionTargets{IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: targets[0]}, {Name: b}}}
+	})
+	poll(t, ctx, time.Minute, "2 copies, both named", func(ctx context.Context) (bool, error) {
+		got, err := rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, rd.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return got.Status.Distributed == 2 && len(got.Status.DistributedResources) == 2 && got.Status.DistributedResources[b] != "", nil
+	})
+	d.waitCopies("bounded", []string{targets[0], b}, targets[1:bound], "secret")
+}

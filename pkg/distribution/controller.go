@@ -61,6 +61,19 @@ const (
 // is noticed.
 const DefaultConflictRetry = 3 * time.Second
 
+// DefaultMaxStatusCopies is how many namespaces status.distributedResources
+// names at most (about 30 bytes each); status.distributed counts them all.
+// Admission reads the map to know where deleting or shrinking a distribution
+// removes copies; when it is incomplete, admission asks for delete in every
+// namespace not targeted any more (docs/distribution.md, "Where the copies
+// are").
+const DefaultMaxStatusCopies = 1000
+
+// MaxStatusCopiesLimit is the largest MaxStatusCopies: the CRD refuses a
+// larger map (MaxProperties), 300 kB of status, well below etcd's 1.5 MiB
+// request limit next to a Secret of up to 1 MiB in the spec.
+const MaxStatusCopiesLimit = 10000
+
 // Reconciler keeps the copies of each ResourceDistribution: one in every
 // namespace its targets select, none elsewhere, never touching an object it
 // does not own.
@@ -86,6 +99,9 @@ type Reconciler struct {
 	// ConflictRetry is how soon a distribution with conflicts is reconciled
 	// again; default DefaultConflictRetry.
 	ConflictRetry time.Duration
+	// MaxStatusCopies bounds status.distributedResources; default
+	// DefaultMaxStatusCopies, at most MaxStatusCopiesLimit.
+	MaxStatusCopies int
 
 	// targets caches each distribution's compiled targets by UID and
 	// generation, for mapping namespace events to the distributions they
@@ -184,6 +200,9 @@ func (r *Reconciler) enqueueFor(ctx context.Context, q workqueue.TypedRateLimiti
 		fresh[rd.UID] = ct
 		// status.conflictingNamespaces names only the first 100; the
 		// others are target namespaces, which the targets' match finds.
+		// A copy the status does not name (it names only the first
+		// MaxStatusCopies) needs no namespace event: the copies are
+		// watched, and a namespace's deletion deletes its copy.
 		_, copied := rd.Status.DistributedResources[name]
 		concerned := copied || ct.targets.Matches(oldNS) || ct.targets.Matches(newNS) ||
 			slices.ContainsFunc(rd.Status.ConflictingNamespaces, func(n v1alpha1.ResourceDistributionNamespace) bool { return n.Name == name })
@@ -281,6 +300,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 				switch {
 				case out.err != nil:
 					writeErrs = append(writeErrs, fmt.Errorf("namespace %s: %w", ns, out.err))
+					// A copy that failed to update is still a copy:
+					// deleting the distribution must still ask for it.
+					if out.rv != "" {
+						distributed[ns] = out.rv
+					} else if obj := owned[ns]; obj != nil {
+						distributed[ns] = obj.GetResourceVersion()
+					}
 				case out.conflict:
 					conflicts = append(conflicts, ns)
 				case out.forbidden != "":
@@ -317,6 +343,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		ok, err := r.Authorizer.Allowed(ctx, author, VerbDelete, res.APIResource(), ns)
 		if err != nil {
 			writeErrs = append(writeErrs, err)
+			distributed[ns] = obj.GetResourceVersion()
 			continue
 		}
 		if !ok {
@@ -327,6 +354,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		uid := obj.GetUID()
 		if err := r.Client.Delete(ctx, obj, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			writeErrs = append(writeErrs, fmt.Errorf("removing the copy in %s: %w", ns, err))
+			distributed[ns] = obj.GetResourceVersion()
 			continue
 		}
 		log.V(2).Info("removed a copy from a namespace no longer targeted", "namespace", ns, "resource", res.String())
@@ -339,7 +367,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	status.Unauthorized, status.UnauthorizedNamespaces = unauthorizedNamespaces(author, res, forbidden)
 	status.Desired = int32(len(desired))
 	status.Succeeded = int32(succeeded)
-	status.DistributedResources = distributed
+	status.Distributed = int32(len(distributed))
+	status.DistributedResources = firstCopies(distributed, r.MaxStatusCopies)
 
 	var problems []string
 	var conflictMsg, forbiddenMsg string
@@ -617,7 +646,7 @@ func statusEqual(a, b *v1alpha1.ResourceDistributionStatus) bool {
 		return (ca == nil) == (cb == nil) && (ca == nil || (ca.Status == cb.Status && ca.Reason == cb.Reason && ca.Message == cb.Message && ca.ObservedGeneration == cb.ObservedGeneration))
 	}
 	return sameCondition(ConditionSynced) && sameCondition(ConditionAuthorized) && a.ObservedGeneration == b.ObservedGeneration && a.Description == b.Description &&
-		a.Desired == b.Desired && a.Succeeded == b.Succeeded &&
+		a.Desired == b.Desired && a.Succeeded == b.Succeeded && a.Distributed == b.Distributed &&
 		maps.Equal(a.DistributedResources, b.DistributedResources) &&
 		a.Conflicting == b.Conflicting && slices.Equal(a.ConflictingNamespaces, b.ConflictingNamespaces) &&
 		a.Unauthorized == b.Unauthorized && slices.Equal(a.UnauthorizedNamespaces, b.UnauthorizedNamespaces)
@@ -627,4 +656,33 @@ func setCondition(status *v1alpha1.ResourceDistributionStatus, typ string, gener
 	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
 		Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: generation,
 	})
+}
+
+// firstCopies is the status's map of copies: all of them, or the first limit
+// by namespace name (limit <= 0: DefaultMaxStatusCopies).
+func firstCopies(distributed map[string]string, limit int) map[string]string {
+	if limit <= 0 {
+		limit = DefaultMaxStatusCopies
+	}
+	if len(distributed) <= limit {
+		return distributed
+	}
+	first := make(map[string]string, limit)
+	for _, ns := range slices.Sorted(maps.Keys(distributed))[:limit] {
+		first[ns] = distributed[ns]
+	}
+	return first
+}
+
+// copiesIncomplete reports a status whose map of copies leaves some out
+// (status.distributed counts more). A status written before distributed
+// existed counts 0 and names every copy.
+func copiesIncomplete(status *v1alpha1.ResourceDistributionStatus) bool {
+	return int(status.Distributed) > len(status.DistributedResources)
+}
+
+// CopyNamespaces returns the namespaces the status names as holding a copy,
+// sorted, and whether that is all of them.
+func CopyNamespaces(status *v1alpha1.ResourceDistributionStatus) (namespaces []string, complete bool) {
+	return slices.Sorted(maps.Keys(status.DistributedResources)), !copiesIncomplete(status)
 }

@@ -147,3 +147,31 @@ func TestConflictingNamespacesBounded(t *testing.T) {
 			total, len(listed), listed[0].Name, listed[len(listed)-1].Name, v1alpha1.MaxConflictingNamespaces)
 	}
 }
+
+// TestStatusCopiesBounded: status.distributedResources names at most the
+// bound's first namespaces by name, status.distributed counts them all, and
+// a status that leaves some out says so (CopyNamespaces), so that admission
+// does not take it for the whole list.
+func TestStatusCopiesBounded(t *testing.T) {
+	all := map[string]string{}
+	for i := range 5000 {
+		all[fmt.Sprintf("team-%04d", i)] = "1"
+	}
+	for _, limit := range []int{0, 1, 100, 5000, 6000} {
+		first := firstCopies(all, limit)
+		want := limit
+		if limit <= 0 {
+			want = DefaultMaxStatusCopies
+		}
+		want = min(want, len(all))
+		status := v1alpha1.ResourceDistributionStatus{Distributed: int32(len(all)), DistributedResources: first}
+		names, complete := CopyNamespaces(&status)
+		if len(names) != want || names[0] != "team-0000" || names[len(names)-1] != fmt.Sprintf("team-%04d", want-1) || complete != (want == len(all)) {
+			t.Errorf("limit %d: %d named (%s..%s), complete=%v; want the first %d", limit, len(names), names[0], names[len(names)-1], complete, want)
+		}
+	}
+	// A status written before status.distributed existed names every copy.
+	if _, complete := CopyNamespaces(&v1alpha1.ResourceDistributionStatus{DistributedResources: map[string]string{"a": "1"}}); !complete {
+		t.Error("a status without distributed is complete")
+	}
+}

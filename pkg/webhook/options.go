@@ -66,6 +66,7 @@ type Options struct {
 	KubeAPIBurst                 int
 	DistributionWorkers          int
 	DistributionAuthorizationTTL time.Duration
+	DistributionStatusMaxCopies  int
 	// NodeAgentNamespace is protected from distributions like --namespace.
 	NodeAgentNamespace string
 }
@@ -87,6 +88,7 @@ func NewOptions() *Options {
 		Mode:                         ModeWebhook,
 		MutatingWebhookConfigName:    "resclass-webhook",
 		DistributionAuthorizationTTL: distribution.DefaultAuthorizationTTL,
+		DistributionStatusMaxCopies:  distribution.DefaultMaxStatusCopies,
 		Namespace:                    ns,
 		Port:                         9443,
 		CertDir:                      "/tmp/resclass-webhook/serving-certs",
@@ -165,6 +167,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Copies one ResourceDistribution reconcile writes at once (--mode=distribution-controller).")
 	fs.DurationVar(&o.DistributionAuthorizationTTL, "distribution-authorization-ttl", o.DistributionAuthorizationTTL,
 		"How long the ResourceDistribution controller reuses a SubjectAccessReview answer (may the author create/update/delete the copy in this namespace?): a revoked permission stops writes within this time. 0 asks before every write. At most 5m.")
+	fs.IntVar(&o.DistributionStatusMaxCopies, "distribution-status-max-copies", o.DistributionStatusMaxCopies,
+		fmt.Sprintf("How many namespaces holding a copy a ResourceDistribution's status.distributedResources names at most (status.distributed counts them all); beyond it, deleting or shrinking the distribution needs delete in every namespace it no longer targets. 1 to %d.", distribution.MaxStatusCopiesLimit))
 }
 
 // Validate reports flags that cannot work together.
@@ -175,6 +179,9 @@ func (o *Options) Validate() error {
 	}
 	if o.DistributionAuthorizationTTL < 0 || o.DistributionAuthorizationTTL > 5*time.Minute {
 		errs = append(errs, fmt.Sprintf("--distribution-authorization-ttl=%s: want 0 to 5m", o.DistributionAuthorizationTTL))
+	}
+	if o.DistributionStatusMaxCopies < 1 || o.DistributionStatusMaxCopies > distribution.MaxStatusCopiesLimit {
+		errs = append(errs, fmt.Sprintf("--distribution-status-max-copies=%d: want 1 to %d", o.DistributionStatusMaxCopies, distribution.MaxStatusCopiesLimit))
 	}
 	if o.Port <= 0 || o.Port > 65535 {
 		errs = append(errs, fmt.Sprintf("--webhook-port=%d: want 1-65535", o.Port))

@@ -3,9 +3,7 @@ package webhook
 import (
 	"context"
 	"fmt"
-	"maps"
 	"net/http"
-	"slices"
 	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
@@ -132,10 +130,20 @@ func (d *resourceDistributions) write(ctx context.Context, req admission.Request
 		return internalError(ctx, ResourceDistributionsPath, fmt.Errorf("listing namespaces: %w", err))
 	}
 	// The writes this request causes, by verb, in the namespaces known now.
+	// When the old status names only some copies, any namespace may hold
+	// one: every namespace the targets leave is one where a copy may go.
+	var copies map[string]string
+	allCopiesNamed := true
+	if old != nil {
+		copies = old.Status.DistributedResources
+		_, allCopiesNamed = distribution.CopyNamespaces(&old.Status)
+	}
 	writes := map[string][]string{}
 	for i := range nsList.Items {
 		ns := &nsList.Items[i]
-		now, before := targets.Matches(ns), old != nil && (oldTargets.Matches(ns) || hasCopy(old, ns.Name))
+		_, hasCopy := copies[ns.Name]
+		now := targets.Matches(ns)
+		before := old != nil && (oldTargets.Matches(ns) || hasCopy || (!allCopiesNamed && !now))
 		switch {
 		case now && !before:
 			writes[distribution.VerbCreate] = append(writes[distribution.VerbCreate], ns.Name)
@@ -145,7 +153,7 @@ func (d *resourceDistributions) write(ctx context.Context, req admission.Request
 			writes[distribution.VerbDelete] = append(writes[distribution.VerbDelete], ns.Name)
 		}
 	}
-	return d.authorize(ctx, req, res, writes)
+	return d.authorize(ctx, req, res, writes, allCopiesNamed)
 }
 
 // delete: a distribution's copies go with it (the garbage collector follows
@@ -158,13 +166,24 @@ func (d *resourceDistributions) delete(ctx context.Context, req admission.Reques
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the ResourceDistribution: %w", err))
 	}
 	res, errs := distribution.ParseResource(old.Spec.Resource, field.NewPath("spec", "resource"))
-	if len(errs) > 0 || len(old.Status.DistributedResources) == 0 {
+	copies, complete := distribution.CopyNamespaces(&old.Status)
+	if len(errs) > 0 || (complete && len(copies) == 0) {
 		// A spec that never parsed has no copies.
 		return admission.Allowed("")
 	}
-	return d.authorize(ctx, req, res, map[string][]string{
-		distribution.VerbDelete: slices.Sorted(maps.Keys(old.Status.DistributedResources)),
-	})
+	if !complete {
+		// The status names only some copies (a bounded map): any
+		// namespace may hold one of the others.
+		var nsList corev1.NamespaceList
+		if err := d.namespaces.List(ctx, &nsList, client.UnsafeDisableDeepCopy); err != nil {
+			return internalError(ctx, ResourceDistributionsPath, fmt.Errorf("listing namespaces: %w", err))
+		}
+		copies = copies[:0]
+		for i := range nsList.Items {
+			copies = append(copies, nsList.Items[i].Name)
+		}
+	}
+	return d.authorize(ctx, req, res, map[string][]string{distribution.VerbDelete: copies}, complete)
 }
 
 // authorize allows the request when the requester may make every create and
@@ -173,7 +192,10 @@ func (d *resourceDistributions) delete(ctx context.Context, req admission.Reques
 // copies the author may still write (refusing it would hold back, say, a
 // credential rotation everywhere because of one namespace), and the
 // controller leaves the others as they are and says so in the status.
-func (d *resourceDistributions) authorize(ctx context.Context, req admission.Request, res *distribution.Resource, writes map[string][]string) admission.Response {
+//
+// allCopiesNamed is false when the old status names only some of the copies:
+// the delete checks then cover every namespace that may hold one.
+func (d *resourceDistributions) authorize(ctx context.Context, req admission.Request, res *distribution.Resource, writes map[string][]string, allCopiesNamed bool) admission.Response {
 	user := distribution.AuthorOf(req.UserInfo)
 	var parts, warnings []string
 	for _, verb := range []string{distribution.VerbCreate, distribution.VerbUpdate, distribution.VerbDelete} {
@@ -187,6 +209,9 @@ func (d *resourceDistributions) authorize(ctx context.Context, req admission.Req
 		what := "target namespace(s)"
 		if verb == distribution.VerbDelete {
 			what = "namespace(s) holding a copy"
+			if !allCopiesNamed {
+				what = "namespace(s) that may hold a copy (the distribution's status names only some of its copies, so every namespace it no longer targets counts)"
+			}
 		}
 		part := fmt.Sprintf("%s %s in %d %s: %s", verb, res.APIResource(), len(denied), what, strings.Join(denied, ", "))
 		if verb == distribution.VerbUpdate {
@@ -201,11 +226,6 @@ func (d *resourceDistributions) authorize(ctx context.Context, req admission.Req
 	denials.WithLabelValues(ResourceDistributionsPath, reasonUnauthorized).Inc()
 	return admission.Denied(fmt.Sprintf("user %q may not %s; a ResourceDistribution may only write where its author could write the object itself",
 		req.UserInfo.Username, strings.Join(parts, "; may not ")))
-}
-
-func hasCopy(rd *v1alpha1.ResourceDistribution, ns string) bool {
-	_, ok := rd.Status.DistributedResources[ns]
-	return ok
 }
 
 // equalSpecs reports an update that leaves the spec alone (labels, status

@@ -217,6 +217,34 @@ func TestResourceDistributionsHandle(t *testing.T) {
 		code: http.StatusForbidden, contains: []string{`user "alice" may not delete secrets in 1 namespace(s) holding a copy: b`},
 		asked: []string{"delete ", "delete a", "delete b"},
 	}, {
+		// status.distributed counts 3 copies, the map names 1 (the
+		// controller's bound): any namespace may hold one of the others.
+		name: "deleting a distribution whose status names only some copies needs delete in every namespace", allowed: map[string]bool{"delete a": true, "delete b": true, "delete c": true},
+		req: func(t *testing.T) admission.Request {
+			old := withCopies(newDistribution(pullSecret, ml), "a")
+			old.Status.Distributed = 3
+			return distributionRequest(t, admissionv1.Delete, old, nil)
+		},
+		code: http.StatusForbidden, contains: []string{`may not delete secrets in 2 namespace(s) that may hold a copy`, `: d, resclass-system`},
+		asked: []string{"delete ", "delete a", "delete b", "delete c", "delete d", "delete resclass-system"},
+	}, {
+		name: "shrinking a distribution whose status names only some copies needs delete in every namespace no longer targeted", allowed: map[string]bool{"delete b": true, "delete c": true, "delete d": true},
+		req: func(t *testing.T) admission.Request {
+			old := withCopies(newDistribution(pullSecret, ml), "b")
+			old.Status.Distributed = 3
+			return distributionRequest(t, admissionv1.Update, newDistribution(pullSecret, a), old)
+		},
+		code: http.StatusForbidden, contains: []string{`may not delete secrets in 1 namespace(s) that may hold a copy`, `: resclass-system`},
+		asked: []string{"delete ", "delete b", "delete c", "delete d", "delete resclass-system"},
+	}, {
+		name: "a status that names every copy (distributed equal to the map's size) is taken at its word", allowed: map[string]bool{"delete a": true},
+		req: func(t *testing.T) admission.Request {
+			old := withCopies(newDistribution(pullSecret, ml), "a")
+			old.Status.Distributed = 1
+			return distributionRequest(t, admissionv1.Delete, old, nil)
+		},
+		asked: []string{"delete ", "delete a"},
+	}, {
 		name: "deleting a distribution without copies asks nothing", allowed: nil,
 		req: func(t *testing.T) admission.Request {
 			return distributionRequest(t, admissionv1.Delete, newDistribution(pullSecret, ml), nil)

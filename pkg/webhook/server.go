@@ -273,6 +273,9 @@ func runDistributionController(ctx context.Context, o *Options, cfg *rest.Config
 		Recorder:  mgr.GetEventRecorder("resclass-distribution"),
 		Workers:   o.DistributionWorkers,
 		Protected: o.protectedNamespaces(),
+		// The webhook needs no such flag: status.distributed says when
+		// the map is incomplete.
+		MaxStatusCopies: o.DistributionStatusMaxCopies,
 		Authorizer: &distribution.Authorizer{
 			SAR: clientset.AuthorizationV1().SubjectAccessReviews(),
 			TTL: o.DistributionAuthorizationTTL,
@@ -287,7 +290,7 @@ func runDistributionController(ctx context.Context, o *Options, cfg *rest.Config
 		return err
 	}
 	log.Info("starting the ResourceDistribution controller", "namespace", o.Namespace, "leaderElect", o.LeaderElect,
-		"workers", o.DistributionWorkers, "authorizationTTL", o.DistributionAuthorizationTTL)
+		"workers", o.DistributionWorkers, "authorizationTTL", o.DistributionAuthorizationTTL, "statusMaxCopies", o.DistributionStatusMaxCopies)
 	return mgr.Start(ctx)
 }
 

@@ -120,9 +120,20 @@ type ResourceDistributionStatus struct {
 	// +optional
 	Succeeded int32 `json:"succeeded,omitempty"`
 
-	// DistributedResources maps each namespace holding a copy to the copy's
-	// resourceVersion.
+	// Distributed is the number of namespaces holding a copy: the up-to-date
+	// ones and those the author may no longer update or delete.
 	// +optional
+	Distributed int32 `json:"distributed,omitempty"`
+
+	// DistributedResources maps each namespace holding a copy to the copy's
+	// resourceVersion: the first ones by name, as many as the controller's
+	// --distribution-status-max-copies (default 1000), so that the status
+	// stays far below etcd's request limit. When Distributed is larger, the
+	// map leaves some out and admission treats every namespace not targeted
+	// as one that may hold a copy (docs/distribution.md, "Where the copies
+	// are").
+	// +optional
+	// +kubebuilder:validation:MaxProperties=10000
 	DistributedResources map[string]string `json:"distributedResources,omitempty"`
 
 	// Conflicting is the number of target namespaces holding a same-named

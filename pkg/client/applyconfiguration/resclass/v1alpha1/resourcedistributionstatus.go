@@ -19,8 +19,16 @@ type ResourceDistributionStatusApplyConfiguration struct {
 	Desired *int32 `json:"desired,omitempty"`
 	// Succeeded is the number of target namespaces holding an up-to-date copy.
 	Succeeded *int32 `json:"succeeded,omitempty"`
+	// Distributed is the number of namespaces holding a copy: the up-to-date
+	// ones and those the author may no longer update or delete.
+	Distributed *int32 `json:"distributed,omitempty"`
 	// DistributedResources maps each namespace holding a copy to the copy's
-	// resourceVersion.
+	// resourceVersion: the first ones by name, as many as the controller's
+	// --distribution-status-max-copies (default 1000), so that the status
+	// stays far below etcd's request limit. When Distributed is larger, the
+	// map leaves some out and admission treats every namespace not targeted
+	// as one that may hold a copy (docs/distribution.md, "Where the copies
+	// are").
 	DistributedResources map[string]string `json:"distributedResources,omitempty"`
 	// Conflicting is the number of target namespaces holding a same-named
 	// object this distribution does not own; it is left untouched there.
@@ -77,6 +85,14 @@ func (b *ResourceDistributionStatusApplyConfiguration) WithDesired(value int32) 
 // If called multiple times, the Succeeded field is set to the value of the last call.
 func (b *ResourceDistributionStatusApplyConfiguration) WithSucceeded(value int32) *ResourceDistributionStatusApplyConfiguration {
 	b.Succeeded = &value
+	return b
+}
+
+// WithDistributed sets the Distributed field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Distributed field is set to the value of the last call.
+func (b *ResourceDistributionStatusApplyConfiguration) WithDistributed(value int32) *ResourceDistributionStatusApplyConfiguration {
+	b.Distributed = &value
 	return b
 }
 
