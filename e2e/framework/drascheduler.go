@@ -12,7 +12,7 @@ import (
 	deployscheduler "github.com/resclass/resclass/deploy/scheduler"
 )
 
-// DRASchedulerName is the profile of deploy/scheduler/dra-config.yaml: the
+// DRASchedulerName is the profile of deploy/scheduler/dra/config.yaml: the
 // stock kube-scheduler profile, with DRAExtendedResource on, confined to
 // DRA-mode nodes (docs/dra.md).
 const DRASchedulerName = "resclass-dra"
@@ -20,7 +20,7 @@ const DRASchedulerName = "resclass-dra"
 // StartDRAScheduler starts a second scheduler beside the resclass one: the
 // scheduler binary with --feature-gates=DRAExtendedResource=true (the
 // default of upstream kube-scheduler 1.36, which the binary turns off) and
-// deploy/scheduler/dra-config.yaml, whose one profile is upstream's default
+// deploy/scheduler/dra/config.yaml, whose one profile is upstream's default
 // plugins, unmodified, plus NodeAffinity's addedAffinity to DRA-mode nodes. It
 // runs as upstream kube-scheduler does, as the user system:kube-scheduler with
 // the apiserver's bootstrap role, so nothing of resclass's RBAC or admission
@@ -38,7 +38,7 @@ func (c *Cluster) StartDRAScheduler(ctx context.Context) error {
 	}
 	var cfg map[string]any
 	if err := yaml.Unmarshal(deployscheduler.DRAConfig, &cfg); err != nil {
-		return fmt.Errorf("deploy/scheduler/dra-config.yaml: %w", err)
+		return fmt.Errorf("deploy/scheduler/dra/config.yaml: %w", err)
 	}
 	// One replica; the client as scheduler_perf sets it, as for the resclass
 	// scheduler (SchedulerConfig).
