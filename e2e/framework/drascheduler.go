@@ -22,9 +22,11 @@ const DRASchedulerName = "resclass-dra"
 // default of upstream kube-scheduler 1.36, which the binary turns off) and
 // deploy/scheduler/dra/config.yaml, whose one profile is upstream's default
 // plugins, unmodified, plus NodeAffinity's addedAffinity to DRA-mode nodes. It
-// runs as upstream kube-scheduler does, as the user system:kube-scheduler with
-// the apiserver's bootstrap role, so nothing of resclass's RBAC or admission
-// policies applies to it. A second call does nothing.
+// runs as the ServiceAccount resclass-dra-scheduler with the RBAC
+// deploy/scheduler/dra/rbac.yaml grants (upstream's scheduler roles, nothing
+// of resclass.io), within the admission policies the resclass scheduler's
+// start applied, so every test that schedules through it also proves that
+// RBAC suffices. A second call does nothing.
 func (c *Cluster) StartDRAScheduler(ctx context.Context) error {
 	c.mu.Lock()
 	started := c.draSchedulerPort != 0
@@ -32,7 +34,13 @@ func (c *Cluster) StartDRAScheduler(ctx context.Context) error {
 	if started {
 		return nil
 	}
-	kubeconfig, err := c.componentKubeconfig("scheduler-dra", "system:kube-scheduler", nil)
+	if _, err := c.ApplyManifestData(ctx, "deploy/scheduler/dra/rbac.yaml", append([]byte(resclassNamespace+"\n---\n"), deployscheduler.DRARBAC...)); err != nil {
+		return err
+	}
+	// A client certificate with the ServiceAccount's user name and groups is
+	// what RBAC sees for its token.
+	kubeconfig, err := c.componentKubeconfig("scheduler-dra", "system:serviceaccount:resclass-system:resclass-dra-scheduler",
+		[]string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"})
 	if err != nil {
 		return err
 	}
