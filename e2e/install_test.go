@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -541,9 +542,11 @@ func TestDRASchedulerCannotDoMore(t *testing.T) {
 	ns := newNamespace(t, ctx, nil)
 
 	// RBAC and admission take a moment to see new bindings and policies:
-	// wait until the first allowed call is.
+	// wait until the first allowed call is. The pod names a scheduler that
+	// does not run, so that none binds it first (the resclass-dra one may run,
+	// started by the DRA tests).
 	pod, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "train"},
-		Spec: corev1.PodSpec{SchedulerName: "resclass-dra", Containers: []corev1.Container{{Name: "c", Image: "registry.example/train:1"}}}}, metav1.CreateOptions{})
+		Spec: corev1.PodSpec{SchedulerName: "e2e-nobody", Containers: []corev1.Container{{Name: "c", Image: "registry.example/train:1"}}}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -551,9 +554,14 @@ func TestDRASchedulerCannotDoMore(t *testing.T) {
 		return &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Annotations: annotations},
 			Target: corev1.ObjectReference{Kind: "Node", Name: "dra-node"}}
 	}
-	poll(t, ctx, time.Minute, "the DRA scheduler's binding allowed", func(ctx context.Context) (bool, error) {
-		return client.CoreV1().Pods(ns).Bind(ctx, binding(nil), dryRun) == nil, nil
+	var bindErr error
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		bindErr = client.CoreV1().Pods(ns).Bind(ctx, binding(nil), dryRun)
+		return bindErr == nil, nil
 	})
+	if err != nil {
+		t.Fatalf("the DRA scheduler binding a pod: %v", bindErr)
+	}
 	hand := forged("dra-node", "nvidia.high.mem", "gpu-0")
 	wantPolicyDenial(t, "a Binding with the hand-off", client.CoreV1().Pods(ns).Bind(ctx, binding(map[string]string{assignment.AnnotationKey: hand}), dryRun), assignment.AnnotationKey)
 
