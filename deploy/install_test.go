@@ -54,6 +54,8 @@ var (
 		// The scheduler's delegated authentication reads
 		// kube-system/extension-apiserver-authentication.
 		"RoleBinding/kube-system/resclass-scheduler-auth-reader": "kube-system",
+		// ... and so does the opt-in stock profile's (scheduler.dra).
+		"RoleBinding/kube-system/resclass-dra-scheduler-auth-reader": "kube-system",
 		// The node agent, alone in its privileged namespace (and out of
 		// the restricted one).
 		"ServiceAccount/" + agentNS + "/resclass-node-agent":   agentNS,
@@ -201,6 +203,9 @@ func TestHelmChart(t *testing.T) {
 			if strings.HasPrefix(o.GetName(), "resclass-distribution") {
 				t.Errorf("the ResourceDistribution controller is opt-in, but the defaults render %s", key(o))
 			}
+			if strings.HasPrefix(o.GetName(), "resclass-dra-scheduler") {
+				t.Errorf("the stock profile resclass-dra is opt-in, but the defaults render %s", key(o))
+			}
 		}
 	})
 
@@ -227,6 +232,39 @@ func TestHelmChart(t *testing.T) {
 			if v, m := mountOf(ds.Spec.Template.Spec, p); v == nil || v.HostPath == nil || m.ReadOnly || path.Join(v.HostPath.Path, strings.TrimPrefix(p, m.MountPath)) != p {
 				t.Errorf("DRA: %s is not the host's same path, writable: %+v", p, v)
 			}
+		}
+	})
+
+	t.Run("scheduler.dra.enabled is the kustomize base with the component deploy/scheduler/dra", func(t *testing.T) {
+		helmObjs := helmTemplate(t, map[string]any{"scheduler": map[string]any{"dra": map[string]any{"enabled": true}}})
+		set := check(t, helmObjs)
+		overlay := t.TempDir()
+		base, err := filepath.Rel(overlay, filepath.Join(root, install.Base))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n",
+			base, filepath.Join(base, "scheduler", "dra"))
+		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		kustomized, err := install.KustomizeDir(overlay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameObjects(t, kustomized, helmObjs)
+		checkDRAScheduler(t, check(t, kustomized))
+		checkDRAScheduler(t, set)
+
+		// The options, and the image it shares with the resclass scheduler.
+		set = check(t, helmTemplate(t, map[string]any{"image": map[string]any{"registry": "registry.example/team", "tag": "v9"},
+			"scheduler": map[string]any{"dra": map[string]any{"enabled": true, "replicas": 3, "extraArgs": []string{"--v=4"}}}}))
+		d := typed[appsv1.Deployment](t, set.get(t, "Deployment", ns, "resclass-dra-scheduler"))
+		if c := d.Spec.Template.Spec.Containers[0]; *d.Spec.Replicas != 3 || !slices.Contains(c.Args, "--v=4") || c.Image != "registry.example/team/resclass-scheduler:v9" {
+			t.Errorf("scheduler.dra replicas 3, --v=4, image v9: replicas %d, args %v, image %s", *d.Spec.Replicas, c.Args, c.Image)
+		}
+		if _, err := install.HelmTemplate(ctx, map[string]any{"scheduler": map[string]any{"dra": map[string]any{"enabled": true, "leaseName": "x"}}}); err == nil {
+			t.Errorf("scheduler.dra.leaseName, an unknown value, rendered")
 		}
 	})
 
@@ -419,8 +457,9 @@ func TestHelmChart(t *testing.T) {
 		set := check(t, helmTemplate(t, map[string]any{
 			"monitoring":   map[string]any{"podMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "kps"}}},
 			"distribution": map[string]any{"enabled": true},
+			"scheduler":    map[string]any{"dra": map[string]any{"enabled": true}},
 		}))
-		for component, kind := range map[string]string{"node-agent": "DaemonSet", "scheduler": "Deployment", "webhook": "Deployment", "distribution": "Deployment"} {
+		for component, kind := range map[string]string{"node-agent": "DaemonSet", "scheduler": "Deployment", "webhook": "Deployment", "distribution": "Deployment", "dra-scheduler": "Deployment"} {
 			pm := set.get(t, "PodMonitor", ns, "resclass-"+component)
 			if pm.GetLabels()["release"] != "kps" {
 				t.Errorf("PodMonitor %s: labels %v lack release=kps", component, pm.GetLabels())
@@ -471,8 +510,8 @@ func TestHelmChart(t *testing.T) {
 		if ep := endpoints[0].(map[string]any); ep["scheme"] != "http" || ep["authorization"] != nil {
 			t.Errorf("node agent with plain HTTP metrics: %v", ep)
 		}
-		if set.find("PodMonitor", ns, "resclass-distribution") != nil {
-			t.Error("a PodMonitor for the distribution controller, which is off")
+		if set.find("PodMonitor", ns, "resclass-distribution") != nil || set.find("PodMonitor", ns, "resclass-dra-scheduler") != nil {
+			t.Error("a PodMonitor for the distribution controller or the stock profile, which are off")
 		}
 	})
 
@@ -1181,6 +1220,82 @@ func checkScheduler(t *testing.T, set *objects) {
 	}
 }
 
+// checkDRAScheduler checks the stock profile's Deployment (scheduler.dra,
+// deploy/scheduler/dra): its --config is the one profile resclass-dra with
+// NodeAffinity confined to DRA-mode nodes, DRAExtendedResource is on, it
+// elects a leader on a Lease of its own that its Role names, and its
+// ServiceAccount is bound to upstream's scheduler roles and nothing of
+// resclass's.
+func checkDRAScheduler(t *testing.T, set *objects) {
+	t.Helper()
+	spec := podSpec(t, set, "Deployment", "resclass-dra-scheduler")
+	c := spec.Containers[0]
+	if gates, _ := arg(c.Args, "feature-gates"); gates != "DRAExtendedResource=true" {
+		t.Errorf("resclass-dra-scheduler: --feature-gates=%q, want DRAExtendedResource=true (the image turns it off)", gates)
+	}
+	if c.Image != podSpec(t, set, "Deployment", "resclass-scheduler").Containers[0].Image {
+		t.Errorf("resclass-dra-scheduler: image %s is not the resclass scheduler's", c.Image)
+	}
+	file, ok := arg(c.Args, "config")
+	if !ok {
+		t.Fatalf("resclass-dra-scheduler: no --config")
+	}
+	obj, _, err := schedulerscheme.Codecs.UniversalDecoder().Decode([]byte(configMapFile(t, set, spec, file)), nil, nil)
+	if err != nil {
+		t.Fatalf("resclass-dra-scheduler --config: %v", err)
+	}
+	cfg := obj.(*schedulerconfig.KubeSchedulerConfiguration)
+	if err := schedulervalidation.ValidateKubeSchedulerConfiguration(cfg); err != nil {
+		t.Errorf("resclass-dra-scheduler --config: %v", err)
+	}
+	if len(cfg.Profiles) != 1 || cfg.Profiles[0].SchedulerName != "resclass-dra" {
+		t.Fatalf("resclass-dra-scheduler: profiles %+v, want one, resclass-dra", cfg.Profiles)
+	}
+	var confined bool
+	for _, pc := range cfg.Profiles[0].PluginConfig {
+		if a, ok := pc.Args.(*schedulerconfig.NodeAffinityArgs); ok && a.AddedAffinity != nil && a.AddedAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+			terms := a.AddedAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+			confined = len(terms) == 1 && len(terms[0].MatchExpressions) == 1 &&
+				terms[0].MatchExpressions[0].Key == "node.resclass.io/device-mode" && slices.Equal(terms[0].MatchExpressions[0].Values, []string{"dra"})
+		}
+	}
+	if !confined {
+		t.Errorf("resclass-dra-scheduler: the profile is not confined to node.resclass.io/device-mode=dra: %+v", cfg.Profiles[0].PluginConfig)
+	}
+	// Upstream's default plugins as defaulting fills them in: none disabled,
+	// and not resclass's.
+	if p := cfg.Profiles[0].Plugins; p == nil || len(p.MultiPoint.Disabled) > 0 ||
+		slices.ContainsFunc(p.MultiPoint.Enabled, func(e schedulerconfig.Plugin) bool { return e.Name == resourceclasses.Name }) ||
+		!slices.ContainsFunc(p.MultiPoint.Enabled, func(e schedulerconfig.Plugin) bool { return e.Name == "DynamicResources" }) {
+		t.Errorf("resclass-dra-scheduler: plugins %+v, want upstream's defaults, DynamicResources among them", p)
+	}
+	le := cfg.LeaderElection
+	if !le.LeaderElect || le.ResourceNamespace != ns || le.ResourceName != "resclass-dra-scheduler" {
+		t.Errorf("resclass-dra-scheduler: leaderElection %+v, want the Lease %s/resclass-dra-scheduler", le, ns)
+	}
+	role := typed[rbacv1.Role](t, set.get(t, "Role", ns, "resclass-dra-scheduler-leases"))
+	for _, r := range role.Rules {
+		if !slices.Equal(r.Verbs, []string{"create"}) && !slices.Equal(r.ResourceNames, []string{le.ResourceName}) {
+			t.Errorf("resclass-dra-scheduler-leases: %v on Leases %v, want only its own Lease %s", r.Verbs, r.ResourceNames, le.ResourceName)
+		}
+	}
+	// Bound to the built-in scheduler roles, the auth reader and its Lease
+	// Role: no resclass ClusterRole.
+	var roles []string
+	for _, kind := range []string{"ClusterRoleBinding", "RoleBinding"} {
+		for _, o := range set.kind(kind) {
+			b := typed[rbacv1.ClusterRoleBinding](t, o)
+			if slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool { return s.Name == spec.ServiceAccountName && s.Namespace == ns }) {
+				roles = append(roles, b.RoleRef.Kind+"/"+b.RoleRef.Name)
+			}
+		}
+	}
+	slices.Sort(roles)
+	if want := []string{"ClusterRole/system:kube-scheduler", "ClusterRole/system:volume-scheduler", "Role/extension-apiserver-authentication-reader", "Role/resclass-dra-scheduler-leases"}; !slices.Equal(roles, want) {
+		t.Errorf("ServiceAccount %s is bound to %v, want %v", spec.ServiceAccountName, roles, want)
+	}
+}
+
 func checkWebhook(t *testing.T, set *objects) {
 	t.Helper()
 	spec := podSpec(t, set, "Deployment", "resclass-webhook")
@@ -1272,11 +1387,11 @@ func checkWebhook(t *testing.T, set *objects) {
 // helmLabels are the labels only the chart sets.
 var helmLabels = []string{"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"}
 
-var hashSuffix = regexp.MustCompile(`^(resclass-scheduler-config)-[a-z0-9]{10}$`)
+var hashSuffix = regexp.MustCompile(`^(resclass-scheduler-config|resclass-dra-scheduler-config)-[a-z0-9]{10}$`)
 
 // normalize removes what legitimately differs between the chart and the
 // kustomize base: Helm's labels, the content-hash suffix kustomize gives the
-// scheduler's ConfigMap (the chart rolls the pods by a checksum annotation
+// schedulers' ConfigMaps (the chart rolls the pods by a checksum annotation
 // instead), the formatting of configuration files in ConfigMaps, and blank
 // lines in multi-line strings: kustomize's YAML round trip re-folds a folded
 // scalar (>-) with more-indented lines so that it reads back with an extra

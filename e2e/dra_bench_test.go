@@ -37,7 +37,7 @@ import (
 //     with DRAExtendedResource off, docs/dra.md).
 //   - dra-extended: the DRA half, the pod spec of the baseline (the class as
 //     an extended resource) with the stock profile's schedulerName
-//     (deploy/scheduler/dra-config.yaml, DRAExtendedResource on): the
+//     (deploy/scheduler/dra/config.yaml, DRAExtendedResource on): the
 //     scheduler makes each pod's claim itself, in PreBind.
 //
 // Each run reports its breakdown (breakdown_test.go: CPU per pod per process,

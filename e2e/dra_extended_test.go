@@ -29,7 +29,7 @@ import (
 // scheduler serves which pods"):
 //
 //   - a DRA-mode node (real kubelet, agent on go-nvml's mock DGX A100), served
-//     by the stock profile of deploy/scheduler/dra-config.yaml (upstream
+//     by the stock profile of deploy/scheduler/dra/config.yaml (upstream
 //     plugins, DRAExtendedResource on): DynamicResources makes the pod's claim
 //     from the class's DeviceClass, the kubelet calls the agent's DRA plugin,
 //     and the runtime gets the claim's CDI devices;

@@ -7,14 +7,19 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -25,6 +30,9 @@ import (
 
 	deploydistribution "github.com/resclass/resclass/deploy/distribution"
 	"github.com/resclass/resclass/deploy/install"
+	deployscheduler "github.com/resclass/resclass/deploy/scheduler"
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/assignment"
 )
 
 // TestInstallManifestsAreAccepted: everything `kubectl apply -k deploy/` and
@@ -47,6 +55,7 @@ func TestInstallManifestsAreAccepted(t *testing.T) {
 			"nodeAgent": map[string]any{"enabled": false},
 		},
 		"helm with the ResourceDistribution controller": {"distribution": map[string]any{"enabled": true}},
+		"helm with the stock profile resclass-dra":      {"scheduler": map[string]any{"dra": map[string]any{"enabled": true}}},
 	} {
 		objs, err := install.HelmTemplate(ctx, values)
 		if err != nil {
@@ -402,6 +411,7 @@ func TestInstallPodSecurity(t *testing.T) {
 		"helm nodeAgent.privileged":         {"nodeAgent": map[string]any{"privileged": true}},
 		"helm cdi-cri, GPU operator driver": {"nodeAgent": map[string]any{"deviceListStrategy": "envvar,cdi-cri", "nvml": map[string]any{"driverRoot": "/run/nvidia/driver"}}},
 		"helm certManager":                  {"webhook": map[string]any{"certManagement": "certManager"}},
+		"helm scheduler.dra.enabled":        {"scheduler": map[string]any{"dra": map[string]any{"enabled": true}}},
 	} {
 		objs, err := install.HelmTemplate(ctx, values)
 		if err != nil {
@@ -492,4 +502,165 @@ func applyNamespaces(t *testing.T, objs []*unstructured.Unstructured) map[string
 		})
 	}
 	return levels
+}
+
+// TestDRASchedulerCannotDoMore: the ServiceAccount resclass-dra-scheduler, with
+// the RBAC the opt-in component deploy/scheduler/dra installs (Helm
+// scheduler.dra.enabled), impersonated against the real apiserver, can do
+// what the stock scheduler does for the form class.resclass.io/<class>: bind
+// a pod, write a ResourceClaim and its status (the allocation, the
+// reservation), create the claim of an extended-resource request, hold its own
+// Lease. It cannot write resclass.io objects, NodeDevices, DeviceClasses,
+// ResourceSlices, Secrets or the resclass scheduler's Leases, and the
+// resclass scheduler's admission policy still refuses it the hand-off
+// annotation, in a Binding and in a pod's status update alike. Writes are
+// server-side dry-runs: authorization and admission run, nothing is stored.
+// (TestDRAExtendedResourceForm runs that scheduler under this identity: the
+// grants suffice.)
+func TestDRASchedulerCannotDoMore(t *testing.T) {
+	ctx := context.Background()
+	if _, err := cluster.ApplyManifestData(ctx, "deploy/scheduler/dra/rbac.yaml", deployscheduler.DRARBAC); err != nil {
+		t.Fatal(err)
+	}
+	// The policies as installed (the harness applies them with the resclass
+	// scheduler; applying them again changes nothing).
+	if _, err := cluster.ApplyManifestData(ctx, "deploy/scheduler/assignment-policy.yaml", deployscheduler.AssignmentPolicy); err != nil {
+		t.Fatal(err)
+	}
+	cfg := impersonating("system:serviceaccount:"+install.Namespace+":resclass-dra-scheduler",
+		"system:serviceaccounts", "system:serviceaccounts:"+install.Namespace, "system:authenticated")
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	dryUpdate := metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}
+	ns := newNamespace(t, ctx, nil)
+
+	// RBAC and admission take a moment to see new bindings and policies:
+	// wait until the first allowed call is. The pod names a scheduler that
+	// does not run, so that none binds it first (the resclass-dra one may run,
+	// started by the DRA tests).
+	pod, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "train"},
+		Spec: corev1.PodSpec{SchedulerName: "e2e-nobody", Containers: []corev1.Container{{Name: "c", Image: "registry.example/train:1"}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	binding := func(annotations map[string]string) *corev1.Binding {
+		return &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Annotations: annotations},
+			Target: corev1.ObjectReference{Kind: "Node", Name: "dra-node"}}
+	}
+	var bindErr error
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		bindErr = client.CoreV1().Pods(ns).Bind(ctx, binding(nil), dryRun)
+		return bindErr == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the DRA scheduler binding a pod: %v", bindErr)
+	}
+	hand := forged("dra-node", "nvidia.high.mem", "gpu-0")
+	wantPolicyDenial(t, "a Binding with the hand-off", client.CoreV1().Pods(ns).Bind(ctx, binding(map[string]string{assignment.AnnotationKey: hand}), dryRun), assignment.AnnotationKey)
+
+	// Its pod status writes (Unschedulable conditions, nominations) are
+	// allowed; the same write carrying the hand-off is the policy's to refuse.
+	status := pod.DeepCopy()
+	status.Status.Conditions = append(status.Status.Conditions, corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable})
+	if _, err := client.CoreV1().Pods(ns).UpdateStatus(ctx, status, dryUpdate); err != nil {
+		t.Errorf("the DRA scheduler's pod status update: %v", err)
+	}
+	status.Annotations = map[string]string{assignment.AnnotationKey: hand}
+	_, err = client.CoreV1().Pods(ns).UpdateStatus(ctx, status, dryUpdate)
+	wantPolicyDenial(t, "a pod status update with the hand-off", err, assignment.AnnotationKey)
+	if err := annotate(ctx, client, ns, pod.Name, map[string]any{assignment.AnnotationKey: hand}); !apierrors.IsForbidden(err) {
+		t.Errorf("the DRA scheduler patching a pod's annotations: %v, want Forbidden", err)
+	}
+
+	// ResourceClaims: the claim of an extended-resource request created, a
+	// claim's finalizer and its status (allocation and reservation) written.
+	claim, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "train-extended-resources"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "container-0-request-0", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nvidia.high.mem"},
+		}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := claim.DeepCopy()
+	fresh.ObjectMeta = metav1.ObjectMeta{GenerateName: "train-extended-resources-"}
+	if _, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, fresh, dryRun); err != nil {
+		t.Errorf("the DRA scheduler creating a ResourceClaim: %v", err)
+	}
+	claim.Finalizers = append(claim.Finalizers, "resource.kubernetes.io/delete-protection")
+	if _, err := client.ResourceV1().ResourceClaims(ns).Update(ctx, claim, dryUpdate); err != nil {
+		t.Errorf("the DRA scheduler adding a ResourceClaim's finalizer: %v", err)
+	}
+	claim.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
+		Request: "container-0-request-0", Driver: "resclass.io", Pool: "dra-node", Device: "gpu-0",
+	}}}}
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
+	if _, err := client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, claim, dryUpdate); err != nil {
+		t.Errorf("the DRA scheduler writing a ResourceClaim's allocation: %v", err)
+	}
+
+	// Its own Lease: create, and get (NotFound, not Forbidden, when absent).
+	own := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "resclass-dra-scheduler"}}
+	if _, err := client.CoordinationV1().Leases(install.Namespace).Create(ctx, own, dryRun); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Errorf("the DRA scheduler creating its Lease: %v", err)
+	}
+	if _, err := client.CoordinationV1().Leases(install.Namespace).Get(ctx, own.Name, metav1.GetOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("the DRA scheduler reading its Lease: %v", err)
+	}
+
+	// ... and no more.
+	forbidden := func(what string, err error) {
+		t.Helper()
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("the DRA scheduler %s: %v, want Forbidden", what, err)
+		}
+	}
+	for _, lease := range []string{"resclass-scheduler", "resclass-class-status"} {
+		_, err := client.CoordinationV1().Leases(install.Namespace).Get(ctx, lease, metav1.GetOptions{})
+		forbidden("reading the Lease "+lease, err)
+		_, err = client.CoordinationV1().Leases(install.Namespace).Update(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: lease}}, dryUpdate)
+		forbidden("updating the Lease "+lease, err)
+		forbidden("deleting the Lease "+lease, client.CoordinationV1().Leases(install.Namespace).Delete(ctx, lease, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}))
+	}
+	resclass := func(resource string) dynamic.NamespaceableResourceInterface {
+		return dyn.Resource(v1alpha1.SchemeGroupVersion.WithResource(resource))
+	}
+	object := func(kind, name string) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": v1alpha1.SchemeGroupVersion.String(), "kind": kind, "metadata": map[string]any{"name": name}}}
+	}
+	_, err = resclass("resourceclasses").Create(ctx, object("ResourceClass", "e2e-dra-identity"), dryRun)
+	forbidden("creating a ResourceClass", err)
+	_, err = resclass("resourceclasses").UpdateStatus(ctx, object("ResourceClass", "e2e-dra-identity"), dryUpdate)
+	forbidden("updating a ResourceClass's status", err)
+	_, err = resclass("resourceclasses").List(ctx, metav1.ListOptions{})
+	forbidden("listing ResourceClasses", err)
+	_, err = resclass("nodedevices").Create(ctx, object("NodeDevices", "dra-node"), dryRun)
+	forbidden("creating NodeDevices", err)
+	_, err = resclass("nodedevices").Patch(ctx, "dra-node", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+	forbidden("patching NodeDevices", err)
+	_, err = resclass("resourcedistributions").Namespace(ns).Create(ctx, object("ResourceDistribution", "e2e-dra-identity"), dryRun)
+	forbidden("creating a ResourceDistribution", err)
+	_, err = client.ResourceV1().DeviceClasses().Create(ctx, &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "e2e-dra-identity"}}, dryRun)
+	forbidden("creating a DeviceClass", err)
+	forbidden("deleting a DeviceClass", client.ResourceV1().DeviceClasses().Delete(ctx, "nvidia.high.mem", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}))
+	_, err = client.ResourceV1().ResourceSlices().Create(ctx, &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "e2e-dra-identity"},
+		Spec: resourceapi.ResourceSliceSpec{Driver: "resclass.io", NodeName: ptr.To("dra-node"), Pool: resourceapi.ResourcePool{Name: "dra-node", ResourceSliceCount: 1}}}, dryRun)
+	forbidden("creating a ResourceSlice", err)
+	_, err = client.CoreV1().Secrets(install.Namespace).Get(ctx, "resclass-webhook-tls", metav1.GetOptions{})
+	forbidden("reading the webhook's Secret", err)
+	_, err = client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	forbidden("listing Secrets", err)
+	_, err = client.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "e2e-dra-identity"}}, dryRun)
+	forbidden("creating a Secret", err)
+	_, err = client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-dra-identity"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}}}, dryRun)
+	forbidden("creating a pod", err)
 }

@@ -23,8 +23,14 @@ var RBAC []byte
 //go:embed assignment-policy.yaml
 var AssignmentPolicy []byte
 
-// DRAConfig is dra-config.yaml: the stock kube-scheduler profile that serves
+// DRAConfig is dra/config.yaml: the stock kube-scheduler profile that serves
 // class requests in the extended-resource form on DRA-mode nodes only.
 //
-//go:embed dra-config.yaml
+//go:embed dra/config.yaml
 var DRAConfig []byte
+
+// DRARBAC is dra/rbac.yaml: the ServiceAccount of that profile's scheduler
+// and its roles.
+//
+//go:embed dra/rbac.yaml
+var DRARBAC []byte

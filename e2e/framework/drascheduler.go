@@ -12,7 +12,7 @@ import (
 	deployscheduler "github.com/resclass/resclass/deploy/scheduler"
 )
 
-// DRASchedulerName is the profile of deploy/scheduler/dra-config.yaml: the
+// DRASchedulerName is the profile of deploy/scheduler/dra/config.yaml: the
 // stock kube-scheduler profile, with DRAExtendedResource on, confined to
 // DRA-mode nodes (docs/dra.md).
 const DRASchedulerName = "resclass-dra"
@@ -20,11 +20,13 @@ const DRASchedulerName = "resclass-dra"
 // StartDRAScheduler starts a second scheduler beside the resclass one: the
 // scheduler binary with --feature-gates=DRAExtendedResource=true (the
 // default of upstream kube-scheduler 1.36, which the binary turns off) and
-// deploy/scheduler/dra-config.yaml, whose one profile is upstream's default
+// deploy/scheduler/dra/config.yaml, whose one profile is upstream's default
 // plugins, unmodified, plus NodeAffinity's addedAffinity to DRA-mode nodes. It
-// runs as upstream kube-scheduler does, as the user system:kube-scheduler with
-// the apiserver's bootstrap role, so nothing of resclass's RBAC or admission
-// policies applies to it. A second call does nothing.
+// runs as the ServiceAccount resclass-dra-scheduler with the RBAC
+// deploy/scheduler/dra/rbac.yaml grants (upstream's scheduler roles, nothing
+// of resclass.io), within the admission policies the resclass scheduler's
+// start applied, so every test that schedules through it also proves that
+// RBAC suffices. A second call does nothing.
 func (c *Cluster) StartDRAScheduler(ctx context.Context) error {
 	c.mu.Lock()
 	started := c.draSchedulerPort != 0
@@ -32,13 +34,19 @@ func (c *Cluster) StartDRAScheduler(ctx context.Context) error {
 	if started {
 		return nil
 	}
-	kubeconfig, err := c.componentKubeconfig("scheduler-dra", "system:kube-scheduler", nil)
+	if _, err := c.ApplyManifestData(ctx, "deploy/scheduler/dra/rbac.yaml", append([]byte(resclassNamespace+"\n---\n"), deployscheduler.DRARBAC...)); err != nil {
+		return err
+	}
+	// A client certificate with the ServiceAccount's user name and groups is
+	// what RBAC sees for its token.
+	kubeconfig, err := c.componentKubeconfig("scheduler-dra", "system:serviceaccount:resclass-system:resclass-dra-scheduler",
+		[]string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"})
 	if err != nil {
 		return err
 	}
 	var cfg map[string]any
 	if err := yaml.Unmarshal(deployscheduler.DRAConfig, &cfg); err != nil {
-		return fmt.Errorf("deploy/scheduler/dra-config.yaml: %w", err)
+		return fmt.Errorf("deploy/scheduler/dra/config.yaml: %w", err)
 	}
 	// One replica; the client as scheduler_perf sets it, as for the resclass
 	// scheduler (SchedulerConfig).

@@ -47,3 +47,29 @@ profiles:
               - {name: cpu, weight: 1}
               - {name: memory, weight: 1}
 {{- end }}
+
+{{/*
+The stock profile resclass-dra (deploy/scheduler/dra/config.yaml): upstream's
+default plugins, NodeAffinity confined to DRA-mode nodes. The checksum of it
+rolls the pods.
+*/}}
+{{- define "resclass.draSchedulerConfig" -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: true
+  resourceNamespace: {{ .Release.Namespace }}
+  resourceName: resclass-dra-scheduler
+profiles:
+- schedulerName: resclass-dra
+  pluginConfig:
+  - name: NodeAffinity
+    args:
+      addedAffinity:
+        requiredDuringSchedulingIgnoredDuringExecution:
+          nodeSelectorTerms:
+          - matchExpressions:
+            - key: node.resclass.io/device-mode
+              operator: In
+              values: [dra]
+{{- end }}
