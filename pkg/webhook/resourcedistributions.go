@@ -213,7 +213,7 @@ func (d *resourceDistributions) authorize(ctx context.Context, req admission.Req
 				what = "namespace(s) that may hold a copy (the distribution's status names only some of its copies, so every namespace it no longer targets counts)"
 			}
 		}
-		part := fmt.Sprintf("%s %s in %d %s: %s", verb, res.APIResource(), len(denied), what, strings.Join(denied, ", "))
+		part := fmt.Sprintf("%s %s in %d %s: %s", verb, res.APIResource(), len(denied), what, someNames(denied))
 		if verb == distribution.VerbUpdate {
 			warnings = append(warnings, fmt.Sprintf("user %q may not %s; the copies there keep their content (see the status)", req.UserInfo.Username, part))
 			continue
@@ -273,4 +273,17 @@ func (resourceDistributionAuthor) Handle(_ context.Context, req admission.Reques
 	default:
 		return admission.Patched("", jsonpatch.NewOperation("add", path, want))
 	}
+}
+
+// maxNamedInDenial bounds the namespaces a denial or warning names: a
+// distribution may target thousands, and the message goes back to the user,
+// into the apiserver's audit log and into kubectl's output.
+const maxNamedInDenial = 20
+
+// someNames names the first maxNamedInDenial of names and counts the rest.
+func someNames(names []string) string {
+	if len(names) <= maxNamedInDenial {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:maxNamedInDenial], ", "), len(names)-maxNamedInDenial)
 }

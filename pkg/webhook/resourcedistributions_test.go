@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -387,5 +388,21 @@ func TestResourceDistributionAuthor(t *testing.T) {
 	resp := resourceDistributionAuthor{}.Handle(context.Background(), distributionRequest(t, admissionv1.Create, rd, nil))
 	if len(resp.Patches) != 1 || resp.Patches[0].Path != "/metadata/annotations" {
 		t.Errorf("patches %+v, want one adding /metadata/annotations", resp.Patches)
+	}
+}
+
+// TestDenialNamesSomeNamespaces: a denial about thousands of namespaces names
+// the first maxNamedInDenial and counts the rest.
+func TestDenialNamesSomeNamespaces(t *testing.T) {
+	var names []string
+	for i := range 5000 {
+		names = append(names, fmt.Sprintf("ns-%04d", i))
+	}
+	got := someNames(names)
+	if want := fmt.Sprintf("ns-0000, ns-0001, ns-0002, ns-0003, ns-0004, ns-0005, ns-0006, ns-0007, ns-0008, ns-0009, ns-0010, ns-0011, ns-0012, ns-0013, ns-0014, ns-0015, ns-0016, ns-0017, ns-0018, ns-0019 and %d more", 5000-maxNamedInDenial); got != want {
+		t.Errorf("someNames of 5000 = %q, want %q", got, want)
+	}
+	if got := someNames(names[:3]); got != "ns-0000, ns-0001, ns-0002" {
+		t.Errorf("someNames of 3 = %q", got)
 	}
 }
