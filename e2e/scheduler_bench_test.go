@@ -100,7 +100,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	measureIdle := func(count int) float64 {
 		time.Sleep(5 * time.Second) // the nodes' first heartbeats and NodeDevices
 		idle := 1.3*idleBreakdown(b, ctx, 10*time.Second) + 0.05
-		b.Logf("%d nodes: the cluster idles at %.2f cores or less", count, idle)
+		benchLog(b, "%d nodes: the cluster idles at %.2f cores or less", count, idle)
 		return idle
 	}
 	// The first pods a fresh cluster schedules cost more than the later ones
@@ -170,7 +170,7 @@ func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface,
 	measure := func(s benchSide, round int) {
 		r := scheduleRun(b, ctx, client, idle, pods, pool, s)
 		runs[s.name] = append(runs[s.name], r)
-		b.Logf("round %d %s: %.1f pods/s; speed probe %v before, %v after; other work %.2f cores; CPU ms per pod: %s",
+		benchLog(b, "round %d %s: %.1f pods/s; speed probe %v before, %v after; other work %.2f cores; CPU ms per pod: %s",
 			round, s.name, r.podsPerSecond, r.probe[0].Round(10*time.Microsecond), r.probe[1].Round(10*time.Microsecond),
 			r.figures.outside, fmtMap(r.figures.cpuMS, "%.2f"))
 	}
@@ -198,7 +198,7 @@ func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface,
 		}
 	}
 	for r := range rounds {
-		b.Logf("round %d: baselines %.1f and %.1f pods/s around it, %.0f%% apart; speed probe %v and %v", r,
+		benchLog(b, "round %d: baselines %.1f and %.1f pods/s around it, %.0f%% apart; speed probe %v and %v", r,
 			in.Baselines[r], in.Baselines[r+1], 100*in.Spread(r),
 			runs[baseline.name][r].probe[0].Round(10*time.Microsecond), runs[baseline.name][r+1].probe[1].Round(10*time.Microsecond))
 	}
@@ -236,11 +236,11 @@ func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface,
 			b.ReportMetric(framework.Median(pps), "pods/s")
 			if ratios != nil {
 				b.ReportMetric(framework.Median(ratios), "ratio")
-				b.Logf("ratio by round (valid rounds %v): %s; pods/s %s", valid, fmtFloats(ratios, "%.3f"), fmtFloats(pps, "%.1f"))
+				b.Logf("ratio by valid round %v: %s; pods/s %s; the breakdown below is the median run's, round %d's",
+					valid, fmtFloats(ratios, "%.3f"), fmtFloats(pps, "%.1f"), valid[median])
 			} else {
-				b.Logf("pods/s by run: %s", fmtFloats(pps, "%.1f"))
+				b.Logf("pods/s by run: %s; the breakdown below is the median run's, B%d (the baseline before round %[2]d)", fmtFloats(pps, "%.1f"), median)
 			}
-			b.Logf("the median run's breakdown:")
 			chosen[median].figures.report(b)
 		})
 	}
@@ -279,6 +279,14 @@ func scheduleRun(b *testing.B, ctx context.Context, client kubernetes.Interface,
 	stayedPending(b, ctx, ns.Name)
 	deleteNamespaceAndWait(b, ctx, ns.Name)
 	return r
+}
+
+// benchLog prints a line of a long benchmark's progress at once, as "log:
+// NAME: ...", which hack/bench.sh passes through. The testing package prints
+// a benchmark's own log only when it ends, cut to 10 lines, and a parent
+// benchmark's not at all unless it fails (or with -test.v).
+func benchLog(b *testing.B, format string, args ...any) {
+	fmt.Printf("log: %s: %s\n", strings.TrimPrefix(b.Name(), "Benchmark"), fmt.Sprintf(format, args...))
 }
 
 // fmtFloats prints values in order.
@@ -349,7 +357,7 @@ func idleBreakdown(b *testing.B, ctx context.Context, window time.Duration) floa
 			}
 		}
 	}
-	b.Logf("idle: %.2f cores (%s); apiserver requests/s: %s", total, fmtMap(cores, "%.3f"), fmtMap(requests, "%.1f"))
+	benchLog(b, "idle: %.2f cores (%s); apiserver requests/s: %s", total, fmtMap(cores, "%.3f"), fmtMap(requests, "%.1f"))
 	return total
 }
 
@@ -371,7 +379,7 @@ const (
 func disturbed(b *testing.B, format string, args ...any) {
 	b.Helper()
 	if os.Getenv("RESCLASS_BENCH_ALLOW_DISTURBED") == "1" {
-		b.Logf("disturbed (RESCLASS_BENCH_ALLOW_DISTURBED=1: reported anyway): "+format, args...)
+		benchLog(b, "disturbed (RESCLASS_BENCH_ALLOW_DISTURBED=1: reported anyway): "+format, args...)
 		return
 	}
 	b.Fatalf("disturbed: "+format, args...)
@@ -420,7 +428,7 @@ func profileRun(b *testing.B, ctx context.Context, dir string, wg *sync.WaitGrou
 				err = os.WriteFile(fmt.Sprintf("%s/%s-%s.pprof", dir, name, component), data, 0o644)
 			}
 			if err != nil {
-				b.Logf("%s profile: %v", component, err)
+				benchLog(b, "%s profile: %v", component, err)
 			}
 		})
 	}
@@ -509,7 +517,7 @@ func settle(b *testing.B, idle float64) {
 		}
 	}
 	if quiet < 2 {
-		b.Logf("the cluster did not settle: %.2f cores busy, %.2f expected when idle", busy, idle)
+		benchLog(b, "the cluster did not settle: %.2f cores busy, %.2f expected when idle", busy, idle)
 	}
 }
 
