@@ -281,10 +281,10 @@ func scheduleRun(b *testing.B, ctx context.Context, client kubernetes.Interface,
 	return r
 }
 
-// benchLog prints a line of a long benchmark's progress at once, as "log:
-// NAME: ...", which hack/bench.sh passes through. The testing package prints
-// a benchmark's own log only when it ends, cut to 10 lines, and a parent
-// benchmark's not at all unless it fails (or with -test.v).
+// benchLog prints a line of a long benchmark's log to stdout, as "log: NAME:
+// ...", which hack/bench.sh passes through. The testing package prints a
+// benchmark's own log cut to 10 lines, and a parent benchmark's not at all
+// unless it fails (or with -test.v).
 func benchLog(b *testing.B, format string, args ...any) {
 	fmt.Printf("log: %s: %s\n", strings.TrimPrefix(b.Name(), "Benchmark"), fmt.Sprintf(format, args...))
 }

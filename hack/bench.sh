@@ -42,7 +42,7 @@ trap 'rm -f "$raw"' EXIT
 # shellcheck disable=SC2086
 # Failures, and what benchmarks log (a breakdown, why a run was refused), go to
 # stderr: the lines that start with FAIL, panic or ---, and the indented lines
-# that follow them, and the lines a long benchmark prints as it goes ("log: ...",
+# that follow them, and the lines a long benchmark prints itself ("log: ...",
 # benchLog in e2e/scheduler_bench_test.go).
 go test -run='^$' -bench="$pattern" -benchmem -count=1 -timeout=60m $pkgs | tee "$raw" |
   awk '/^log: / { print; fflush(); next } /^(FAIL|panic|---)/ { p = 1; print; next } /^[ \t]/ { if (p) print; next } { p = 0 }' >&2 || true
