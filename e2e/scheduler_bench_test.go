@@ -203,14 +203,19 @@ func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface,
 			runs[baseline.name][r].probe[0].Round(10*time.Microsecond), runs[baseline.name][r+1].probe[1].Round(10*time.Microsecond))
 	}
 	valid := in.ValidRounds(maxBaselineSpread)
+	// Every reason at once: a refused run is read for why.
+	var reasons []string
 	if outside > maxOutsideCores {
-		disturbed(b, "other work used up to %.2f cores of the machine during a run (at most %.2f for a figure worth reporting)", outside, maxOutsideCores)
+		reasons = append(reasons, fmt.Sprintf("other work used up to %.2f cores of the machine during a run (at most %.2f for a figure worth reporting)", outside, maxOutsideCores))
 	}
 	if bad := rounds - len(valid); bad > 1 {
-		disturbed(b, "in %d of %d rounds the baselines around the round were more than %.0f%% apart: the machine's speed drifted within a run's neighbourhood", bad, rounds, 100*maxBaselineSpread)
+		reasons = append(reasons, fmt.Sprintf("in %d of %d rounds the baselines around the round were more than %.0f%% apart: the machine's speed drifted within a run's neighbourhood", bad, rounds, 100*maxBaselineSpread))
 	}
 	if len(valid) < minValidRounds {
-		disturbed(b, "%d valid rounds, at least %d for a figure worth reporting (RESCLASS_BENCH_ROUNDS)", len(valid), minValidRounds)
+		reasons = append(reasons, fmt.Sprintf("%d valid rounds, at least %d for a figure worth reporting (RESCLASS_BENCH_ROUNDS)", len(valid), minValidRounds))
+	}
+	if len(reasons) > 0 {
+		disturbed(b, "%s", strings.Join(reasons, "; "))
 	}
 	if len(valid) == 0 { // reported anyway (RESCLASS_BENCH_ALLOW_DISTURBED=1): every round
 		for r := range rounds {
