@@ -437,7 +437,7 @@ func reportConvergence(b *testing.B, times []time.Duration, objects int) {
 	sorted := slices.Sorted(slices.Values(times))
 	spread := sorted[len(sorted)-1].Seconds() / sorted[0].Seconds()
 	if spread > maxConvergenceSpread {
-		b.Fatalf("the machine was not quiet: %d convergences took from %.3f to %.3f s (median %.3f, spread %.2f, at most %.2f allowed): not reporting; run it again on a quiet machine (flock -x /tmp/quiet.lock, docs/development.md)",
+		b.Fatalf("the machine was not quiet: %d convergences took from %.3f to %.3f s (median %.3f, spread %.2f, at most %.2f allowed): not reporting; run it again on a quiet machine (flock -x /tmp/heavy.lock, docs/development.md)",
 			len(sorted), sorted[0].Seconds(), sorted[len(sorted)-1].Seconds(), sorted[len(sorted)/2].Seconds(), spread, maxConvergenceSpread)
 	}
 	seconds := sorted[len(sorted)/2].Seconds()

@@ -3,8 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"math"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
 
@@ -37,29 +38,36 @@ import (
 //     the patch and kube-scheduler's nominatedNodeName status patch.
 //   - class-topology: the same, with strategy Topology (Reserve runs the
 //     topology search once per pod).
-//   - repeat-baseline-extended-resource: the baseline again, after the
-//     others: its ratio is the baseline's own spread in this run.
 //   - 5000-nodes/baseline-extended-resource and 5000-nodes/class: the
 //     baseline and class runs once 4000 more nodes joined the pool
 //     (scheduler_perf's 5000 nodes), unless RESCLASS_BENCH_NODES_5000=0;
 //     RESCLASS_BENCH_NODES_5000=only runs these alone.
 //
+// The machine's speed drifts by tens of percent over minutes (docs/scheduler.md,
+// "Interleaved rounds"), so the runs interleave: rounds of a baseline run
+// followed by one run of each class side, then a last baseline
+// (interleaved), RESCLASS_BENCH_ROUNDS rounds (default 3). A side's ratio
+// in a round is its pods/s over the mean of the two baselines right before
+// and after the round; the side reports the median of its rounds' ratios
+// (unit "ratio"), its median pods/s and the breakdown of its median run
+// (breakdown_test.go, docs/scheduler.md "Where the time goes").
+//
 // The pods stay Pending once bound (framework.SimulatedPendingLabel), as in
 // scheduler_perf, and 500 pods of each kind are scheduled before the first
 // run (warmUpPods). Each run creates the pods (16 writers) and measures from
-// the first create to the last pod bound; ns/op means nothing here and is suppressed. The ratio is
-// class pods/s over baseline pods/s. Each run also reports where its CPU went,
-// per bound pod (breakdown_test.go, docs/scheduler.md "Where the time goes").
+// the first create to the last pod bound; ns/op means nothing here and is
+// suppressed.
 //
 // The benchmark refuses to report a disturbed run (docs/scheduler.md): one
 // during which processes other than the cluster's and the benchmark's used more
-// than maxOutsideCores, or whose repeated baseline differs from the first by
-// more than maxBaselineSpread.
+// than maxOutsideCores, or in which more than one round's bracketing baselines
+// are more than maxBaselineSpread apart, or fewer than minValidRounds rounds
+// are left.
 func BenchmarkSchedulingThroughput(b *testing.B) {
 	const (
 		nodes = 1000
 		more  = 4000 // the 5000-node variant's
-		pods  = 2000
+		pods  = 1000 // per run: 13 runs at 3 rounds fit in about 10 minutes
 		class = "bench-gpu"
 		plain = corev1.ResourceName("example.com/gpu")
 		pool  = "bench-throughput"
@@ -78,13 +86,21 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	}
 	addNodes("bench-dgx", nodes)
 	schedClass(b, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"), req("memory", v1alpha1.ResourceSelectorOpGtEq, "30G"))
+	classResource := corev1.ResourceName(v1alpha1.ResourceNamePrefix + class)
+	rounds := 3
+	if v := os.Getenv("RESCLASS_BENCH_ROUNDS"); v != "" {
+		var err error
+		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
+			b.Fatalf("RESCLASS_BENCH_ROUNDS=%q: want a number of rounds, 1 or more", v)
+		}
+	}
 	client := fastClient(b)
 	// What the cluster uses with nothing to schedule (kwok's heartbeats for
 	// the nodes, the controllers): each run starts once it is back there.
 	measureIdle := func(count int) float64 {
 		time.Sleep(5 * time.Second) // the nodes' first heartbeats and NodeDevices
 		idle := 1.3*idleBreakdown(b, ctx, 10*time.Second) + 0.05
-		b.Logf("%d nodes: the cluster idles at %.2f cores or less", count, idle)
+		benchLog(b, "%d nodes: the cluster idles at %.2f cores or less", count, idle)
 		return idle
 	}
 	// The first pods a fresh cluster schedules cost more than the later ones
@@ -104,57 +120,18 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 		deleteNamespaceAndWait(b, ctx, ns.Name)
 	}
 	warmUp(plain)
-	warmUp(corev1.ResourceName(v1alpha1.ResourceNamePrefix + class))
+	warmUp(classResource)
 	idle := measureIdle(nodes)
 
-	baselines := map[string]float64{}
-	run := func(b *testing.B, schedulerName string, resourceName corev1.ResourceName) {
-		var (
-			podsPerSecond float64
-			figures       runFigures
-		)
-		for b.Loop() {
-			b.StopTimer()
-			settle(b, idle)
-			b.StartTimer()
-			ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-"}}, metav1.CreateOptions{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			batch := make([]*corev1.Pod, pods)
-			for i := range batch {
-				batch[i] = benchPod(ns.Name, i, schedulerName, resourceName, pool)
-			}
-			elapsed, f := scheduleAllMeasured(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
-			podsPerSecond = pods / elapsed.Seconds()
-			figures = f
-			stayedPending(b, ctx, ns.Name)
-			deleteNamespaceAndWait(b, ctx, ns.Name)
-		}
-		b.ReportMetric(0, "ns/op")
-		b.ReportMetric(podsPerSecond, "pods/s")
-		figures.report(b)
-		if figures.outside > maxOutsideCores {
-			disturbed(b, "other work used %.2f cores of the machine during the run (at most %.2f for a figure worth reporting)", figures.outside, maxOutsideCores)
-		}
-		if strings.Contains(b.Name(), "baseline-") {
-			baselines[b.Name()] = podsPerSecond
-		}
+	sides := []benchSide{
+		{name: "class", scheduler: resclassScheduler, resource: classResource},
+		{name: "class-prebind", scheduler: framework.PreBindSchedulerName, resource: classResource},
+		{name: "class-topology", scheduler: framework.TopologySchedulerName, resource: classResource},
 	}
+	baseline := benchSide{name: "baseline-extended-resource", scheduler: resclassScheduler, resource: plain}
 	scale := os.Getenv("RESCLASS_BENCH_NODES_5000")
 	if scale != "only" {
-		b.Run("baseline-extended-resource", func(b *testing.B) { run(b, resclassScheduler, plain) })
-		b.Run("class", func(b *testing.B) { run(b, resclassScheduler, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)) })
-		b.Run("class-prebind", func(b *testing.B) {
-			run(b, framework.PreBindSchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
-		})
-		b.Run("class-topology", func(b *testing.B) {
-			run(b, framework.TopologySchedulerName, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class))
-		})
-		b.Run("repeat-baseline-extended-resource", func(b *testing.B) {
-			run(b, resclassScheduler, plain)
-			refuseSpread(b, baselines, b.Name())
-		})
+		interleaved(b, ctx, client, idle, rounds, pods, pool, baseline, sides)
 	}
 	if scale == "0" {
 		return
@@ -162,13 +139,168 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	b.Run("5000-nodes", func(b *testing.B) {
 		addNodes("bench-dgx-more", more)
 		idle = measureIdle(nodes + more)
-		b.Run("baseline-extended-resource", func(b *testing.B) { run(b, resclassScheduler, plain) })
-		b.Run("class", func(b *testing.B) { run(b, resclassScheduler, corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)) })
-		b.Run("repeat-baseline-extended-resource", func(b *testing.B) {
-			run(b, resclassScheduler, plain)
-			refuseSpread(b, baselines, b.Name())
-		})
+		interleaved(b, ctx, client, idle, rounds, pods, pool, baseline, sides[:1])
 	})
+}
+
+// benchSide is what one of SchedulingThroughput's runs schedules: pods
+// requesting one of resource, by the scheduler named scheduler.
+type benchSide struct {
+	name      string
+	scheduler string
+	resource  corev1.ResourceName
+}
+
+// benchRun is one run's figures.
+type benchRun struct {
+	podsPerSecond float64
+	figures       runFigures
+	probe         [2]time.Duration // framework.SpeedProbe right before and after the run
+}
+
+// interleaved runs SchedulingThroughput's rounds on the cluster as it is
+// (docs/scheduler.md, "Interleaved rounds"): rounds times a baseline run
+// followed by one run of each of sides, then a last baseline, so that every
+// run of a side has a baseline right before and right after it. Then it
+// reports, as sub-benchmarks of b, each side's median ratio and the baseline's
+// median pods/s, or refuses the run (disturbed).
+func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface, idle float64, rounds, pods int, pool string, baseline benchSide, sides []benchSide) {
+	b.Helper()
+	runs := map[string][]benchRun{}
+	measure := func(s benchSide, round int) {
+		r := scheduleRun(b, ctx, client, idle, pods, pool, s)
+		runs[s.name] = append(runs[s.name], r)
+		benchLog(b, "round %d %s: %.1f pods/s; speed probe %v before, %v after; other work %.2f cores; CPU ms per pod: %s",
+			round, s.name, r.podsPerSecond, r.probe[0].Round(10*time.Microsecond), r.probe[1].Round(10*time.Microsecond),
+			r.figures.outside, fmtMap(r.figures.cpuMS, "%.2f"))
+	}
+	for round := range rounds {
+		measure(baseline, round)
+		for _, s := range sides {
+			measure(s, round)
+		}
+	}
+	measure(baseline, rounds)
+
+	in := framework.Interleaved{Sides: map[string][]float64{}}
+	for _, r := range runs[baseline.name] {
+		in.Baselines = append(in.Baselines, r.podsPerSecond)
+	}
+	for _, s := range sides {
+		for _, r := range runs[s.name] {
+			in.Sides[s.name] = append(in.Sides[s.name], r.podsPerSecond)
+		}
+	}
+	var outside float64
+	for _, rs := range runs {
+		for _, r := range rs {
+			outside = max(outside, r.figures.outside)
+		}
+	}
+	for r := range rounds {
+		benchLog(b, "round %d: baselines %.1f and %.1f pods/s around it, %.0f%% apart; speed probe %v and %v", r,
+			in.Baselines[r], in.Baselines[r+1], 100*in.Spread(r),
+			runs[baseline.name][r].probe[0].Round(10*time.Microsecond), runs[baseline.name][r+1].probe[1].Round(10*time.Microsecond))
+	}
+	valid := in.ValidRounds(maxBaselineSpread)
+	// Every reason at once: a refused run is read for why.
+	var reasons []string
+	if outside > maxOutsideCores {
+		reasons = append(reasons, fmt.Sprintf("other work used up to %.2f cores of the machine during a run (at most %.2f for a figure worth reporting)", outside, maxOutsideCores))
+	}
+	if bad := rounds - len(valid); bad > 1 {
+		reasons = append(reasons, fmt.Sprintf("in %d of %d rounds the baselines around the round were more than %.0f%% apart: the machine's speed drifted within a run's neighbourhood", bad, rounds, 100*maxBaselineSpread))
+	}
+	if len(valid) < minValidRounds {
+		reasons = append(reasons, fmt.Sprintf("%d valid rounds, at least %d for a figure worth reporting (RESCLASS_BENCH_ROUNDS)", len(valid), minValidRounds))
+	}
+	if len(reasons) > 0 {
+		disturbed(b, "%s", strings.Join(reasons, "; "))
+	}
+	if len(valid) == 0 { // reported anyway (RESCLASS_BENCH_ALLOW_DISTURBED=1): every round
+		for r := range rounds {
+			valid = append(valid, r)
+		}
+	}
+
+	report := func(b *testing.B, name string, chosen []benchRun, ratios []float64) {
+		pps := make([]float64, len(chosen))
+		for i, r := range chosen {
+			pps[i] = r.podsPerSecond
+		}
+		// The breakdown is the median run's: by ratio for a side, by pods/s
+		// for the baseline.
+		median := framework.MedianIndex(pps)
+		if ratios != nil {
+			median = framework.MedianIndex(ratios)
+		}
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() { // the runs are done; nothing to time
+			}
+			b.ReportMetric(0, "ns/op")
+			b.ReportMetric(framework.Median(pps), "pods/s")
+			if ratios != nil {
+				b.ReportMetric(framework.Median(ratios), "ratio")
+				b.Logf("ratio by valid round %v: %s; pods/s %s; the breakdown below is the median run's, round %d's",
+					valid, fmtFloats(ratios, "%.3f"), fmtFloats(pps, "%.1f"), valid[median])
+			} else {
+				b.Logf("pods/s by run: %s; the breakdown below is the median run's, B%d (the baseline before round %[2]d)", fmtFloats(pps, "%.1f"), median)
+			}
+			chosen[median].figures.report(b)
+		})
+	}
+	report(b, baseline.name, runs[baseline.name], nil)
+	for _, s := range sides {
+		var chosen []benchRun
+		var ratios []float64
+		for _, r := range valid {
+			chosen = append(chosen, runs[s.name][r])
+			ratios = append(ratios, in.Ratio(s.name, r))
+		}
+		report(b, s.name, chosen, ratios)
+	}
+}
+
+// scheduleRun is one measured run of SchedulingThroughput: once the cluster
+// is back to idle, pods of side in a fresh namespace, from the first create
+// to the last bound; then the namespace is deleted and waited for.
+func scheduleRun(b *testing.B, ctx context.Context, client kubernetes.Interface, idle float64, pods int, pool string, side benchSide) benchRun {
+	b.Helper()
+	settle(b, idle)
+	var r benchRun
+	r.probe[0] = framework.SpeedProbe()
+	ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-"}}, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	batch := make([]*corev1.Pod, pods)
+	for i := range batch {
+		batch[i] = benchPod(ns.Name, i, side.scheduler, side.resource, pool)
+	}
+	elapsed, figures := scheduleAllMeasured(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
+	r.probe[1] = framework.SpeedProbe()
+	r.podsPerSecond = float64(pods) / elapsed.Seconds()
+	r.figures = figures
+	stayedPending(b, ctx, ns.Name)
+	deleteNamespaceAndWait(b, ctx, ns.Name)
+	return r
+}
+
+// benchLog prints a line of a long benchmark's log to stdout, as "log: NAME:
+// ...", which hack/bench.sh passes through. The testing package prints a
+// benchmark's own log cut to 10 lines, and a parent benchmark's not at all
+// unless it fails (or with -test.v).
+func benchLog(b *testing.B, format string, args ...any) {
+	fmt.Printf("log: %s: %s\n", strings.TrimPrefix(b.Name(), "Benchmark"), fmt.Sprintf(format, args...))
+}
+
+// fmtFloats prints values in order.
+func fmtFloats(values []float64, format string) string {
+	parts := make([]string, len(values))
+	for i, v := range values {
+		parts[i] = fmt.Sprintf(format, v)
+	}
+	return strings.Join(parts, " ")
 }
 
 // warmUpPods of each kind are scheduled before the first measured run.
@@ -230,17 +362,20 @@ func idleBreakdown(b *testing.B, ctx context.Context, window time.Duration) floa
 			}
 		}
 	}
-	b.Logf("idle: %.2f cores (%s); apiserver requests/s: %s", total, fmtMap(cores, "%.3f"), fmtMap(requests, "%.1f"))
+	benchLog(b, "idle: %.2f cores (%s); apiserver requests/s: %s", total, fmtMap(cores, "%.3f"), fmtMap(requests, "%.1f"))
 	return total
 }
 
 // What makes a SchedulingThroughput run disturbed: other work on the machine
 // beyond maxOutsideCores on average during a run (an editor, a shell: well
-// under a tenth of a core; a build: one or more), or the baseline measured again
-// after the other runs off the first by more than maxBaselineSpread.
+// under a tenth of a core; a build: one or more); more than one round whose
+// bracketing baselines are more than maxBaselineSpread apart (the machine's
+// speed moved too much within the round for the bracketing to remove it);
+// fewer than minValidRounds rounds left to take the median of.
 const (
 	maxOutsideCores   = 0.25
-	maxBaselineSpread = 0.10
+	maxBaselineSpread = 0.15
+	minValidRounds    = 2
 )
 
 // disturbed fails the benchmark: its figures are not worth reporting.
@@ -249,24 +384,10 @@ const (
 func disturbed(b *testing.B, format string, args ...any) {
 	b.Helper()
 	if os.Getenv("RESCLASS_BENCH_ALLOW_DISTURBED") == "1" {
-		b.Logf("disturbed (RESCLASS_BENCH_ALLOW_DISTURBED=1: reported anyway): "+format, args...)
+		benchLog(b, "disturbed (RESCLASS_BENCH_ALLOW_DISTURBED=1: reported anyway): "+format, args...)
 		return
 	}
 	b.Fatalf("disturbed: "+format, args...)
-}
-
-// refuseSpread fails the repeated baseline name (".../repeat-baseline-X")
-// when it differs from the first (".../baseline-X") by more than
-// maxBaselineSpread.
-func refuseSpread(b *testing.B, baselines map[string]float64, name string) {
-	first, again := baselines[strings.Replace(name, "/repeat-", "/", 1)], baselines[name]
-	if first == 0 || again == 0 {
-		disturbed(b, "no baseline to compare %s with", name)
-	}
-	if spread := math.Abs(again-first) / first; spread > maxBaselineSpread {
-		disturbed(b, "the baseline gave %.1f pods/s first and %.1f again (%.0f%% apart, at most %.0f%% for a figure worth reporting)",
-			first, again, 100*spread, 100*maxBaselineSpread)
-	}
 }
 
 // scheduleAll creates pods (16 writers on an unthrottled client) once a watch on
@@ -312,7 +433,7 @@ func profileRun(b *testing.B, ctx context.Context, dir string, wg *sync.WaitGrou
 				err = os.WriteFile(fmt.Sprintf("%s/%s-%s.pprof", dir, name, component), data, 0o644)
 			}
 			if err != nil {
-				b.Logf("%s profile: %v", component, err)
+				benchLog(b, "%s profile: %v", component, err)
 			}
 		})
 	}
@@ -401,7 +522,7 @@ func settle(b *testing.B, idle float64) {
 		}
 	}
 	if quiet < 2 {
-		b.Logf("the cluster did not settle: %.2f cores busy, %.2f expected when idle", busy, idle)
+		benchLog(b, "the cluster did not settle: %.2f cores busy, %.2f expected when idle", busy, idle)
 	}
 }
 

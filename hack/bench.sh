@@ -21,6 +21,10 @@
 #
 #   bench: NAME-ratio R
 #
+# and gets no ratio computed against a baseline-* sibling: its own is taken
+# against baselines measured around it (SchedulingThroughput's interleaved
+# rounds), a quotient of the siblings' figures would compare runs minutes apart.
+#
 #   hack/bench.sh               every benchmark
 #   hack/bench.sh SelectorMatch one benchmark (with its sub-benchmarks)
 set -euo pipefail
@@ -38,16 +42,17 @@ trap 'rm -f "$raw"' EXIT
 # shellcheck disable=SC2086
 # Failures, and what benchmarks log (a breakdown, why a run was refused), go to
 # stderr: the lines that start with FAIL, panic or ---, and the indented lines
-# that follow them.
+# that follow them, and the lines a long benchmark prints itself ("log: ...",
+# benchLog in e2e/scheduler_bench_test.go).
 go test -run='^$' -bench="$pattern" -benchmem -count=1 -timeout=60m $pkgs | tee "$raw" |
-  awk '/^(FAIL|panic|---)/ { p = 1; print; next } /^[ \t]/ { if (p) print; next } { p = 0 }' >&2 || true
+  awk '/^log: / { print; fflush(); next } /^(FAIL|panic|---)/ { p = 1; print; next } /^[ \t]/ { if (p) print; next } { p = 0 }' >&2 || true
 grep -q '^FAIL' "$raw" && exit 1
 
 awk '
 /^Benchmark/ {
   n = $1; sub(/^Benchmark/, "", n); sub(/-[0-9]+$/, "", n)
   for (i = 3; i < NF; i += 2) {
-    if ($(i+1) == "ratio") { printf "bench: %s-ratio %s\n", n, $i; continue }
+    if ($(i+1) == "ratio") { printf "bench: %s-ratio %s\n", n, $i; own[n] = 1; continue }
     printf "bench: %s %s %s\n", n, $i, $(i+1)
     if ($(i+1) == "ns/op") ns[n] = $i
     else if ($(i+1) !~ /^(B\/op|allocs\/op|MB\/s)$/) { units[n] = units[n] " " $(i+1); val[n, $(i+1)] = $i }
@@ -57,7 +62,7 @@ awk '
 END {
   for (k = 1; k <= count; k++) {
     n = order[k]; parent = n; sub(/\/[^\/]*$/, "", parent)
-    if (parent == n || n ~ /\/baseline-/) continue
+    if (parent == n || n ~ /\/baseline-/ || n in own) continue
     for (j = 1; j <= count; j++) {
       b = order[j]
       if (index(b, parent "/baseline-") != 1) continue
