@@ -212,20 +212,7 @@ func TestHelmChart(t *testing.T) {
 	t.Run("nodeAgent.dra.enabled is the kustomize base with the component deploy/node-agent/dra", func(t *testing.T) {
 		helmObjs := helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"dra": map[string]any{"enabled": true}}})
 		set := check(t, helmObjs)
-		overlay := t.TempDir()
-		base, err := filepath.Rel(overlay, filepath.Join(root, install.Base))
-		if err != nil {
-			t.Fatal(err)
-		}
-		kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n",
-			base, filepath.Join(base, "node-agent", "dra"))
-		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		kustomized, err := install.KustomizeDir(overlay)
-		if err != nil {
-			t.Fatal(err)
-		}
+		kustomized := kustomizeWithComponent(t, "node-agent", "dra")
 		sameObjects(t, kustomized, helmObjs)
 		ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", agentNS, "resclass-node-agent"))
 		for _, p := range []string{"/var/lib/kubelet/plugins/resclass.io/dra.sock", "/var/lib/kubelet/plugins_registry/resclass.io-reg.sock", "/var/run/cdi/resclass.io-claim_x.json"} {
@@ -238,20 +225,7 @@ func TestHelmChart(t *testing.T) {
 	t.Run("scheduler.dra.enabled is the kustomize base with the component deploy/scheduler/dra", func(t *testing.T) {
 		helmObjs := helmTemplate(t, map[string]any{"scheduler": map[string]any{"dra": map[string]any{"enabled": true}}})
 		set := check(t, helmObjs)
-		overlay := t.TempDir()
-		base, err := filepath.Rel(overlay, filepath.Join(root, install.Base))
-		if err != nil {
-			t.Fatal(err)
-		}
-		kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n",
-			base, filepath.Join(base, "scheduler", "dra"))
-		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		kustomized, err := install.KustomizeDir(overlay)
-		if err != nil {
-			t.Fatal(err)
-		}
+		kustomized := kustomizeWithComponent(t, "scheduler", "dra")
 		sameObjects(t, kustomized, helmObjs)
 		checkDRAScheduler(t, check(t, kustomized))
 		checkDRAScheduler(t, set)
@@ -271,22 +245,7 @@ func TestHelmChart(t *testing.T) {
 	t.Run("distribution.enabled is the kustomize base with the component deploy/distribution", func(t *testing.T) {
 		helmObjs := helmTemplate(t, map[string]any{"distribution": map[string]any{"enabled": true}})
 		set := check(t, helmObjs)
-		// An overlay as the docs show it.
-		overlay := t.TempDir()
-		// kustomize takes no absolute paths.
-		base, err := filepath.Rel(overlay, filepath.Join(root, install.Base))
-		if err != nil {
-			t.Fatal(err)
-		}
-		kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n",
-			base, filepath.Join(base, "distribution"))
-		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		kustomized, err := install.KustomizeDir(overlay)
-		if err != nil {
-			t.Fatal(err)
-		}
+		kustomized := kustomizeWithComponent(t, "distribution")
 		sameObjects(t, kustomized, helmObjs)
 
 		// Its own identity, in its own Deployment, fenced by the policy.
@@ -655,6 +614,32 @@ func TestHelmChart(t *testing.T) {
 // sameObjects compares a kustomize render with a Helm render, less the
 // Namespace resclass-system (helm install --create-namespace creates it: a
 // release cannot contain the namespace it is stored in) and Helm's own labels.
+// kustomizeWithComponent renders an overlay as the docs show it: the base
+// deploy/ with the component at deploy/<elem...>.
+func kustomizeWithComponent(t *testing.T, elem ...string) []*unstructured.Unstructured {
+	t.Helper()
+	root, err := install.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	overlay := t.TempDir()
+	// kustomize takes no absolute paths.
+	base, err := filepath.Rel(overlay, filepath.Join(root, install.Base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n",
+		base, filepath.Join(append([]string{base}, elem...)...))
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kustomized, err := install.KustomizeDir(overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kustomized
+}
+
 func sameObjects(t *testing.T, kustomized, helmObjs []*unstructured.Unstructured) {
 	t.Helper()
 	want := map[string]any{}
