@@ -56,10 +56,27 @@ type containerSet struct {
 	why     string
 }
 
+// prepareCall is what one PrepareResourceClaims call reads once: its claims
+// by namespace/name, and the pods and other claims companions reads from the
+// apiserver. The kubelet prepares a pod's claims of this driver in one call,
+// and every request of every claim would otherwise read the same pod again.
+type prepareCall struct {
+	claims map[types.NamespacedName]*resourceapi.ResourceClaim
+	pods   map[types.NamespacedName]*corev1.Pod
+}
+
+func newPrepareCall(claims []*resourceapi.ResourceClaim) *prepareCall {
+	call := &prepareCall{claims: make(map[types.NamespacedName]*resourceapi.ResourceClaim, len(claims)), pods: map[types.NamespacedName]*corev1.Pod{}}
+	for _, c := range claims {
+		call.claims[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c
+	}
+	return call
+}
+
 // companions works out the containerSet of request (a top-level name) of
-// claim. batch holds the claims of this prepare call by namespace/name; a
-// claim the pod uses that is not in it is read from the apiserver.
-func (p *Plugin) companions(ctx context.Context, claim *resourceapi.ResourceClaim, request string, batch map[types.NamespacedName]*resourceapi.ResourceClaim) containerSet {
+// claim. A claim the pod uses that is not in call is read from the apiserver
+// (and kept in call).
+func (p *Plugin) companions(ctx context.Context, claim *resourceapi.ResourceClaim, request string, call *prepareCall) containerSet {
 	if p.cfg.Client == nil {
 		return containerSet{why: "no client"}
 	}
@@ -67,9 +84,14 @@ func (p *Plugin) companions(ctx context.Context, claim *resourceapi.ResourceClai
 	if owner == nil || owner.Kind != "Pod" || owner.APIVersion != "v1" || len(claim.Status.ReservedFor) != 1 || claim.Status.ReservedFor[0].UID != owner.UID {
 		return containerSet{why: "the claim is not one pod's own"}
 	}
-	pod, err := p.cfg.Client.CoreV1().Pods(claim.Namespace).Get(ctx, owner.Name, metav1.GetOptions{})
-	if err != nil {
-		return containerSet{why: fmt.Sprintf("reading pod %s: %v", owner.Name, err)}
+	podKey := types.NamespacedName{Namespace: claim.Namespace, Name: owner.Name}
+	pod, read := call.pods[podKey]
+	if !read {
+		var err error
+		if pod, err = p.cfg.Client.CoreV1().Pods(claim.Namespace).Get(ctx, owner.Name, metav1.GetOptions{}); err != nil {
+			return containerSet{why: fmt.Sprintf("reading pod %s: %v", owner.Name, err)}
+		}
+		call.pods[podKey] = pod
 	}
 	if pod.UID != owner.UID {
 		return containerSet{why: "the claim's pod is gone"}
@@ -77,7 +99,7 @@ func (p *Plugin) companions(ctx context.Context, claim *resourceapi.ResourceClai
 	// The pod's claims, read once: this call's, else the apiserver's (a
 	// pod has few).
 	cache := map[string]*resourceapi.ResourceClaim{}
-	for key, c := range batch {
+	for key, c := range call.claims {
 		if key.Namespace == pod.Namespace {
 			cache[key.Name] = c
 		}
@@ -90,6 +112,8 @@ func (p *Plugin) companions(ctx context.Context, claim *resourceapi.ResourceClai
 		c, err := p.cfg.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			unread, c = fmt.Errorf("reading ResourceClaim %s/%s: %w", pod.Namespace, name, err), nil
+		} else {
+			call.claims[types.NamespacedName{Namespace: pod.Namespace, Name: name}] = c
 		}
 		cache[name] = c
 		return c

@@ -131,6 +131,17 @@ func TestOneContainerSeesEveryRequest(t *testing.T) {
 			t.Fatalf("%s: %v", uid, res.Err)
 		}
 	}
+	// Three requests of two claims of one pod, prepared in one call: the pod
+	// is read once.
+	gets := 0
+	for _, a := range f.cfg.Client.(*fake.Clientset).Actions() {
+		if a.GetVerb() == "get" && a.GetResource().Resource == "pods" {
+			gets++
+		}
+	}
+	if gets != 1 {
+		t.Errorf("preparing one pod's claims read the pod %d times, want once", gets)
+	}
 	names := []string{claimCDI("ext", "r-any"), claimCDI("ext", "r-big"), claimCDI("extra", "r-big")}
 	for _, order := range [][]int{{0, 1, 2}, {2, 1, 0}, {1, 2, 0}} {
 		var in []string

@@ -222,13 +222,9 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	var added []types.UID
 	changed := false
-	// The kubelet prepares all of a pod's claims of this driver in one call.
-	batch := make(map[types.NamespacedName]*resourceapi.ResourceClaim, len(claims))
-	for _, c := range claims {
-		batch[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c
-	}
+	call := newPrepareCall(claims)
 	for _, claim := range claims {
-		pc, outcome, err := p.prepare(ctx, claim, batch)
+		pc, outcome, err := p.prepare(ctx, claim, call)
 		p.cfg.Metrics.claim("prepare", outcome)
 		if err != nil {
 			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
@@ -262,8 +258,8 @@ func (p *Plugin) checkpointPath() string { return filepath.Join(p.cfg.PluginData
 
 // prepare works out one claim: its devices (this driver's results only), the
 // CDI spec of its requests, written. It returns the outcome for the metric.
-// batch holds the claims of the call, by namespace/name.
-func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, batch map[types.NamespacedName]*resourceapi.ResourceClaim) (*PreparedClaim, string, error) {
+// call holds what this PrepareResourceClaims call has read (container.go).
+func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, call *prepareCall) (*PreparedClaim, string, error) {
 	if claim.Status.Allocation == nil {
 		return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
@@ -308,7 +304,7 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		// (container.go), or of this one only.
 		all := ids
 		parent, _, _ := strings.Cut(request, "/")
-		set := p.companions(ctx, claim, parent, batch)
+		set := p.companions(ctx, claim, parent, call)
 		if set.ok {
 			all = set.all
 		} else {
