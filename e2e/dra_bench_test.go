@@ -124,7 +124,7 @@ func BenchmarkDRASchedulingThroughput(b *testing.B) {
 					batch[i].Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}
 				}
 			}
-			elapsed, f := scheduleAllMeasured(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
+			elapsed, f := scheduleAllMeasured(b, ctx, batch, "bench-run="+ns.Name, "run", 10*time.Minute)
 			podsPerSecond, figures = pods/elapsed.Seconds(), f
 			deleteNamespaceAndWait(b, ctx, ns.Name)
 		}

@@ -156,6 +156,9 @@ type benchRun struct {
 	podsPerSecond float64
 	figures       runFigures
 	probe         [2]time.Duration // framework.SpeedProbe right before and after the run
+	// settled is how long the run waited for the cluster to idle before it,
+	// cleanup how long deleting its pods took after it.
+	settled, cleanup time.Duration
 }
 
 // interleaved runs SchedulingThroughput's rounds on the cluster as it is
@@ -168,16 +171,19 @@ func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface,
 	b.Helper()
 	runs := map[string][]benchRun{}
 	measure := func(s benchSide, round int) {
-		r := scheduleRun(b, ctx, client, idle, pods, pool, s)
+		r := scheduleRun(b, ctx, client, idle, pods, pool, s, fmt.Sprintf("%s-round%d", s.name, round))
 		runs[s.name] = append(runs[s.name], r)
-		benchLog(b, "round %d %s: %.1f pods/s; speed probe %v before, %v after; other work %.2f cores; CPU ms per pod: %s",
+		benchLog(b, "round %d %s: %.1f pods/s; speed probe %v before, %v after; other work %.2f cores; settled in %v, cleaned up in %v; CPU ms per pod: %s",
 			round, s.name, r.podsPerSecond, r.probe[0].Round(10*time.Microsecond), r.probe[1].Round(10*time.Microsecond),
-			r.figures.outside, fmtMap(r.figures.cpuMS, "%.2f"))
+			r.figures.outside, r.settled.Round(100*time.Millisecond), r.cleanup.Round(100*time.Millisecond), fmtMap(r.figures.cpuMS, "%.2f"))
 	}
 	for round := range rounds {
 		measure(baseline, round)
-		for _, s := range sides {
-			measure(s, round)
+		// The sides' order rotates from round to round, so that no side
+		// always runs right after a baseline (docs/scheduler.md,
+		// "Interleaved rounds").
+		for i := range sides {
+			measure(sides[(i+round)%len(sides)], round)
 		}
 	}
 	measure(baseline, rounds)
@@ -264,10 +270,12 @@ func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface,
 // scheduleRun is one measured run of SchedulingThroughput: once the cluster
 // is back to idle, pods of side in a fresh namespace, from the first create
 // to the last bound; then the namespace is deleted and waited for.
-func scheduleRun(b *testing.B, ctx context.Context, client kubernetes.Interface, idle float64, pods int, pool string, side benchSide) benchRun {
+func scheduleRun(b *testing.B, ctx context.Context, client kubernetes.Interface, idle float64, pods int, pool string, side benchSide, label string) benchRun {
 	b.Helper()
-	settle(b, idle)
 	var r benchRun
+	start := time.Now()
+	settle(b, idle)
+	r.settled = time.Since(start)
 	r.probe[0] = framework.SpeedProbe()
 	ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-"}}, metav1.CreateOptions{})
 	if err != nil {
@@ -277,12 +285,14 @@ func scheduleRun(b *testing.B, ctx context.Context, client kubernetes.Interface,
 	for i := range batch {
 		batch[i] = benchPod(ns.Name, i, side.scheduler, side.resource, pool)
 	}
-	elapsed, figures := scheduleAllMeasured(b, ctx, batch, "bench-run="+ns.Name, 10*time.Minute)
+	elapsed, figures := scheduleAllMeasured(b, ctx, batch, "bench-run="+ns.Name, label, 10*time.Minute)
 	r.probe[1] = framework.SpeedProbe()
 	r.podsPerSecond = float64(pods) / elapsed.Seconds()
 	r.figures = figures
 	stayedPending(b, ctx, ns.Name)
+	start = time.Now()
 	deleteNamespaceAndWait(b, ctx, ns.Name)
+	r.cleanup = time.Since(start)
 	return r
 }
 
@@ -401,8 +411,9 @@ func scheduleAll(b *testing.B, ctx context.Context, pods []*corev1.Pod, selector
 }
 
 // scheduleAllMeasured is scheduleAll with the run's breakdown: what each
-// process spent from the first create to the last pod bound.
-func scheduleAllMeasured(b *testing.B, ctx context.Context, pods []*corev1.Pod, selector string, timeout time.Duration) (time.Duration, runFigures) {
+// process spent from the first create to the last pod bound. label names the
+// run in its profiles' files (profileRun).
+func scheduleAllMeasured(b *testing.B, ctx context.Context, pods []*corev1.Pod, selector, label string, timeout time.Duration) (time.Duration, runFigures) {
 	b.Helper()
 	var (
 		before, after *breakdown
@@ -412,7 +423,7 @@ func scheduleAllMeasured(b *testing.B, ctx context.Context, pods []*corev1.Pod, 
 		func() {
 			before = takeBreakdown(b, ctx, true)
 			if dir := os.Getenv("RESCLASS_BENCH_PROFILE_DIR"); dir != "" {
-				profileRun(b, ctx, dir, &profiles)
+				profileRun(b, ctx, dir, label, &profiles)
 			}
 		},
 		func() { after = &breakdown{}; after.readCPU(b) })
@@ -423,9 +434,11 @@ func scheduleAllMeasured(b *testing.B, ctx context.Context, pods []*corev1.Pod, 
 
 // profileRun saves CPU profiles of the scheduler and, when the cluster was
 // started with RESCLASS_E2E_PROFILING=1, of kube-apiserver, over the first
-// five seconds of a run, into dir (docs/scheduler.md, "Where the time goes").
-func profileRun(b *testing.B, ctx context.Context, dir string, wg *sync.WaitGroup) {
-	name := strings.NewReplacer("/", "_", " ", "_").Replace(b.Name())
+// five seconds of a run, into dir (docs/scheduler.md, "Where the time goes"),
+// as <benchmark>_<label>-<component>.pprof: label tells a benchmark's runs
+// apart (SchedulingThroughput's side and round).
+func profileRun(b *testing.B, ctx context.Context, dir, label string, wg *sync.WaitGroup) {
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(b.Name() + "_" + label)
 	for _, component := range []string{"scheduler", "kube-apiserver"} {
 		wg.Go(func() {
 			data, err := cluster.CPUProfile(ctx, component, 5*time.Second)

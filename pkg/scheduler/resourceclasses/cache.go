@@ -62,7 +62,12 @@ type nodeState struct {
 	devices         []*deviceState
 	index           map[string]int   // device id -> position
 	matches         map[string][]int // class -> devices it selects, in published order
-	invalid         []invalidDevice  // in published order
+	// counts[class] sums up matches[class]'s devices for the quick path
+	// (quickCounts), so that Filter and Score, which ask for every pod on
+	// hundreds of nodes, read one entry instead of walking the devices.
+	// setMatches keeps it in step with matches, chargeDevices with holders.
+	counts  map[string]*quickCounts
+	invalid []invalidDevice // in published order
 	// blocked[class] is how many devices of class pods hold whose assignment
 	// cannot be trusted: which ones is unknown (see holding.blocked).
 	blocked map[string]int
@@ -248,7 +253,7 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) (invalid []invalidDevic
 		}
 		for name := range classes {
 			if c.classes[name] == nil {
-				delete(n.matches, name)
+				n.setMatches(name, nil)
 			}
 		}
 	}
@@ -268,7 +273,7 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) (invalid []invalidDevic
 
 // newNodeState decodes a node's published devices.
 func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
-	n := &nodeState{resourceVersion: nd.ResourceVersion, index: map[string]int{}, matches: map[string][]int{}}
+	n := &nodeState{resourceVersion: nd.ResourceVersion, index: map[string]int{}, matches: map[string][]int{}, counts: map[string]*quickCounts{}}
 	places := map[string]int{} // PCIe roots and switches, numbered
 	place := func(a v1alpha1.DeviceAttribute) int {
 		if a.StringValue == nil {
@@ -392,12 +397,17 @@ func (n *nodeState) selectedBy(cl *classState) []int {
 	return idx
 }
 
+// setMatches records the devices class selects on n. It changes n in place:
+// only for the cache's own node states, under its write lock, never for a
+// view (viewLocked).
 func (n *nodeState) setMatches(class string, idx []int) {
 	if len(idx) == 0 {
 		delete(n.matches, class)
+		delete(n.counts, class)
 		return
 	}
 	n.matches[class] = idx
+	n.counts[class] = n.count(idx)
 }
 
 // setClass compiles rc once and recomputes which devices it selects on every
@@ -445,7 +455,7 @@ func (c *cache) deleteClass(name string) {
 	delete(c.classes, name)
 	c.classGen++
 	for _, n := range c.nodes {
-		delete(n.matches, name)
+		n.setMatches(name, nil)
 	}
 	c.dirty = true
 	c.mu.Unlock()
@@ -693,10 +703,13 @@ func (c *cache) fits(name string, v *nodeView, d *demand) (why unfit, ok bool) {
 	// (Plugin.PreFilter): no change of devices in use makes them fit.
 	// A node without NodeDevices is another matter: its agent may not have
 	// published yet (place says so).
-	if missing := c.classesWithoutLocked(name, d.classes); c.nodes[name] != nil && len(missing) > 0 {
-		return unfit{unresolvable: true, reason: noDeviceOfClass(missing)}, false
+	shared := c.nodes[name]
+	if shared != nil {
+		if missing := shared.classesWithout(d.classes); len(missing) > 0 {
+			return unfit{unresolvable: true, reason: noDeviceOfClass(missing)}, false
+		}
 	}
-	n := c.viewLocked(name, c.nodes[name], v)
+	n := c.viewLocked(name, shared, v)
 	if fits, _, _, handled := n.quick(d); handled {
 		if !fits {
 			return unfit{reason: "Insufficient free devices of class " + d.classes[0]}, false
@@ -732,9 +745,17 @@ func (c *cache) classesWithout(name string, classes []string) []string {
 }
 
 func (c *cache) classesWithoutLocked(name string, classes []string) []string {
+	if n := c.nodes[name]; n != nil {
+		return n.classesWithout(classes)
+	}
+	return classes
+}
+
+// classesWithout are those of classes that select no device on n.
+func (n *nodeState) classesWithout(classes []string) []string {
 	var none []string
 	for _, class := range classes {
-		if n := c.nodes[name]; n == nil || len(n.matches[class]) == 0 {
+		if len(n.matches[class]) == 0 {
 			none = append(none, class)
 		}
 	}

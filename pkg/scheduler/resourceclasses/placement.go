@@ -390,9 +390,56 @@ func (d *demand) drawUsers(class string) [][]*containerDemand {
 // (or on none) are counted together.
 const maxNUMA = 16
 
+// quickCounts sums up the devices a class selects on a node, for quick.
+type quickCounts struct {
+	pool              bool // a hugepage pool among them: quick does not answer
+	total, held, free int  // healthy and allocatable ones; of those, held and free
+	// perNUMA counts the free ones by NUMA node; perNUMA[maxNUMA] those on
+	// another NUMA node or on none.
+	perNUMA [maxNUMA + 1]int
+}
+
+// count sums up the devices idx of n.
+func (n *nodeState) count(idx []int) *quickCounts {
+	q := &quickCounts{}
+	for _, i := range idx {
+		dev := n.devices[i]
+		if dev.pool != nil {
+			q.pool = true
+		}
+		if !dev.healthy || dev.excluded {
+			continue
+		}
+		q.total++
+		if dev.holders > 0 {
+			q.held++
+			continue
+		}
+		q.free++
+		numa := dev.numa
+		if numa < 0 || numa >= maxNUMA {
+			numa = maxNUMA
+		}
+		q.perNUMA[numa]++
+	}
+	return q
+}
+
+// recount sums up every class's devices on n again, after devices were
+// taken or given back. It replaces n.counts rather than changing it: a view
+// (viewLocked) shares the map with the cache's node state until then.
+func (n *nodeState) recount() {
+	counts := make(map[string]*quickCounts, len(n.matches))
+	for class, idx := range n.matches {
+		counts[class] = n.count(idx)
+	}
+	n.counts = counts
+}
+
 // quick answers Filter and Score without building a placement for the common
 // pod: one class of exclusive devices. Filter and Score run for every pod on
-// hundreds of nodes, so this path must not allocate; Reserve, once per pod,
+// hundreds of nodes, so this path must not allocate, and it reads the node's
+// counts (quickCounts) rather than its devices; Reserve, once per pod,
 // always takes the full path. handled is false for any other pod.
 func (n *nodeState) quick(d *demand) (fits bool, util int64, numas int, handled bool) {
 	if n == nil || len(d.classes) != 1 || len(n.blocked) > 0 {
@@ -400,28 +447,14 @@ func (n *nodeState) quick(d *demand) (fits bool, util int64, numas int, handled 
 	}
 	class := d.classes[0]
 	want := d.draws[class]
-	var total, held, free int
-	var perNUMA [maxNUMA + 1]int
-	for _, i := range n.matches[class] {
-		dev := n.devices[i]
-		if dev.pool != nil {
-			return false, 0, 0, false
-		}
-		if !dev.healthy || dev.excluded {
-			continue
-		}
-		total++
-		if dev.holders > 0 {
-			held++
-			continue
-		}
-		free++
-		numa := dev.numa
-		if numa < 0 || numa >= maxNUMA {
-			numa = maxNUMA
-		}
-		perNUMA[numa]++
+	var q quickCounts // a class that selects nothing here: all zero
+	if c := n.counts[class]; c != nil {
+		q = *c
 	}
+	if q.pool {
+		return false, 0, 0, false
+	}
+	total, held, free, perNUMA := q.total, q.held, q.free, q.perNUMA
 	if free < want {
 		return false, 0, 0, true
 	}

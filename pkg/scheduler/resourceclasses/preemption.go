@@ -141,12 +141,17 @@ func (c *cache) viewLocked(name string, n *nodeState, v *nodeView) *nodeState {
 // and pool pages on n, through own, which returns the device to change: what
 // cache.charge does to the shared state, for a view.
 func chargeDevices(n *nodeState, h *holding, sign int, own func(i int) *deviceState) {
+	held := false
 	for _, ids := range h.devices {
 		for _, id := range ids {
 			if i, ok := n.index[id]; ok && n.devices[i].pool == nil {
 				own(i).holders += sign
+				held = true
 			}
 		}
+	}
+	if held {
+		n.recount()
 	}
 	for id, users := range h.users {
 		if i, ok := n.index[id]; ok && n.devices[i].pool != nil {
