@@ -17,8 +17,17 @@ import (
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"k8s.io/kubernetes/pkg/features"
 
+	"github.com/resclass/resclass/pkg/scheduler/nodefit"
 	"github.com/resclass/resclass/pkg/scheduler/resourceclasses"
 )
+
+// plugins are resclass's, beside upstream's: ResourceClasses, and
+// NodeResourcesFit shown pods without their class requests (the shipped
+// profile runs it in NodeResourcesFit's place).
+var plugins = []app.Option{
+	app.WithPlugin(resourceclasses.Name, resourceclasses.New),
+	app.WithPlugin(nodefit.Name, nodefit.New),
+}
 
 func main() {
 	// Every ResourceClass has a DeviceClass whose extendedResourceName is the
@@ -32,5 +41,5 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	os.Exit(cli.Run(app.NewSchedulerCommand(app.WithPlugin(resourceclasses.Name, resourceclasses.New))))
+	os.Exit(cli.Run(app.NewSchedulerCommand(plugins...)))
 }

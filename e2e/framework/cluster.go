@@ -374,6 +374,10 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 		"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port),
 		"--v=2",
 	}
+	// RESCLASS_E2E_SCHEDULER_ARGS: more flags for the resclass scheduler,
+	// separated by spaces, to measure a setting (docs/e2e.md), such as
+	// --feature-gates=NominatedNodeNameForExpectation=false.
+	c.schedulerArgs = append(c.schedulerArgs, strings.Fields(os.Getenv("RESCLASS_E2E_SCHEDULER_ARGS"))...)
 	c.schedulerPort = port
 	c.progress("starting the resclass scheduler")
 	if c.scheduler, err = c.start("scheduler", c.bins.scheduler, nil, c.schedulerArgs...); err != nil {

@@ -704,6 +704,21 @@ func (c *cache) fits(name string, v *nodeView, d *demand) (why unfit, ok bool) {
 	// A node without NodeDevices is another matter: its agent may not have
 	// published yet (place says so).
 	shared := c.nodes[name]
+	// The common pod, one class, on a node as it is: one lookup of the
+	// class's counts answers both questions below.
+	if shared != nil && len(d.classes) == 1 && len(shared.blocked) == 0 && (v == nil || v.empty()) {
+		class := d.classes[0]
+		q := shared.counts[class]
+		if q == nil {
+			return unfit{unresolvable: true, reason: noDeviceOfClass(d.classes)}, false
+		}
+		if fits, _, _, handled := q.answer(d.draws[class]); handled {
+			if !fits {
+				return unfit{reason: "Insufficient free devices of class " + class}, false
+			}
+			return unfit{}, true
+		}
+	}
 	if shared != nil {
 		if missing := shared.classesWithout(d.classes); len(missing) > 0 {
 			return unfit{unresolvable: true, reason: noDeviceOfClass(missing)}, false

@@ -446,10 +446,14 @@ func (n *nodeState) quick(d *demand) (fits bool, util int64, numas int, handled 
 		return false, 0, 0, false
 	}
 	class := d.classes[0]
-	want := d.draws[class]
-	var q quickCounts // a class that selects nothing here: all zero
-	if c := n.counts[class]; c != nil {
-		q = *c
+	return n.counts[class].answer(d.draws[class])
+}
+
+// answer is quick's answer from a class's counts on a node (nil: the class
+// selects nothing there) for a pod that wants want of its devices.
+func (q *quickCounts) answer(want int) (fits bool, util int64, numas int, handled bool) {
+	if q == nil {
+		return want <= 0, 0, 0, true
 	}
 	if q.pool {
 		return false, 0, 0, false

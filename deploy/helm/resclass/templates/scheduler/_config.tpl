@@ -22,6 +22,10 @@ profiles:
       multiPoint:
         enabled:
           - name: ResourceClasses
+          # NodeResourcesFit, shown each pod without its class requests.
+          - name: NodeResourcesFitWithoutClasses
+        disabled:
+          - name: NodeResourcesFit
       bind:
         # The first binder that does not skip binds: ResourceClasses for the
         # pods it placed devices for, DefaultBinder for all others.
@@ -37,10 +41,8 @@ profiles:
           assignmentWrite: {{ $v.assignmentWrite }}
           statusUpdateInterval: {{ $v.statusUpdateInterval }}
           statusLeaseNamespace: {{ .Release.Namespace }}
-      - name: NodeResourcesFit
+      - name: NodeResourcesFitWithoutClasses
         args:
-          # ResourceClasses counts class requests itself (classes overlap).
-          ignoredResourceGroups: ["class.resclass.io"]
           scoringStrategy:
             type: LeastAllocated
             resources:
