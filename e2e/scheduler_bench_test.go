@@ -43,13 +43,13 @@ import (
 //     (scheduler_perf's 5000 nodes), unless RESCLASS_BENCH_NODES_5000=0;
 //     RESCLASS_BENCH_NODES_5000=only runs these alone.
 //
-// The machine's speed drifts by tens of percent over minutes (docs/scheduler.md,
-// "Interleaved rounds"), so the runs interleave: rounds of a baseline run
-// followed by one run of each class side, then a last baseline
-// (interleaved), RESCLASS_BENCH_ROUNDS rounds (default 3). A side's ratio
-// in a round is its pods/s over the mean of the two baselines right before
-// and after the round; the side reports the median of its rounds' ratios
-// (unit "ratio"), its median pods/s and the breakdown of its median run
+// The machine's speed moves by tens of percent within minutes, and by 15-30%
+// from one run to the next (docs/scheduler.md, "Interleaved rounds"), so the
+// runs interleave (interleaved): a baseline run, then each class side's run
+// followed by a baseline run, RESCLASS_BENCH_ROUNDS rounds (default 5). A
+// side's ratio in a round is its pods/s over the mean of the two baselines
+// right before and after its run; the side reports the median of its rounds'
+// ratios (unit "ratio"), its median pods/s and the breakdown of its median run
 // (breakdown_test.go, docs/scheduler.md "Where the time goes").
 //
 // The pods stay Pending once bound (framework.SimulatedPendingLabel), as in
@@ -60,14 +60,13 @@ import (
 //
 // The benchmark refuses to report a disturbed run (docs/scheduler.md): one
 // during which processes other than the cluster's and the benchmark's used more
-// than maxOutsideCores, or in which more than one round's bracketing baselines
-// are more than maxBaselineSpread apart, or fewer than minValidRounds rounds
-// are left.
+// than maxOutsideCores, or in which, for a side, fewer than minValidRounds of
+// its runs had baselines within maxBaselineSpread of each other around them.
 func BenchmarkSchedulingThroughput(b *testing.B) {
 	const (
 		nodes = 1000
 		more  = 4000 // the 5000-node variant's
-		pods  = 1000 // per run: 13 runs at 3 rounds fit in about 10 minutes
+		pods  = 1000 // per run: 31 runs at 5 rounds fit in about 10 minutes
 		class = "bench-gpu"
 		plain = corev1.ResourceName("example.com/gpu")
 		pool  = "bench-throughput"
@@ -87,7 +86,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	addNodes("bench-dgx", nodes)
 	schedClass(b, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"), req("memory", v1alpha1.ResourceSelectorOpGtEq, "30G"))
 	classResource := corev1.ResourceName(v1alpha1.ResourceNamePrefix + class)
-	rounds := 3
+	rounds := 5
 	if v := os.Getenv("RESCLASS_BENCH_ROUNDS"); v != "" {
 		var err error
 		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
@@ -162,74 +161,64 @@ type benchRun struct {
 }
 
 // interleaved runs SchedulingThroughput's rounds on the cluster as it is
-// (docs/scheduler.md, "Interleaved rounds"): rounds times a baseline run
-// followed by one run of each of sides, then a last baseline, so that every
-// run of a side has a baseline right before and right after it. Then it
-// reports, as sub-benchmarks of b, each side's median ratio and the baseline's
-// median pods/s, or refuses the run (disturbed).
+// (docs/scheduler.md, "Interleaved rounds"): a baseline run, then for each
+// round one run of each of sides, each followed by a baseline run, so that
+// every run of a side has a baseline right before and right after it. Then it
+// reports, as sub-benchmarks of b, each side's median ratio to its brackets
+// and the baseline's median pods/s, or refuses the run (disturbed).
 func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface, idle float64, rounds, pods int, pool string, baseline benchSide, sides []benchSide) {
 	b.Helper()
 	runs := map[string][]benchRun{}
-	measure := func(s benchSide, round int) {
-		r := scheduleRun(b, ctx, client, idle, pods, pool, s, fmt.Sprintf("%s-round%d", s.name, round))
+	measure := func(s benchSide, round int) benchRun {
+		r := scheduleRun(b, ctx, client, idle, pods, pool, s, fmt.Sprintf("%s-%d", s.name, len(runs[s.name])))
 		runs[s.name] = append(runs[s.name], r)
 		benchLog(b, "round %d %s: %.1f pods/s; speed probe %v before, %v after; other work %.2f cores; settled in %v, cleaned up in %v; CPU ms per pod: %s",
 			round, s.name, r.podsPerSecond, r.probe[0].Round(10*time.Microsecond), r.probe[1].Round(10*time.Microsecond),
 			r.figures.outside, r.settled.Round(100*time.Millisecond), r.cleanup.Round(100*time.Millisecond), fmtMap(r.figures.cpuMS, "%.2f"))
+		return r
 	}
+	// brackets[side][round]: the side's run of the round and its baselines.
+	brackets := map[string][]framework.Bracketed{}
+	before := measure(baseline, 0)
 	for round := range rounds {
-		measure(baseline, round)
-		// The sides' order rotates from round to round, so that no side
-		// always runs right after a baseline (docs/scheduler.md,
-		// "Interleaved rounds").
-		for i := range sides {
-			measure(sides[(i+round)%len(sides)], round)
+		for _, s := range sides {
+			run := measure(s, round)
+			after := measure(baseline, round)
+			brackets[s.name] = append(brackets[s.name], framework.Bracketed{Before: before.podsPerSecond, Run: run.podsPerSecond, After: after.podsPerSecond})
+			before = after
 		}
 	}
-	measure(baseline, rounds)
 
-	in := framework.Interleaved{Sides: map[string][]float64{}}
-	for _, r := range runs[baseline.name] {
-		in.Baselines = append(in.Baselines, r.podsPerSecond)
-	}
-	for _, s := range sides {
-		for _, r := range runs[s.name] {
-			in.Sides[s.name] = append(in.Sides[s.name], r.podsPerSecond)
-		}
-	}
 	var outside float64
 	for _, rs := range runs {
 		for _, r := range rs {
 			outside = max(outside, r.figures.outside)
 		}
 	}
-	for r := range rounds {
-		benchLog(b, "round %d: baselines %.1f and %.1f pods/s around it, %.0f%% apart; speed probe %v and %v", r,
-			in.Baselines[r], in.Baselines[r+1], 100*in.Spread(r),
-			runs[baseline.name][r].probe[0].Round(10*time.Microsecond), runs[baseline.name][r+1].probe[1].Round(10*time.Microsecond))
-	}
-	valid := in.ValidRounds(maxBaselineSpread)
-	// Every reason at once: a refused run is read for why.
-	var reasons []string
+	// valid[side]: the rounds whose brackets are at most maxBaselineSpread
+	// apart.
+	valid := map[string][]int{}
+	var reasons []string // every reason at once: a refused run is read for why
 	if outside > maxOutsideCores {
 		reasons = append(reasons, fmt.Sprintf("other work used up to %.2f cores of the machine during a run (at most %.2f for a figure worth reporting)", outside, maxOutsideCores))
 	}
-	if bad := rounds - len(valid); bad > 1 {
-		reasons = append(reasons, fmt.Sprintf("in %d of %d rounds the baselines around the round were more than %.0f%% apart: the machine's speed drifted within a run's neighbourhood", bad, rounds, 100*maxBaselineSpread))
-	}
-	if len(valid) < minValidRounds {
-		reasons = append(reasons, fmt.Sprintf("%d valid rounds, at least %d for a figure worth reporting (RESCLASS_BENCH_ROUNDS)", len(valid), minValidRounds))
+	for _, s := range sides {
+		for r, br := range brackets[s.name] {
+			benchLog(b, "round %d %s: %.3f of the baselines around it, %.1f and %.1f pods/s, %.0f%% apart", r, s.name, br.Ratio(), br.Before, br.After, 100*br.Spread())
+			if br.Spread() <= maxBaselineSpread {
+				valid[s.name] = append(valid[s.name], r)
+			}
+		}
+		if n := len(valid[s.name]); n < minValidRounds(rounds) {
+			reasons = append(reasons, fmt.Sprintf("%s: %d of %d runs had baselines within %.0f%% of each other around them, at least %d for a figure worth reporting: the machine's speed moved within a run's neighbourhood",
+				s.name, n, rounds, 100*maxBaselineSpread, minValidRounds(rounds)))
+		}
 	}
 	if len(reasons) > 0 {
 		disturbed(b, "%s", strings.Join(reasons, "; "))
 	}
-	if len(valid) == 0 { // reported anyway (RESCLASS_BENCH_ALLOW_DISTURBED=1): every round
-		for r := range rounds {
-			valid = append(valid, r)
-		}
-	}
 
-	report := func(b *testing.B, name string, chosen []benchRun, ratios []float64) {
+	report := func(b *testing.B, name string, chosen []benchRun, ratios []float64, rounds []int) {
 		pps := make([]float64, len(chosen))
 		for i, r := range chosen {
 			pps[i] = r.podsPerSecond
@@ -248,22 +237,28 @@ func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface,
 			if ratios != nil {
 				b.ReportMetric(framework.Median(ratios), "ratio")
 				b.Logf("ratio by valid round %v: %s; pods/s %s; the breakdown below is the median run's, round %d's",
-					valid, fmtFloats(ratios, "%.3f"), fmtFloats(pps, "%.1f"), valid[median])
+					rounds, fmtFloats(ratios, "%.3f"), fmtFloats(pps, "%.1f"), rounds[median])
 			} else {
-				b.Logf("pods/s by run: %s; the breakdown below is the median run's, B%d (the baseline before round %[2]d)", fmtFloats(pps, "%.1f"), median)
+				b.Logf("pods/s by run: %s; the breakdown below is the median run's, the %d. baseline", fmtFloats(pps, "%.1f"), median+1)
 			}
 			chosen[median].figures.report(b)
 		})
 	}
-	report(b, baseline.name, runs[baseline.name], nil)
+	report(b, baseline.name, runs[baseline.name], nil, nil)
 	for _, s := range sides {
+		rs := valid[s.name]
+		if len(rs) == 0 { // reported anyway (RESCLASS_BENCH_ALLOW_DISTURBED=1): every round
+			for r := range rounds {
+				rs = append(rs, r)
+			}
+		}
 		var chosen []benchRun
 		var ratios []float64
-		for _, r := range valid {
+		for _, r := range rs {
 			chosen = append(chosen, runs[s.name][r])
-			ratios = append(ratios, in.Ratio(s.name, r))
+			ratios = append(ratios, brackets[s.name][r].Ratio())
 		}
-		report(b, s.name, chosen, ratios)
+		report(b, s.name, chosen, ratios, rs)
 	}
 }
 
@@ -291,6 +286,12 @@ func scheduleRun(b *testing.B, ctx context.Context, client kubernetes.Interface,
 	r.figures = figures
 	stayedPending(b, ctx, ns.Name)
 	start = time.Now()
+	// The pods go at once (no grace period: they run nowhere), before the
+	// namespace: else the namespace controller deletes them gracefully and
+	// kwok finalises each, which took 11-18 s a run, a third of a round.
+	if err := client.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptrTo[int64](0)}, metav1.ListOptions{}); err != nil {
+		b.Fatal(err)
+	}
 	deleteNamespaceAndWait(b, ctx, ns.Name)
 	r.cleanup = time.Since(start)
 	return r
@@ -378,15 +379,18 @@ func idleBreakdown(b *testing.B, ctx context.Context, window time.Duration) floa
 
 // What makes a SchedulingThroughput run disturbed: other work on the machine
 // beyond maxOutsideCores on average during a run (an editor, a shell: well
-// under a tenth of a core; a build: one or more); more than one round whose
-// bracketing baselines are more than maxBaselineSpread apart (the machine's
-// speed moved too much within the round for the bracketing to remove it);
-// fewer than minValidRounds rounds left to take the median of.
+// under a tenth of a core; a build: one or more); a side with fewer than
+// minValidRounds runs whose two baselines are at most maxBaselineSpread apart
+// (the machine's speed moved too much around the run for the bracketing to
+// remove it).
 const (
 	maxOutsideCores   = 0.25
 	maxBaselineSpread = 0.15
-	minValidRounds    = 2
 )
+
+// minValidRounds is how many of a side's rounds must be valid for a figure:
+// more than half of them, and at least 2.
+func minValidRounds(rounds int) int { return max(2, rounds/2+1) }
 
 // disturbed fails the benchmark: its figures are not worth reporting.
 // RESCLASS_BENCH_ALLOW_DISTURBED=1 only logs why, for looking at a breakdown

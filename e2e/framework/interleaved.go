@@ -7,46 +7,26 @@ import (
 	"time"
 )
 
-// Interleaved is a benchmark's throughput over rounds of interleaved runs
-// (docs/scheduler.md, "Interleaved rounds"): Baselines[r] and Baselines[r+1]
-// were measured right before and right after round r, whose runs of each
-// measured side are Sides[name][r]. So len(Baselines) is one more than the
-// rounds.
-type Interleaved struct {
-	Baselines []float64
-	Sides     map[string][]float64
+// Bracketed is one run of a measured side and the two baseline runs right
+// before and right after it (docs/scheduler.md, "Interleaved rounds"), in the
+// same unit (pods/s).
+type Bracketed struct {
+	Before, Run, After float64
 }
 
-// Rounds is how many rounds the figures hold.
-func (in Interleaved) Rounds() int { return max(len(in.Baselines)-1, 0) }
-
-// Spread is how far apart the two baselines bracketing round r are: the
-// larger over the smaller, minus one. It bounds how much the machine's speed
-// moved around the round's runs.
-func (in Interleaved) Spread(r int) float64 {
-	a, b := in.Baselines[r], in.Baselines[r+1]
-	if min(a, b) <= 0 {
+// Spread is how far apart the two baselines are: the larger over the
+// smaller, minus one. It bounds how much the machine's speed moved around
+// the run.
+func (b Bracketed) Spread() float64 {
+	if min(b.Before, b.After) <= 0 {
 		return 1e9 // no baseline: nothing to compare with
 	}
-	return max(a, b)/min(a, b) - 1
+	return max(b.Before, b.After)/min(b.Before, b.After) - 1
 }
 
-// Ratio is side's run in round r over the mean of the baselines that bracket
-// it.
-func (in Interleaved) Ratio(side string, r int) float64 {
-	return in.Sides[side][r] / ((in.Baselines[r] + in.Baselines[r+1]) / 2)
-}
-
-// ValidRounds are the rounds whose bracketing baselines are at most
-// maxSpread apart.
-func (in Interleaved) ValidRounds(maxSpread float64) []int {
-	var valid []int
-	for r := range in.Rounds() {
-		if in.Spread(r) <= maxSpread {
-			valid = append(valid, r)
-		}
-	}
-	return valid
+// Ratio is the run over the mean of its two baselines.
+func (b Bracketed) Ratio() float64 {
+	return b.Run / ((b.Before + b.After) / 2)
 }
 
 // Median is the median of values: the middle one, or the mean of the two

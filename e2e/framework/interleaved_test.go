@@ -5,30 +5,25 @@ import (
 	"testing"
 )
 
-func TestInterleaved(t *testing.T) {
-	in := Interleaved{
-		Baselines: []float64{100, 110, 150, 140},
-		Sides:     map[string][]float64{"class": {95, 120, 126}},
-	}
-	if got := in.Rounds(); got != 3 {
-		t.Fatalf("Rounds() = %d, want 3", got)
-	}
+func TestBracketed(t *testing.T) {
 	near := func(got, want float64) bool { return math.Abs(got-want) < 1e-9 }
-	for r, want := range []float64{0.10, 150.0/110 - 1, 150.0/140 - 1} {
-		if got := in.Spread(r); !near(got, want) {
-			t.Errorf("Spread(%d) = %v, want %v", r, got, want)
+	for _, c := range []struct {
+		b             Bracketed
+		spread, ratio float64
+	}{
+		{Bracketed{Before: 100, Run: 95, After: 110}, 0.10, 95.0 / 105},
+		{Bracketed{Before: 150, Run: 120, After: 110}, 150.0/110 - 1, 120.0 / 130},
+		{Bracketed{Before: 140, Run: 140, After: 140}, 0, 1},
+	} {
+		if got := c.b.Spread(); !near(got, c.spread) {
+			t.Errorf("%+v: Spread() = %v, want %v", c.b, got, c.spread)
+		}
+		// The run over the mean of the baselines right before and after it.
+		if got := c.b.Ratio(); !near(got, c.ratio) {
+			t.Errorf("%+v: Ratio() = %v, want %v", c.b, got, c.ratio)
 		}
 	}
-	// Each run over the mean of the baselines right before and after it.
-	for r, want := range []float64{95.0 / 105, 120.0 / 130, 126.0 / 145} {
-		if got := in.Ratio("class", r); !near(got, want) {
-			t.Errorf("Ratio(class, %d) = %v, want %v", r, got, want)
-		}
-	}
-	if got := in.ValidRounds(0.15); len(got) != 2 || got[0] != 0 || got[1] != 2 {
-		t.Errorf("ValidRounds(0.15) = %v, want [0 2]", got)
-	}
-	if got := (Interleaved{Baselines: []float64{0, 100}}).Spread(0); got <= 1 {
+	if got := (Bracketed{Before: 0, Run: 1, After: 100}).Spread(); got <= 1 {
 		t.Errorf("Spread with a missing baseline = %v, want it refused", got)
 	}
 }
