@@ -802,6 +802,19 @@ func (c *cache) classNodeStatus() map[string][]NodeStatus {
 	return nodes
 }
 
+// scores are the strategy's scores of d on each of names (strategyScore),
+// under one read lock.
+func (c *cache) scores(names []string, d *demand, s Strategy) []int64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]int64, len(names))
+	for i, name := range names {
+		fits, util, numas, quality := c.scoreLocked(name, d, s)
+		out[i] = strategyScore(s, fits, util, numas, quality)
+	}
+	return out
+}
+
 // score reports whether d fits on node name with strategy s, how much of the
 // devices its classes select there would be held (0..100), over how many
 // NUMA nodes it would spread (0: unknown) and, for Topology, how well the set
@@ -809,6 +822,10 @@ func (c *cache) classNodeStatus() map[string][]NodeStatus {
 func (c *cache) score(name string, d *demand, s Strategy) (fits bool, util int64, numas int, quality int64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
+	return c.scoreLocked(name, d, s)
+}
+
+func (c *cache) scoreLocked(name string, d *demand, s Strategy) (fits bool, util int64, numas int, quality int64) {
 	n := c.nodes[name]
 	// Topology scores by the set's connectivity, which the quick path does
 	// not know, except for one device: quality 100 on any node.

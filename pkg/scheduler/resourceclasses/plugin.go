@@ -288,6 +288,8 @@ type state struct {
 	patched     bool // PreBind wrote the annotations
 	// views are this cycle's what-ifs of nodes (preemption.go), per node name.
 	views map[string]*nodeView
+	// scores are PreScore's, per node name; nil when it skipped scoring.
+	scores map[string]int64
 }
 
 // Clone gives preemption's and nominated pods' what-ifs their own views; the
@@ -394,29 +396,61 @@ func unfitStatus(u *unfit) *fwk.Status {
 	return fwk.NewStatus(fwk.Unschedulable, u.reason)
 }
 
-// PreScore skips scoring for pods without class requests and for FirstFit.
-func (p *Plugin) PreScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) *fwk.Status {
-	if _, ok := getState(cs); !ok || p.args.Strategy == FirstFit {
+// PreScore scores every feasible node once, under one read lock of the
+// cache, for Score to read (but for Topology). It skips scoring for pods
+// without class requests, for FirstFit, and when every node scores the same: a score equal on every
+// node changes no ranking (the common one-device pod under NUMAAligned on
+// nodes that publish their NUMA nodes), and skipping it spares the
+// framework's per-node work for this plugin (docs/scheduler.md, "Where the
+// class pod's extra CPU went").
+func (p *Plugin) PreScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
+	s, ok := getState(cs)
+	if !ok || p.args.Strategy == FirstFit {
 		return fwk.NewStatus(fwk.Skip)
+	}
+	if p.args.Strategy == Topology {
+		// A node's score is a search over its device sets: Score runs it on
+		// the framework's parallel workers, node by node.
+		return nil
+	}
+	names := make([]string, len(nodes))
+	for i, ni := range nodes {
+		names[i] = ni.Node().Name
+	}
+	scores := p.cache.scores(names, s.demand, p.args.Strategy)
+	if !slices.ContainsFunc(scores, func(v int64) bool { return v != scores[0] }) {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	s.scores = make(map[string]int64, len(names))
+	for i, name := range names {
+		s.scores[name] = scores[i]
 	}
 	return nil
 }
 
-// Score ranks a node by the strategy (see Strategy).
+// Score ranks a node by the strategy (see Strategy): the score PreScore
+// computed for it.
 func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, ni fwk.NodeInfo) (int64, *fwk.Status) {
 	s, ok := getState(cs)
 	if !ok {
 		return 0, nil
 	}
-	fits, util, numas, quality := p.cache.score(ni.Node().Name, s.demand, p.args.Strategy)
-	if !fits {
-		return 0, nil
+	if score, ok := s.scores[ni.Node().Name]; ok {
+		return score, nil
 	}
-	switch p.args.Strategy {
+	return p.cache.scores([]string{ni.Node().Name}, s.demand, p.args.Strategy)[0], nil
+}
+
+// strategyScore is a node's score under strategy from cache.score's answer.
+func strategyScore(strategy Strategy, fits bool, util int64, numas int, quality int64) int64 {
+	if !fits {
+		return 0
+	}
+	switch strategy {
 	case BinPack:
-		return util, nil
+		return util
 	case Spread:
-		return fwk.MaxScore - util, nil
+		return fwk.MaxScore - util
 	case NUMAAligned:
 		// One NUMA node scores highest; each further NUMA node the pod must
 		// span lowers the score. Devices that publish no NUMA node (numas 0)
@@ -424,18 +458,18 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 		// ruled out.
 		switch numas {
 		case 0:
-			return fwk.MaxScore / 2, nil
+			return fwk.MaxScore / 2
 		case 1:
-			return fwk.MaxScore, nil
+			return fwk.MaxScore
 		}
-		return fwk.MaxScore / int64(numas+1), nil
+		return fwk.MaxScore / int64(numas+1)
 	case Topology:
 		// The best set the node offers, then how full it is: among nodes
 		// that offer equally connected sets, the fuller one, so that empty
 		// nodes stay whole for large pods.
-		return (quality*9 + util) / 10, nil
+		return (quality*9 + util) / 10
 	}
-	return 0, nil
+	return 0
 }
 
 // ScoreExtensions: scores are already 0..100.

@@ -437,6 +437,23 @@ func (h *harness) scores(cs fwk.CycleState, pod *corev1.Pod, nodes ...string) ma
 			}
 		}
 	}
+	if len(out) == 0 && len(nodes) > 0 && h.plugin.args.Strategy != FirstFit {
+		// PreScore skipped scoring (FirstFit scores nothing): it does so
+		// otherwise only when every node would
+		// score the same. Those scores, from the plugin's cache as PreScore
+		// computed them, must then be equal.
+		s, ok := getState(cs)
+		if !ok {
+			h.t.Fatalf("no Score for pod %s and no state", pod.Name)
+		}
+		scores := h.plugin.cache.scores(nodes, s.demand, h.plugin.args.Strategy)
+		for i, n := range nodes {
+			if scores[i] != scores[0] {
+				h.t.Fatalf("PreScore skipped scoring, but %s scores %d and %s %d", n, scores[i], nodes[0], scores[0])
+			}
+			out[n] = scores[i]
+		}
+	}
 	return out
 }
 
@@ -750,11 +767,29 @@ func TestStrategiesScoreNodes(t *testing.T) {
 			if !maps.Equal(got, tc.want) {
 				t.Errorf("scores %v, want %v", got, tc.want)
 			}
-			if tc.s == FirstFit && !cs.GetSkipScorePlugins().Has(Name) {
-				t.Errorf("FirstFit did not skip scoring")
+			if skipped := cs.GetSkipScorePlugins().Has(Name); skipped != (tc.s == FirstFit) {
+				t.Errorf("scoring skipped: %v, want it skipped for FirstFit only (here the nodes score differently)", skipped)
 			}
 		})
 	}
+
+	// Every node scores the same: PreScore skips scoring, which changes no
+	// ranking, and the scores it computed are the strategy's.
+	t.Run("NUMAAligned, every node the same", func(t *testing.T) {
+		h := newHarness(t, NUMAAligned, nds, allClasses)
+		pod := gpuPod("p", "gpu", 1)
+		cs, _, st := h.preFilter(pod)
+		if !st.IsSuccess() {
+			t.Fatal(st)
+		}
+		got := h.scores(cs, pod, "full", "empty")
+		if !cs.GetSkipScorePlugins().Has(Name) {
+			t.Errorf("scoring not skipped, with every node scoring the same")
+		}
+		if want := map[string]int64{"full": fwk.MaxScore, "empty": fwk.MaxScore}; !maps.Equal(got, want) {
+			t.Errorf("scores %v, want %v", got, want)
+		}
+	})
 
 	t.Run(string(NUMAAligned), func(t *testing.T) {
 		h := newHarness(t, NUMAAligned, []*v1alpha1.NodeDevices{
