@@ -815,16 +815,10 @@ func (c *cache) scores(names []string, d *demand, s Strategy) []int64 {
 	return out
 }
 
-// score reports whether d fits on node name with strategy s, how much of the
-// devices its classes select there would be held (0..100), over how many
-// NUMA nodes it would spread (0: unknown) and, for Topology, how well the set
-// it would get is connected (0..100).
-func (c *cache) score(name string, d *demand, s Strategy) (fits bool, util int64, numas int, quality int64) {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.scoreLocked(name, d, s)
-}
-
+// scoreLocked reports whether d fits on node name with strategy s, how much
+// of the devices its classes select there would be held (0..100), over how
+// many NUMA nodes it would spread (0: unknown) and, for Topology, how well the
+// set it would get is connected (0..100). The caller holds c.mu.
 func (c *cache) scoreLocked(name string, d *demand, s Strategy) (fits bool, util int64, numas int, quality int64) {
 	n := c.nodes[name]
 	// Topology scores by the set's connectivity, which the quick path does

@@ -398,11 +398,11 @@ func unfitStatus(u *unfit) *fwk.Status {
 
 // PreScore scores every feasible node once, under one read lock of the
 // cache, for Score to read (but for Topology). It skips scoring for pods
-// without class requests, for FirstFit, and when every node scores the same: a score equal on every
-// node changes no ranking (the common one-device pod under NUMAAligned on
-// nodes that publish their NUMA nodes), and skipping it spares the
-// framework's per-node work for this plugin (docs/scheduler.md, "Where the
-// class pod's extra CPU went").
+// without class requests, for FirstFit, and when every node scores the
+// same: a score equal on every node changes no ranking (the common
+// one-device pod under NUMAAligned on nodes that publish their NUMA nodes),
+// and skipping it spares the framework's per-node work for this plugin
+// (docs/scheduler.md, "Where the class pod's extra CPU went").
 func (p *Plugin) PreScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
 	s, ok := getState(cs)
 	if !ok || p.args.Strategy == FirstFit {
@@ -441,7 +441,8 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 	return p.cache.scores([]string{ni.Node().Name}, s.demand, p.args.Strategy)[0], nil
 }
 
-// strategyScore is a node's score under strategy from cache.score's answer.
+// strategyScore is a node's score under strategy from cache.scoreLocked's
+// answer.
 func strategyScore(strategy Strategy, fits bool, util int64, numas int, quality int64) int64 {
 	if !fits {
 		return 0
