@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -30,7 +31,7 @@ import (
 // FieldManager is the server-side apply field manager of the node agent's writes.
 const FieldManager = "resclass-node-agent"
 
-// Publisher writes one node's inventory.
+// Publisher writes one node's inventory. It is used by one goroutine at a time.
 type Publisher struct {
 	Resclass versioned.Interface
 	Kube     kubernetes.Interface
@@ -39,6 +40,13 @@ type Publisher struct {
 	Node *corev1.Node
 	// Kinds say which node labels are the agent's (kinds.Builtin when nil).
 	Kinds *devicekind.Registry
+
+	// written is the object as the apiserver returned it from this
+	// publisher's last write. An informer delivers that write a little
+	// later; until it does, its copy is older than written and must not be
+	// compared with: its conditions would miss the transition times just
+	// written, and the same inventory would be written again with new ones.
+	written *v1alpha1.NodeDevices
 }
 
 // Publish makes the node's NodeDevices object hold status. current is the object
@@ -49,6 +57,7 @@ type Publisher struct {
 // a re-published, unchanged inventory is equal to current and is not written.
 func (p *Publisher) Publish(ctx context.Context, current *v1alpha1.NodeDevices, status v1alpha1.NodeDevicesStatus) (bool, error) {
 	wrote := false
+	current = p.newest(current)
 	if current == nil || !ownedBy(current, p.Node) {
 		// The object itself: its name and owner. A NodeDevices left over from a
 		// Node of the same name that was deleted and re-created gets the new owner.
@@ -59,6 +68,7 @@ func (p *Publisher) Publish(ctx context.Context, current *v1alpha1.NodeDevices, 
 			return false, fmt.Errorf("applying NodeDevices %s: %w", p.Node.Name, err)
 		}
 		current, wrote = applied, true
+		p.written = applied
 	}
 	desired := status.DeepCopy()
 	desired.Conditions = mergeConditions(current.Status.Conditions, status.Conditions)
@@ -69,10 +79,26 @@ func (p *Publisher) Publish(ctx context.Context, current *v1alpha1.NodeDevices, 
 	if err != nil {
 		return wrote, err
 	}
-	if _, err := p.Resclass.ResclassV1alpha1().NodeDevices().ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
+	applied, err := p.Resclass.ResclassV1alpha1().NodeDevices().ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+	if err != nil {
 		return wrote, fmt.Errorf("applying NodeDevices %s status: %w", p.Node.Name, err)
 	}
+	p.written = applied
 	return true, nil
+}
+
+// newest returns the newer of current (the informer's copy) and the object
+// this publisher last wrote. Only a copy of the same object (same UID) that is
+// older than that write is replaced: a newer one carries someone else's change,
+// a missing one a deletion, and both must be answered by writing again.
+func (p *Publisher) newest(current *v1alpha1.NodeDevices) *v1alpha1.NodeDevices {
+	if current == nil || p.written == nil || current.UID != p.written.UID {
+		return current
+	}
+	if cmp, err := resourceversion.CompareResourceVersion(current.ResourceVersion, p.written.ResourceVersion); err == nil && cmp < 0 {
+		return p.written
+	}
+	return current
 }
 
 // PublishLabels makes the node carry labels, and no other label this agent set
