@@ -34,6 +34,11 @@ type cache struct {
 	classes map[string]*classState
 	pods    map[types.UID]*holding
 	byNode  map[string]map[types.UID]*holding
+	// gone are pods the scheduler's event handler reported deleted (see
+	// releaseGone) whose deletion this plugin's own handler has not delivered
+	// yet: an older update of theirs still on its way must not hold their
+	// devices again. The plugin's handler removes them (releaseDeleted).
+	gone map[types.UID]struct{}
 
 	// classNodes[class] are the nodes where class selects a device, rebuilt
 	// (as new sets, never changed in place: PreFilter hands them out) when
@@ -563,9 +568,14 @@ func (c *cache) reportLocked(h *holding, why *inconsistency) {
 	c.untrusted(h, why)
 }
 
-// hold records h, replacing what the same pod held before.
+// hold records h, replacing what the same pod held before. A pod already
+// reported deleted holds nothing.
 func (c *cache) hold(h *holding) {
 	c.mu.Lock()
+	if _, gone := c.gone[h.uid]; gone {
+		c.mu.Unlock()
+		return
+	}
 	if old := c.pods[h.uid]; old != nil && old.node == h.node && old.raw == h.raw {
 		// The informer confirming what Reserve assumed, or a status update of a
 		// pod whose devices did not change.
@@ -632,6 +642,36 @@ func (c *cache) holdLocked(h *holding) bool {
 		c.charge(n, h, 1)
 	}
 	return freed
+}
+
+// releaseGone releases a pod the scheduler's own event handler reported
+// deleted (or ended), ahead of this plugin's handler, which receives the same
+// event independently and may deliver it later. The scheduler requeues pods
+// waiting for devices on that event: retried against a cache that still counts
+// the deleted pod's devices, a pod that had preempted it would find its node
+// full again and preempt a second victim. It does not call freed: it runs in
+// the scheduler's queueing hint, under the queue's lock, which Activate takes.
+func (c *cache) releaseGone(uid types.UID) {
+	c.mu.Lock()
+	released := c.releaseLocked(uid)
+	if c.gone == nil {
+		c.gone = map[types.UID]struct{}{}
+	}
+	c.gone[uid] = struct{}{}
+	c.mu.Unlock()
+	if released {
+		c.changed()
+	}
+}
+
+// releaseDeleted is release for this plugin's own report that pod uid was
+// deleted or ended: the last event of the pod, after which nothing of it
+// arrives, so it is no longer remembered as gone.
+func (c *cache) releaseDeleted(uid types.UID) bool {
+	c.mu.Lock()
+	delete(c.gone, uid)
+	c.mu.Unlock()
+	return c.release(uid)
 }
 
 // release forgets what pod uid holds; it reports whether it held anything.

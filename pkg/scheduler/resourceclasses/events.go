@@ -27,7 +27,7 @@ func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, 
 	return []fwk.ClusterEventWithHint{
 		{Event: fwk.ClusterEvent{Resource: nodeDevicesResource, ActionType: fwk.Add | fwk.Update}, QueueingHintFn: devicesChanged},
 		{Event: fwk.ClusterEvent{Resource: resourceClassResource, ActionType: fwk.Add | fwk.Update}, QueueingHintFn: classRequested},
-		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Delete}, QueueingHintFn: holderGone},
+		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Delete}, QueueingHintFn: p.holderGone},
 	}, nil
 }
 
@@ -69,7 +69,15 @@ func classRequested(_ klog.Logger, pod *corev1.Pod, _, newObj any) (fwk.Queueing
 
 // holderGone queues when a pod that held devices is deleted. A pod that finishes
 // is a deletion too: the scheduler's pod informer leaves out terminal pods.
-func holderGone(_ klog.Logger, _ *corev1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
+//
+// Before it answers, the cache lets go of the pod's devices (releaseGone): the
+// scheduler retries the waiting pod as soon as this hint returns, and this
+// plugin's own informer handler, which also releases them, may not have run
+// yet. A preemptor retried then would find the node still full and preempt a
+// second victim. The scheduler sends this event for a pod whose binding failed
+// too; that pod is not gone (the informer's store still has it running), and
+// Unreserve has released what it held.
+func (p *Plugin) holderGone(_ klog.Logger, _ *corev1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
 	old, _ := oldObj.(*corev1.Pod)
 	if old == nil {
 		return fwk.QueueSkip, nil
@@ -77,5 +85,21 @@ func holderGone(_ klog.Logger, _ *corev1.Pod, oldObj, _ any) (fwk.QueueingHint, 
 	if _, held := old.Annotations[assignment.AnnotationKey]; !held || old.Spec.NodeName == "" {
 		return fwk.QueueSkip, nil
 	}
+	if p.gone(old) {
+		p.cache.releaseGone(old.UID)
+	}
 	return fwk.Queue, nil
+}
+
+// gone reports whether the scheduler's informer no longer has pod, or has it
+// ended.
+func (p *Plugin) gone(pod *corev1.Pod) bool {
+	if p.pods == nil {
+		return false
+	}
+	now, err := p.pods.Pods(pod.Namespace).Get(pod.Name)
+	if err != nil || now.UID != pod.UID {
+		return true
+	}
+	return now.Status.Phase == corev1.PodSucceeded || now.Status.Phase == corev1.PodFailed
 }

@@ -54,9 +54,9 @@ func TestQueueingHints(t *testing.T) {
 		{"only conditions changed", devicesChanged, nd(true, "A"), nd(true, "B"), fwk.QueueSkip},
 		{"requested class created", classRequested, nil, class("gpu"), fwk.Queue},
 		{"another class created", classRequested, nil, class("nic"), fwk.QueueSkip},
-		{"holder deleted", holderGone, holder, nil, fwk.Queue},
-		{"pod without assignment deleted", holderGone, &corev1.Pod{Spec: corev1.PodSpec{NodeName: "n1"}}, nil, fwk.QueueSkip},
-		{"unbound pod deleted", holderGone, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: holder.Annotations}}, nil, fwk.QueueSkip},
+		{"holder deleted", (&Plugin{cache: newCache()}).holderGone, holder, nil, fwk.Queue},
+		{"pod without assignment deleted", (&Plugin{}).holderGone, &corev1.Pod{Spec: corev1.PodSpec{NodeName: "n1"}}, nil, fwk.QueueSkip},
+		{"unbound pod deleted", (&Plugin{}).holderGone, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: holder.Annotations}}, nil, fwk.QueueSkip},
 	} {
 		got, err := tc.hint(logger, waiting, tc.old, tc.new)
 		if err != nil || got != tc.want {

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -49,6 +50,10 @@ type Plugin struct {
 	// there; off (the resclass binary's default), they are refused there,
 	// as nothing would allocate them (dramode.go).
 	draClasses bool
+	// pods is the scheduler's pod informer's store: it is updated before any
+	// handler hears of a change, so it says whether a pod is really gone
+	// (holderGone).
+	pods corelisters.PodLister
 
 	mu      sync.Mutex
 	waiting map[types.UID]*corev1.Pod // pods with class requests not yet placed
@@ -121,6 +126,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	}
 	// The scheduler's own pod informer: it starts it, and it holds every pod
 	// already, so the devices held are rebuilt from the same watch.
+	p.pods = h.SharedInformerFactory().Core().V1().Pods().Lister()
 	podReg, err := h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { p.podChanged(obj.(*corev1.Pod)) },
 		UpdateFunc: func(_, obj any) { p.podChanged(obj.(*corev1.Pod)) },
@@ -205,7 +211,7 @@ func (p *Plugin) podChanged(pod *corev1.Pod) {
 	}
 	p.forget(pod.UID)
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-		p.cache.release(pod.UID)
+		p.cache.releaseDeleted(pod.UID)
 		return
 	}
 	if preemptedByScheduler(pod) {
@@ -251,7 +257,7 @@ func (p *Plugin) untrusted(logger klog.Logger) func(h *holding, why *inconsisten
 
 func (p *Plugin) podDeleted(pod *corev1.Pod) {
 	p.forget(pod.UID)
-	p.cache.release(pod.UID)
+	p.cache.releaseDeleted(pod.UID)
 }
 
 func (p *Plugin) forget(uid types.UID) {

@@ -1364,6 +1364,58 @@ func TestCacheRebuiltFromBoundPods(t *testing.T) {
 	h.waitFor("the deleted pod to release its devices", func() bool { return !h.holds(again.UID) })
 }
 
+// TestDeletedHolderFreedBeforeThePluginHearsOfIt: the scheduler's event
+// handler hears of a holder's deletion and requeues the pods waiting for its
+// devices, while this plugin's own handler of the same event may not have run.
+// The queueing hint frees the devices first, so the retry finds them free
+// instead of preempting again; what the plugin's handler then delivers late
+// (an older update of the pod) does not hold them again.
+func TestDeletedHolderFreedBeforeThePluginHearsOfIt(t *testing.T) {
+	holder := boundPod(t, "holder", "n1", "n1", "gpu", "g0")
+	holder.UID = "holder-uid"
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses, holder)
+	h.waitFor("the holder's devices to be held", func() bool { return h.holds(holder.UID) })
+	waiting := gpuPod("waiting", "gpu", 1)
+	if _, st := h.fits(waiting, "n1"); st.Code() != fwk.Unschedulable {
+		t.Fatalf("g0 held: %v, want Unschedulable", st)
+	}
+	logger := klog.Background()
+
+	// A pod whose binding failed is sent as deleted too, but it is still there.
+	if hint, _ := h.plugin.holderGone(logger, waiting, holder, nil); hint != fwk.Queue {
+		t.Errorf("hint %v, want Queue", hint)
+	}
+	if !h.holds(holder.UID) {
+		t.Fatal("a pod the informer still has lost its devices")
+	}
+
+	// The informer's store drops the pod before any handler runs; only the
+	// scheduler's has run.
+	store := h.plugin.handle.SharedInformerFactory().Core().V1().Pods().Informer().GetStore()
+	if err := store.Delete(holder); err != nil {
+		t.Fatal(err)
+	}
+	if hint, _ := h.plugin.holderGone(logger, waiting, holder, nil); hint != fwk.Queue {
+		t.Errorf("hint %v, want Queue", hint)
+	}
+	if _, st := h.fits(waiting, "n1"); !st.IsSuccess() {
+		t.Errorf("after the hint for the deleted holder: %v, want g0 free", st)
+	}
+	// The plugin's handler delivers an update from before the deletion.
+	h.plugin.podChanged(holder.DeepCopy())
+	if h.holds(holder.UID) {
+		t.Error("an update delivered after the deletion was reported holds the devices again")
+	}
+	// Then the deletion itself: nothing is remembered of the pod any more.
+	h.plugin.podDeleted(holder)
+	h.plugin.cache.mu.RLock()
+	_, remembered := h.plugin.cache.gone[holder.UID]
+	h.plugin.cache.mu.RUnlock()
+	if remembered {
+		t.Error("the deleted pod is still remembered after its deletion was delivered")
+	}
+}
+
 func TestHoldingFromPod(t *testing.T) {
 	pool := "hugepages-1Gi-numa0"
 	withPages := boundPod(t, "pages", "n1", "n1", "hp-1g", pool)
