@@ -44,6 +44,11 @@ type cache struct {
 	// (as new sets, never changed in place: PreFilter hands them out) when
 	// dirty.
 	classNodes map[string]sets.Set[string]
+	// numaUnsure[class]: some device the class selects, on some node, is a
+	// hugepage pool or publishes no NUMA node we count (rebuilt with
+	// classNodes). Without one, a one-device pod of the class scores the same
+	// on every node where it fits under NUMAAligned (numaCertain).
+	numaUnsure map[string]bool
 	dirty      bool
 	// classGen counts class changes, so that a node matched outside the lock
 	// knows whether its snapshot of the classes is still current.
@@ -192,25 +197,7 @@ func newCache() *cache {
 // nodesFor returns the nodes where every class selects at least one device.
 // The set is shared: callers must not change it.
 func (c *cache) nodesFor(classes []string) sets.Set[string] {
-	c.mu.RLock()
-	if c.dirty {
-		c.mu.RUnlock()
-		c.mu.Lock()
-		if c.dirty {
-			c.classNodes = map[string]sets.Set[string]{}
-			for name, n := range c.nodes {
-				for class := range n.matches {
-					if c.classNodes[class] == nil {
-						c.classNodes[class] = sets.New[string]()
-					}
-					c.classNodes[class].Insert(name)
-				}
-			}
-			c.dirty = false
-		}
-		c.mu.Unlock()
-		c.mu.RLock()
-	}
+	c.rLockIndexed()
 	defer c.mu.RUnlock()
 	out := c.classNodes[classes[0]]
 	for _, class := range classes[1:] {
@@ -220,6 +207,52 @@ func (c *cache) nodesFor(classes []string) sets.Set[string] {
 		out = sets.New[string]()
 	}
 	return out
+}
+
+// numaCertain reports whether class selects only devices that publish a NUMA
+// node (and no hugepage pool), on every node. A pod that wants one device of
+// it then scores MaxScore under NUMAAligned wherever it fits: its device is on
+// one NUMA node.
+func (c *cache) numaCertain(class string) bool {
+	c.rLockIndexed()
+	defer c.mu.RUnlock()
+	_, selects := c.classNodes[class]
+	return selects && !c.numaUnsure[class]
+}
+
+// rLockIndexed read-locks the cache with classNodes and numaUnsure current:
+// rebuilt, if a node or class changed since, under the write lock.
+func (c *cache) rLockIndexed() {
+	c.mu.RLock()
+	if !c.dirty {
+		return
+	}
+	c.mu.RUnlock()
+	c.mu.Lock()
+	if c.dirty {
+		c.classNodes = map[string]sets.Set[string]{}
+		c.numaUnsure = map[string]bool{}
+		for name, n := range c.nodes {
+			for class, idx := range n.matches {
+				if c.classNodes[class] == nil {
+					c.classNodes[class] = sets.New[string]()
+				}
+				c.classNodes[class].Insert(name)
+				if c.numaUnsure[class] {
+					continue
+				}
+				for _, i := range idx {
+					if dev := n.devices[i]; dev.pool != nil || dev.numa < 0 || dev.numa >= maxNUMA {
+						c.numaUnsure[class] = true
+						break
+					}
+				}
+			}
+		}
+		c.dirty = false
+	}
+	c.mu.Unlock()
+	c.mu.RLock()
 }
 
 // invalidDevice is a published device the scheduler gives to nobody because

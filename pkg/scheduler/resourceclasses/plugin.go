@@ -419,6 +419,12 @@ func (p *Plugin) PreScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Po
 		// the framework's parallel workers, node by node.
 		return nil
 	}
+	if p.args.Strategy == NUMAAligned && len(s.demand.classes) == 1 && s.demand.draws[s.demand.classes[0]] == 1 &&
+		p.cache.numaCertain(s.demand.classes[0]) {
+		// One device on a NUMA node it publishes: MaxScore on every node,
+		// known without visiting one.
+		return fwk.NewStatus(fwk.Skip)
+	}
 	names := make([]string, len(nodes))
 	for i, ni := range nodes {
 		names[i] = ni.Node().Name

@@ -789,6 +789,35 @@ func TestStrategiesScoreNodes(t *testing.T) {
 		if want := map[string]int64{"full": fwk.MaxScore, "empty": fwk.MaxScore}; !maps.Equal(got, want) {
 			t.Errorf("scores %v, want %v", got, want)
 		}
+		if !h.plugin.cache.numaCertain("gpu") {
+			t.Error("every GPU publishes its NUMA node, yet PreScore cannot know the scores without visiting the nodes")
+		}
+	})
+
+	// One GPU somewhere publishes no NUMA node: a one-GPU pod there scores
+	// less, so PreScore must look at the nodes. Once that node goes, the
+	// class is certain again.
+	t.Run("NUMAAligned, a device without NUMA node", func(t *testing.T) {
+		h := newHarness(t, NUMAAligned, append([]*v1alpha1.NodeDevices{nodeDevices("unknown", gpu("u0", -1, "80Gi"))}, nds...), allClasses)
+		pod := gpuPod("p", "gpu", 1)
+		cs, _, st := h.preFilter(pod)
+		if !st.IsSuccess() {
+			t.Fatal(st)
+		}
+		if h.plugin.cache.numaCertain("gpu") {
+			t.Error("a GPU without NUMA node, yet the class counts as certain")
+		}
+		got := h.scores(cs, pod, "unknown", "empty")
+		if cs.GetSkipScorePlugins().Has(Name) {
+			t.Error("scoring skipped, with the nodes scoring differently")
+		}
+		if got["empty"] != fwk.MaxScore || got["unknown"] >= got["empty"] {
+			t.Errorf("scores %v, want %d for empty and less for unknown", got, fwk.MaxScore)
+		}
+		h.plugin.cache.deleteNodeDevices("unknown")
+		if !h.plugin.cache.numaCertain("gpu") {
+			t.Error("the GPU without NUMA node is gone, yet the class is not certain")
+		}
 	})
 
 	t.Run(string(NUMAAligned), func(t *testing.T) {
