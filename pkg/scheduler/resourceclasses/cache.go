@@ -34,10 +34,10 @@ type cache struct {
 	classes map[string]*classState
 	pods    map[types.UID]*holding
 	byNode  map[string]map[types.UID]*holding
-	// gone are pods the scheduler's event handler reported deleted (see
-	// releaseGone) whose deletion this plugin's own handler has not delivered
-	// yet: an older update of theirs still on its way must not hold their
-	// devices again. The plugin's handler removes them (releaseDeleted).
+	// gone are pods released because the scheduler's event handler reported
+	// them deleted (releaseGone) before this plugin's own handler delivered
+	// the deletion: an older update of theirs still on its way must not hold
+	// their devices again. The plugin's handler removes them (releaseDeleted).
 	gone map[types.UID]struct{}
 
 	// classNodes[class] are the nodes where class selects a device, rebuilt
@@ -684,13 +684,26 @@ func (c *cache) holdLocked(h *holding) bool {
 // the deleted pod's devices, a pod that had preempted it would find its node
 // full again and preempt a second victim. It does not call freed: it runs in
 // the scheduler's queueing hint, under the queue's lock, which Activate takes.
+//
+// Only a pod still held is remembered as gone: if this plugin's handler has
+// delivered the deletion already, nothing of the pod arrives any more, and
+// nothing would forget it. The hint runs once per waiting pod; after the
+// first, the read lock answers.
 func (c *cache) releaseGone(uid types.UID) {
+	c.mu.RLock()
+	_, held := c.pods[uid]
+	c.mu.RUnlock()
+	if !held {
+		return
+	}
 	c.mu.Lock()
 	released := c.releaseLocked(uid)
-	if c.gone == nil {
-		c.gone = map[types.UID]struct{}{}
+	if released {
+		if c.gone == nil {
+			c.gone = map[types.UID]struct{}{}
+		}
+		c.gone[uid] = struct{}{}
 	}
-	c.gone[uid] = struct{}{}
 	c.mu.Unlock()
 	if released {
 		c.changed()

@@ -1443,6 +1443,26 @@ func TestDeletedHolderFreedBeforeThePluginHearsOfIt(t *testing.T) {
 	if remembered {
 		t.Error("the deleted pod is still remembered after its deletion was delivered")
 	}
+
+	// The other order: the plugin's handler delivers the deletion first, then
+	// the hint runs (once per waiting pod). Nothing is left remembered, or
+	// nothing would ever forget it.
+	second := boundPod(t, "second", "n1", "n1", "gpu", "g0")
+	second.UID = "second-uid"
+	h.plugin.podChanged(second)
+	if !h.holds(second.UID) {
+		t.Fatal("the second holder holds nothing")
+	}
+	h.plugin.podDeleted(second)
+	for range 3 {
+		h.plugin.holderGone(logger, waiting, second, nil)
+	}
+	h.plugin.cache.mu.RLock()
+	remembered = len(h.plugin.cache.gone) > 0
+	h.plugin.cache.mu.RUnlock()
+	if remembered {
+		t.Error("a pod whose deletion was delivered before the hint ran is remembered as gone, for ever")
+	}
 }
 
 func TestHoldingFromPod(t *testing.T) {
