@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 	v1helper "k8s.io/kubernetes/pkg/apis/core/v1/helper"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -974,7 +975,7 @@ func (c *cache) markPreempted(uid types.UID) (devices, node string, ok bool) {
 // its draws, blocked: it may run on devices it got before the annotation
 // changed, and it never holds more than it requests.
 func holdingFromPod(pod *corev1.Pod) *holding {
-	if pod.Spec.NodeName == "" || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+	if pod.Spec.NodeName == "" || podutil.IsPodTerminal(pod) {
 		return nil
 	}
 	d, err := podDemand(pod)

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
@@ -101,5 +102,5 @@ func (p *Plugin) gone(pod *corev1.Pod) bool {
 	if err != nil || now.UID != pod.UID {
 		return true
 	}
-	return now.Status.Phase == corev1.PodSucceeded || now.Status.Phase == corev1.PodFailed
+	return podutil.IsPodTerminal(now)
 }

@@ -25,6 +25,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 	"k8s.io/kubernetes/pkg/features"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -210,7 +211,7 @@ func (p *Plugin) podChanged(pod *corev1.Pod) {
 		return // pending, or between PreBind and bind: Reserve's hold stands
 	}
 	p.forget(pod.UID)
-	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+	if podutil.IsPodTerminal(pod) {
 		p.cache.releaseDeleted(pod.UID)
 		return
 	}
