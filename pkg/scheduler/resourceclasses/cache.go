@@ -714,16 +714,23 @@ func (c *cache) releaseGone(uid types.UID) {
 // releaseDeleted is release for this plugin's own report that pod uid was
 // deleted or ended: the last event of the pod, after which nothing of it
 // arrives, so it is no longer remembered as gone.
+//
+// Both happen under one lock: between them, the hint for the same deletion
+// would find the pod still held and remember it as gone, for ever.
 func (c *cache) releaseDeleted(uid types.UID) bool {
-	c.mu.Lock()
-	delete(c.gone, uid)
-	c.mu.Unlock()
-	return c.release(uid)
+	return c.releaseAndForget(uid, true)
 }
 
 // release forgets what pod uid holds; it reports whether it held anything.
 func (c *cache) release(uid types.UID) bool {
+	return c.releaseAndForget(uid, false)
+}
+
+func (c *cache) releaseAndForget(uid types.UID, deleted bool) bool {
 	c.mu.Lock()
+	if deleted {
+		delete(c.gone, uid)
+	}
 	freed := c.releaseLocked(uid)
 	c.mu.Unlock()
 	if freed {
