@@ -112,8 +112,14 @@ type runFigures struct {
 	inBytes map[string]float64            // request body bytes per pod, by resource
 	watchB  map[string]float64            // watch event bytes sent per pod, by resource
 	walB    float64                       // etcd WAL bytes per pod
-	stalls  int64                         // direct reclaim stalls during the run
-	scanned int64                         // and pages they scanned
+	// schedAllocB is the bytes the scheduler allocated per pod, schedGCs the
+	// garbage collections it finished during the run: at 5000 nodes one
+	// collection costs about a third of a run's scheduler CPU
+	// (docs/scheduler.md, "5000 nodes").
+	schedAllocB, schedGCs float64
+	schedLiveB            float64 // the scheduler's live heap after its last collection, at the run's end
+	stalls                int64   // direct reclaim stalls during the run
+	scanned               int64   // and pages they scanned
 }
 
 func (before *breakdown) figures(b testing.TB, after *breakdown, pods int) runFigures {
@@ -188,6 +194,9 @@ func (before *breakdown) figures(b testing.TB, after *breakdown, pods int) runFi
 	f.inBytes = byDelta(before.api, after.api, "apiserver_request_body_size_bytes_sum", "resource")
 	f.watchB = byDelta(before.api, after.api, "apiserver_watch_events_sizes_sum", "resource")
 	f.walB = delta(before.etcd, after.etcd, "etcd_disk_wal_write_bytes_total") / n
+	f.schedAllocB = delta(before.sched, after.sched, "go_gc_heap_allocs_bytes_total") / n
+	f.schedGCs = delta(before.sched, after.sched, "go_gc_cycles_total_gc_cycles_total")
+	f.schedLiveB = after.sched.Sum("go_gc_heap_live_bytes")
 	return f
 }
 
@@ -210,6 +219,7 @@ func (f runFigures) report(b *testing.B) {
 	b.ReportMetric(sum(f.inBytes), "request-B/pod")
 	b.ReportMetric(sum(f.watchB), "watch-B/pod")
 	b.ReportMetric(f.walB, "etcd-wal-B/pod")
+	b.ReportMetric(f.schedAllocB, "scheduler-alloc-B/pod")
 	b.Logf("CPU ms per pod: %s; other work on the machine: %.2f cores over %v (%.1f pods/s)", fmtMap(f.cpuMS, "%.2f"), f.outside, f.wall.Round(time.Millisecond), f.pods/f.wall.Seconds())
 	for _, name := range breakdownPlugins {
 		if len(f.plugin[name]) > 0 {
@@ -221,6 +231,7 @@ func (f runFigures) report(b *testing.B) {
 	b.Logf("request bytes per pod: %s", fmtMap(f.inBytes, "%.0f"))
 	b.Logf("watch bytes sent per pod: %s", fmtMap(f.watchB, "%.0f"))
 	b.Logf("etcd WAL bytes per pod: %.0f", f.walB)
+	b.Logf("scheduler: %.0f bytes allocated per pod, %.0f garbage collections, live heap %.0f MB", f.schedAllocB, f.schedGCs, f.schedLiveB/1e6)
 	// Not (yet) a reason to refuse a run: docs/scheduler.md, "An idle cluster".
 	b.Logf("direct memory reclaim during the run: %d stalls, %d pages scanned", f.stalls, f.scanned)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,15 +34,19 @@ import (
 //     the plugin skips: what kube-scheduler does without device selection.
 //   - class: pods request 1 GPU as class.resclass.io/<class>; the
 //     ResourceClasses plugin picks node and device and writes the assignment.
-//   - class-prebind: the same, with the assignment written by a PreBind patch
-//     instead of in the Binding (assignmentWrite: PreBind): two more writes,
-//     the patch and kube-scheduler's nominatedNodeName status patch.
+//   - class-prebind: the same, with the assignment patched onto the pod before
+//     the binding instead of written in it (assignmentWrite: PreBind): one
+//     more pod write.
 //   - class-topology: the same, with strategy Topology (Reserve runs the
 //     topology search once per pod).
 //   - 5000-nodes/baseline-extended-resource and 5000-nodes/class: the
 //     baseline and class runs once 4000 more nodes joined the pool
 //     (scheduler_perf's 5000 nodes), unless RESCLASS_BENCH_NODES_5000=0;
 //     RESCLASS_BENCH_NODES_5000=only runs these alone.
+//
+// RESCLASS_BENCH_SIDES (a comma-separated list of class, class-prebind,
+// class-topology) runs only those sides against the baseline, for a quicker
+// look at one of them; the 5000-node variant runs the first of them.
 //
 // The machine's speed moves by tens of percent within minutes, and by 15-30%
 // from one run to the next (docs/scheduler.md, "Interleaved rounds"), so the
@@ -127,6 +132,12 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 		{name: "class-prebind", scheduler: framework.PreBindSchedulerName, resource: classResource},
 		{name: "class-topology", scheduler: framework.TopologySchedulerName, resource: classResource},
 	}
+	if only := os.Getenv("RESCLASS_BENCH_SIDES"); only != "" {
+		sides = slices.DeleteFunc(sides, func(s benchSide) bool { return !slices.Contains(strings.Split(only, ","), s.name) })
+		if len(sides) == 0 {
+			b.Fatalf("RESCLASS_BENCH_SIDES=%q: want some of class, class-prebind, class-topology", only)
+		}
+	}
 	baseline := benchSide{name: "baseline-extended-resource", scheduler: resclassScheduler, resource: plain}
 	scale := os.Getenv("RESCLASS_BENCH_NODES_5000")
 	if scale != "only" {
@@ -172,9 +183,10 @@ func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface,
 	measure := func(s benchSide, round int) benchRun {
 		r := scheduleRun(b, ctx, client, idle, pods, pool, s, fmt.Sprintf("%s-%d", s.name, len(runs[s.name])))
 		runs[s.name] = append(runs[s.name], r)
-		benchLog(b, "round %d %s: %.1f pods/s; speed probe %v before, %v after; other work %.2f cores; settled in %v, cleaned up in %v; CPU ms per pod: %s",
+		benchLog(b, "round %d %s: %.1f pods/s; speed probe %v before, %v after; other work %.2f cores; settled in %v, cleaned up in %v; CPU ms per pod: %s; scheduler: %.0f KB allocated per pod, %.0f GCs, live heap %.0f MB",
 			round, s.name, r.podsPerSecond, r.probe[0].Round(10*time.Microsecond), r.probe[1].Round(10*time.Microsecond),
-			r.figures.outside, r.settled.Round(100*time.Millisecond), r.cleanup.Round(100*time.Millisecond), fmtMap(r.figures.cpuMS, "%.2f"))
+			r.figures.outside, r.settled.Round(100*time.Millisecond), r.cleanup.Round(100*time.Millisecond), fmtMap(r.figures.cpuMS, "%.2f"),
+			r.figures.schedAllocB/1024, r.figures.schedGCs, r.figures.schedLiveB/1e6)
 		return r
 	}
 	// brackets[side][round]: the side's run of the round and its baselines.
@@ -437,8 +449,8 @@ func scheduleAllMeasured(b *testing.B, ctx context.Context, pods []*corev1.Pod, 
 }
 
 // profileRun saves CPU profiles of the scheduler and, when the cluster was
-// started with RESCLASS_E2E_PROFILING=1, of kube-apiserver, over the first
-// five seconds of a run, into dir (docs/scheduler.md, "Where the time goes"),
+// started with RESCLASS_E2E_PROFILING=1, of kube-apiserver, and the
+// scheduler's allocation profile, over the first five seconds of a run, into dir (docs/scheduler.md, "Where the time goes"),
 // as <benchmark>_<label>-<component>.pprof: label tells a benchmark's runs
 // apart (SchedulingThroughput's side and round).
 func profileRun(b *testing.B, ctx context.Context, dir, label string, wg *sync.WaitGroup) {
@@ -454,6 +466,28 @@ func profileRun(b *testing.B, ctx context.Context, dir, label string, wg *sync.W
 			}
 		})
 	}
+	// What the scheduler allocates over the same seconds: the garbage its
+	// collections cost (docs/scheduler.md, "5000 nodes").
+	wg.Go(func() {
+		data, err := cluster.AllocsProfile(ctx, "scheduler", 5*time.Second)
+		if err == nil {
+			err = os.WriteFile(fmt.Sprintf("%s/%s-scheduler-allocs.pprof", dir, name), data, 0o644)
+		}
+		if err != nil {
+			benchLog(b, "scheduler allocation profile: %v", err)
+		}
+	})
+	// And what it holds (inuse_space: as of its last collection), which
+	// each collection marks.
+	wg.Go(func() {
+		data, err := cluster.HeapProfile(ctx, "scheduler")
+		if err == nil {
+			err = os.WriteFile(fmt.Sprintf("%s/%s-scheduler-heap.pprof", dir, name), data, 0o644)
+		}
+		if err != nil {
+			benchLog(b, "scheduler heap profile: %v", err)
+		}
+	})
 }
 
 // scheduleAllHooked is scheduleAll calling starting just before the first

@@ -99,6 +99,18 @@ func (c *Cluster) CPUProfile(ctx context.Context, component string, d time.Durat
 	return c.get(ctx, component, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds())))
 }
 
+// AllocsProfile returns a pprof profile of what the "scheduler" allocated
+// over the next d.
+func (c *Cluster) AllocsProfile(ctx context.Context, component string, d time.Duration) ([]byte, error) {
+	return c.get(ctx, component, fmt.Sprintf("/debug/pprof/allocs?seconds=%d", int(d.Seconds())))
+}
+
+// HeapProfile returns a pprof profile of what the "scheduler" holds, as of
+// its last garbage collection (it does not force one).
+func (c *Cluster) HeapProfile(ctx context.Context, component string) ([]byte, error) {
+	return c.get(ctx, component, "/debug/pprof/heap")
+}
+
 func (c *Cluster) get(ctx context.Context, component, path string) ([]byte, error) {
 	var (
 		url    string

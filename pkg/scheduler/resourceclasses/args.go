@@ -51,8 +51,11 @@ const (
 	// the node and the annotations in one write, so no pod is ever bound
 	// without its assignment and binding costs no extra API call.
 	WriteInBinding AssignmentWrite = "Binding"
-	// WriteInPreBind patches the pod in PreBind, then the default binder binds
-	// it: one more write per pod, for setups where another Bind plugin must bind.
+	// WriteInPreBind patches the pod before it is bound, then the next Bind
+	// plugin binds it: one more write per pod, for setups where another Bind
+	// plugin must bind. The patch is written at the bind extension point, not
+	// in PreBind: a PreBind with work makes kube-scheduler patch the pod's
+	// nominatedNodeName first, a second extra write (docs/scheduler.md).
 	WriteInPreBind AssignmentWrite = "PreBind"
 )
 

@@ -208,7 +208,7 @@ func (p *Plugin) nodeDevicesChanged(logger klog.Logger, nd *v1alpha1.NodeDevices
 // the cache trusts nothing for it yet, its annotation (cache.go, holding).
 func (p *Plugin) podChanged(pod *corev1.Pod) {
 	if pod.Spec.NodeName == "" {
-		return // pending, or between PreBind and bind: Reserve's hold stands
+		return // pending, or between the assignment patch and the binding: Reserve's hold stands
 	}
 	p.forget(pod.UID)
 	if podutil.IsPodTerminal(pod) {
@@ -290,9 +290,9 @@ func (p *Plugin) activateWaiting() {
 type state struct {
 	demand *demand
 	placed *assignment.Assignment
-	// annotations are placed's, encoded once in Reserve for Bind or PreBind.
+	// annotations are placed's, encoded once in Reserve for Bind.
 	annotations map[string]string
-	patched     bool // PreBind wrote the annotations
+	patched     bool // Bind patched the annotations in (WriteInPreBind)
 	// views are this cycle's what-ifs of nodes (preemption.go), per node name.
 	views map[string]*nodeView
 	// scores are PreScore's, per node name; nil when it skipped scoring.
@@ -550,7 +550,7 @@ func alignedLabel(pl *placement) string {
 	return "false"
 }
 
-// Unreserve releases what Reserve held and, if PreBind already wrote the
+// Unreserve releases what Reserve held and, if Bind already patched in the
 // annotations, removes them, so a pod that goes back to the queue does not carry
 // devices it does not hold.
 func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) {
@@ -561,7 +561,7 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	if p.cache.isAssumed(pod.UID) {
 		p.cache.release(pod.UID)
 	}
-	// What PreBind wrote is known from the placement only: read it before
+	// What Bind patched in is known from the placement only: read it before
 	// forgetting the placement.
 	written := s.annotations
 	s.placed, s.annotations = nil, nil
@@ -580,56 +580,58 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	p.mu.Unlock()
 }
 
-// PreBindPreFlight: with WriteInPreBind, pods with devices placed have
-// annotations to write; with WriteInBinding, only pods carrying stale resclass
-// annotations (from an attempt that failed) need PreBind, to remove them.
+// PreBindPreFlight: only a pod carrying stale resclass annotations (from an
+// attempt that failed) gives PreBind work, with WriteInBinding. The
+// assignment itself is written at the bind extension point in both modes:
+// kube-scheduler patches a pod's nominatedNodeName before any PreBind that has
+// work, which would cost every class pod one more API write.
 func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
 	s, ok := getState(cs)
-	if !ok || s.placed == nil {
-		return nil, fwk.NewStatus(fwk.Skip)
-	}
-	if p.args.AssignmentWrite == WriteInBinding && len(staleKeys(pod)) == 0 {
+	if !ok || s.placed == nil || p.args.AssignmentWrite != WriteInBinding || len(staleKeys(pod)) == 0 {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
 }
 
-// PreBind writes the assignment annotations (resclass.io/assignment and the
-// seed's per-device keys) with one merge patch, removing stale resclass keys
-// from an earlier attempt in the same patch. With WriteInBinding it only
-// removes stale keys; Bind writes the assignment.
+// PreBind removes stale resclass annotations from an earlier attempt, with
+// WriteInBinding; Bind writes the assignment.
 func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	s, ok := getState(cs)
-	if !ok || s.placed == nil {
+	if !ok || s.placed == nil || p.args.AssignmentWrite != WriteInBinding {
 		return nil
 	}
 	patch := staleKeys(pod)
-	if p.args.AssignmentWrite == WriteInPreBind {
-		for key, value := range s.annotations {
-			patch[key] = value
-		}
-	}
 	if len(patch) == 0 {
 		return nil
 	}
 	if err := p.patchAnnotations(ctx, pod, patch); err != nil {
-		assignments.WithLabelValues("error").Inc()
-		return fwk.AsStatus(fmt.Errorf("writing the device assignment: %w", err))
-	}
-	if p.args.AssignmentWrite == WriteInPreBind {
-		s.patched = true
-		assignments.WithLabelValues("written").Inc()
+		return fwk.AsStatus(fmt.Errorf("removing a stale device assignment: %w", err))
 	}
 	return nil
 }
 
-// Bind, with WriteInBinding, binds a pod with devices placed through a
-// Binding that carries the assignment annotations: the apiserver merges them
-// into the pod as it sets spec.nodeName, in one write. Other pods, and all pods
-// with WriteInPreBind, are left to the default binder.
+// Bind writes the assignment of a pod with devices placed. With
+// WriteInBinding it binds the pod through a Binding that carries the
+// assignment annotations: the apiserver merges them into the pod as it sets
+// spec.nodeName, in one write. With WriteInPreBind it patches the pod with
+// them (removing stale resclass keys in the same patch) and hands the binding
+// on to the next Bind plugin. Other pods are left to the next Bind plugin.
 func (p *Plugin) Bind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	s, ok := getState(cs)
-	if !ok || s.placed == nil || p.args.AssignmentWrite != WriteInBinding {
+	if !ok || s.placed == nil {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	if p.args.AssignmentWrite == WriteInPreBind {
+		patch := staleKeys(pod)
+		for key, value := range s.annotations {
+			patch[key] = value
+		}
+		if err := p.patchAnnotations(ctx, pod, patch); err != nil {
+			assignments.WithLabelValues("error").Inc()
+			return fwk.AsStatus(fmt.Errorf("writing the device assignment: %w", err))
+		}
+		s.patched = true
+		assignments.WithLabelValues("written").Inc()
 		return fwk.NewStatus(fwk.Skip)
 	}
 	binding := &corev1.Binding{

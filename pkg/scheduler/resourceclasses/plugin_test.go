@@ -1085,12 +1085,30 @@ func TestPreBindWritesAssignment(t *testing.T) {
 		"example.com/keep":       "yes",
 	}
 	h := newHarnessWithArgs(t, preBindArgs, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g-big", 0, "80Gi"), gpu("g-small", 0, "40Gi"))}, allClasses, pod)
+	bindings := apiserverBinding(h.client)
 	cs, placed := h.reserve(pod, "n1")
-	if st := h.fw.RunPreBindPreFlights(h.ctx, cs, pod, "n1"); !st.IsSuccess() {
-		t.Fatalf("PreBindPreFlight: %v, want PreBind to run", st)
+	// No PreBind work: kube-scheduler would patch nominatedNodeName first.
+	if st := h.fw.RunPreBindPreFlights(h.ctx, cs, pod, "n1"); !st.IsSkip() {
+		t.Fatalf("PreBindPreFlight: %v, want Skip (the patch is Bind's)", st)
 	}
-	if st := h.fw.RunPreBindPlugins(h.ctx, cs, pod, "n1"); !st.IsSuccess() {
-		t.Fatalf("PreBind: %v", st)
+	// The patch comes first at the bind extension point; DefaultBinder binds.
+	var patchedBeforeBinding bool
+	h.client.PrependReactor("create", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		if action.GetSubresource() == "binding" {
+			cur, err := h.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("pods"), "default", "p")
+			_, found, _ := assignment.FromPod(cur.(*corev1.Pod))
+			patchedBeforeBinding = err == nil && found
+		}
+		return false, nil, nil
+	})
+	if st := h.fw.RunBindPlugins(h.ctx, cs, pod, "n1"); !st.IsSuccess() {
+		t.Fatalf("Bind: %v", st)
+	}
+	if !patchedBeforeBinding {
+		t.Errorf("the pod was bound before its assignment was patched in")
+	}
+	if all := bindings(); len(all) != 1 || len(all[0].Annotations) != 0 {
+		t.Errorf("Bindings %+v, want one without annotations (DefaultBinder's)", all)
 	}
 
 	got, err := h.client.CoreV1().Pods("default").Get(h.ctx, "p", metav1.GetOptions{})
@@ -1117,11 +1135,10 @@ func TestPreBindWritesAssignment(t *testing.T) {
 		t.Errorf("an unrelated annotation was removed: %v", got.Annotations)
 	}
 
-	// Binding: the informer sees the pod on n1 with the same assignment, which
+	// The informer sees the pod on n1 with the same assignment, which
 	// confirms the hold instead of replacing it.
-	got.Spec.NodeName = "n1"
-	if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, got, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	if got.Spec.NodeName != "n1" {
+		t.Errorf("bound to %q, want n1", got.Spec.NodeName)
 	}
 	h.waitFor("the bound pod to confirm the assumed hold", func() bool { return h.holds(pod.UID) && !h.plugin.cache.isAssumed(pod.UID) })
 }
@@ -1131,8 +1148,15 @@ func TestUnreserveAfterPreBindRemovesAnnotations(t *testing.T) {
 	pod.Annotations = map[string]string{"example.com/keep": "yes"}
 	h := newHarnessWithArgs(t, preBindArgs, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses, pod)
 	cs, _ := h.reserve(pod, "n1")
-	if st := h.fw.RunPreBindPlugins(h.ctx, cs, pod, "n1"); !st.IsSuccess() {
-		t.Fatalf("PreBind: %v", st)
+	// The patch went in, the binding failed.
+	h.client.PrependReactor("create", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		return action.GetSubresource() == "binding", nil, errors.New("binding refused")
+	})
+	if st := h.fw.RunBindPlugins(h.ctx, cs, pod, "n1"); st.IsSuccess() {
+		t.Fatalf("Bind with a failing binding: %v, want an error", st)
+	}
+	if got, _ := h.client.CoreV1().Pods("default").Get(h.ctx, "p", metav1.GetOptions{}); got == nil || got.Annotations[assignment.AnnotationKey] == "" {
+		t.Fatalf("the assignment was not patched in before the binding: %v", got)
 	}
 	h.fw.RunReservePluginsUnreserve(h.ctx, cs, pod, "n1")
 	got, err := h.client.CoreV1().Pods("default").Get(h.ctx, "p", metav1.GetOptions{})
@@ -1160,10 +1184,14 @@ func TestPreBindPatchFailure(t *testing.T) {
 		patches++
 		return true, nil, errors.New("apiserver unavailable")
 	})
+	bindings := apiserverBinding(h.client)
 	cs, _ := h.reserve(pod, "n1")
-	st := h.fw.RunPreBindPlugins(h.ctx, cs, pod, "n1")
+	st := h.fw.RunBindPlugins(h.ctx, cs, pod, "n1")
 	if st.IsSuccess() || st.IsRejected() {
-		t.Fatalf("PreBind with a failing patch: %v, want an error", st)
+		t.Fatalf("Bind with a failing patch: %v, want an error", st)
+	}
+	if all := bindings(); len(all) != 0 {
+		t.Errorf("bound without the assignment: %+v", all)
 	}
 	if !strings.Contains(st.Message(), "writing the device assignment") || !strings.Contains(st.Message(), "apiserver unavailable") {
 		t.Errorf("message %q does not say what failed", st.Message())
@@ -1171,7 +1199,7 @@ func TestPreBindPatchFailure(t *testing.T) {
 	// Nothing was written, so Unreserve has nothing to remove.
 	h.fw.RunReservePluginsUnreserve(h.ctx, cs, pod, "n1")
 	if patches != 1 {
-		t.Errorf("%d patches, want 1 (Unreserve must not patch a pod PreBind did not write)", patches)
+		t.Errorf("%d patches, want 1 (Unreserve must not patch a pod Bind did not write)", patches)
 	}
 	if h.holds(pod.UID) {
 		t.Errorf("devices still held after Unreserve")
