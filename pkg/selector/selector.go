@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -125,11 +126,17 @@ func parseAs(s string, t v1alpha1.AttributeType) (typed, error) {
 	case v1alpha1.AttributeTypeBool:
 		out.b, err = parseBool(s)
 	case v1alpha1.AttributeTypeQuantity:
-		out.q, err = attrvalue.ParseQuantity(s)
+		var q resource.Quantity
+		q, err = attrvalue.ParseQuantity(s)
+		out.q = &q
 	case v1alpha1.AttributeTypeBandwidth:
-		out.q, err = attrvalue.ParseBandwidth(s)
+		var q resource.Quantity
+		q, err = attrvalue.ParseBandwidth(s)
+		out.q = &q
 	case v1alpha1.AttributeTypeVersion:
-		out.v, err = attrvalue.ParseVersion(s)
+		var v attrvalue.Version
+		v, err = attrvalue.ParseVersion(s)
+		out.v = &v
 	default:
 		err = fmt.Errorf("unknown type %q", t)
 	}
@@ -270,8 +277,7 @@ func (e *expression) lookup(d *Device) (attribute, bool) {
 	case targetID:
 		return attribute{typed: typed{typ: v1alpha1.AttributeTypeString, s: d.ID}}, true
 	}
-	a, ok := d.attrs[e.key]
-	return a, ok
+	return d.attr(e.key)
 }
 
 func (e *expression) eval(d *Device) outcome {

@@ -4,68 +4,29 @@ import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 
-	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
 )
 
-// The custom resources as the scheduler names them for dynamic informers:
-// <plural>.<version>.<group>.
-const (
-	nodeDevicesResource   fwk.EventResource = "nodedevices.v1alpha1.resclass.io"
-	resourceClassResource fwk.EventResource = "resourceclasses.v1alpha1.resclass.io"
-)
-
-// EventsToRegister: a pod this plugin turned away can fit after devices appear or
-// heal (NodeDevices), a class it requests appears or changes, or a pod holding
+// EventsToRegister: a pod this plugin turned away can fit after a pod holding
 // devices ends or is deleted.
+//
+// New or healed devices (NodeDevices) and new or changed classes are not
+// registered: the plugin's own informers learn of them and activate the pods it
+// turned away once the cache has them (Plugin.activateWaiting). Registering
+// them would make kube-scheduler watch both resources a second time, through
+// dynamic informers that keep every object decoded into maps: at 1000 nodes
+// that copy of the NodeDevices was 163 MB of the scheduler's 538 MB live heap,
+// which every garbage collection marks (docs/scheduler.md, "5000 nodes"). Its
+// events could also reach the queue before the cache had the change, so the
+// pod retried against the old devices would wait again.
 func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return []fwk.ClusterEventWithHint{
-		{Event: fwk.ClusterEvent{Resource: nodeDevicesResource, ActionType: fwk.Add | fwk.Update}, QueueingHintFn: devicesChanged},
-		{Event: fwk.ClusterEvent{Resource: resourceClassResource, ActionType: fwk.Add | fwk.Update}, QueueingHintFn: classRequested},
 		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Delete}, QueueingHintFn: p.holderGone},
 	}, nil
-}
-
-// devicesChanged queues on a new NodeDevices and on a change of its devices (not
-// of its conditions or summary alone).
-func devicesChanged(_ klog.Logger, _ *corev1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
-	oldU, _ := oldObj.(*unstructured.Unstructured)
-	newU, _ := newObj.(*unstructured.Unstructured)
-	if oldU == nil || newU == nil {
-		return fwk.Queue, nil
-	}
-	oldDevices, _, _ := unstructured.NestedFieldNoCopy(oldU.Object, "status", "devices")
-	newDevices, _, _ := unstructured.NestedFieldNoCopy(newU.Object, "status", "devices")
-	if equality.Semantic.DeepEqual(oldDevices, newDevices) {
-		return fwk.QueueSkip, nil
-	}
-	return fwk.Queue, nil
-}
-
-// classRequested queues a pod when a class it requests appears or changes.
-func classRequested(_ klog.Logger, pod *corev1.Pod, _, newObj any) (fwk.QueueingHint, error) {
-	u, ok := newObj.(*unstructured.Unstructured)
-	if !ok {
-		return fwk.Queue, nil
-	}
-	name := corev1.ResourceName(v1alpha1.ResourceNamePrefix + u.GetName())
-	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for i := range cs {
-			if _, ok := cs[i].Resources.Limits[name]; ok {
-				return fwk.Queue, nil
-			}
-			if _, ok := cs[i].Resources.Requests[name]; ok {
-				return fwk.Queue, nil
-			}
-		}
-	}
-	return fwk.QueueSkip, nil
 }
 
 // holderGone queues when a pod that held devices is deleted. A pod that finishes

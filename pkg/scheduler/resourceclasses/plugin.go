@@ -89,7 +89,9 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 
 	logger := klog.FromContext(ctx).WithName(Name)
 	p.cache.untrusted = p.untrusted(logger)
-	factory := externalversions.NewSharedInformerFactory(rc, 0)
+	// Nothing here reads managed fields; they were 37 MB of the scheduler's
+	// live heap at 1000 nodes, marked by every garbage collection.
+	factory := externalversions.NewSharedInformerFactoryWithOptions(rc, 0, externalversions.WithTransform(stripManagedFields))
 	nd := factory.Resclass().V1alpha1().NodeDevices().Informer()
 	ndReg, err := nd.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { p.nodeDevicesChanged(logger, obj.(*v1alpha1.NodeDevices)) },
@@ -158,6 +160,15 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		go w.run(ctx)
 	}
 	return p, nil
+}
+
+// stripManagedFields is the informers' transform: it drops what nothing here
+// reads before the object is stored.
+func stripManagedFields(obj any) (any, error) {
+	if o, ok := obj.(metav1.Object); ok {
+		o.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 // tombstone unwraps a deleted object.
