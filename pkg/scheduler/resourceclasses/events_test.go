@@ -38,7 +38,7 @@ func TestQueueingHints(t *testing.T) {
 		old, new any
 		want     fwk.QueueingHint
 	}{
-		{"holder deleted", (&Plugin{cache: newCache()}).holderGone, holder, nil, fwk.Queue},
+		{"holder deleted", (&Plugin{shared: &shared{cache: newCache()}}).holderGone, holder, nil, fwk.Queue},
 		{"pod without assignment deleted", (&Plugin{}).holderGone, &corev1.Pod{Spec: corev1.PodSpec{NodeName: "n1"}}, nil, fwk.QueueSkip},
 		{"unbound pod deleted", (&Plugin{}).holderGone, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: holder.Annotations}}, nil, fwk.QueueSkip},
 	} {

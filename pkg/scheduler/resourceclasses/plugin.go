@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/client-go/informers"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -40,17 +41,29 @@ const Name = "ResourceClasses"
 
 const stateKey fwk.StateKey = Name
 
-// Plugin is the ResourceClasses plugin.
+// Plugin is the ResourceClasses plugin, one per scheduling profile.
 type Plugin struct {
 	handle fwk.Handle
 	args   *Args
-	cache  *cache
-	synced func() bool
 	// draClasses: DynamicResources serves class requests on DRA-mode nodes
 	// (DRAExtendedResource on in this process), so they pass this plugin
 	// there; off (the resclass binary's default), they are refused there,
 	// as nothing would allocate them (dramode.go).
 	draClasses bool
+	*shared
+}
+
+// shared is what every profile's plugin in one scheduler shares, as
+// kube-scheduler's own cache is: the devices and who holds them, the
+// informers that keep them, and the pods waiting for them. A cache per
+// profile would not see the devices another profile's pods are assumed to
+// hold until their binding comes back through the informer, so two profiles
+// could give one device to two pods; and each profile would keep every
+// NodeDevices again (with four profiles, three quarters of the scheduler's
+// live heap at 5000 nodes, docs/scheduler.md "5000 nodes").
+type shared struct {
+	cache  *cache
+	synced func() bool
 	// pods is the scheduler's pod informer's store: it is updated before any
 	// handler hears of a change, so it says whether a pod is really gone
 	// (holderGone).
@@ -59,6 +72,13 @@ type Plugin struct {
 	mu      sync.Mutex
 	waiting map[types.UID]*corev1.Pod // pods with class requests not yet placed
 }
+
+// sharedBy keeps each scheduler's shared state, by its informer factory: the
+// profiles of one scheduler share the factory (one pod informer, one queue).
+var (
+	sharedMu sync.Mutex
+	sharedBy = map[informers.SharedInformerFactory]*shared{}
+)
 
 var (
 	_ fwk.PreFilterPlugin   = &Plugin{}
@@ -76,15 +96,40 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	if err != nil {
 		return nil, err
 	}
+	p := &Plugin{handle: h, args: args, draClasses: utilfeature.DefaultFeatureGate.Enabled(features.DRAExtendedResource)}
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	key := h.SharedInformerFactory()
+	if s := sharedBy[key]; s != nil {
+		p.shared = s
+		return p, nil
+	}
+	if err := p.start(ctx); err != nil {
+		return nil, err
+	}
+	sharedBy[key] = p.shared
+	go func() {
+		<-ctx.Done()
+		sharedMu.Lock()
+		delete(sharedBy, key)
+		sharedMu.Unlock()
+	}()
+	return p, nil
+}
+
+// start makes the shared state with p, the scheduler's first profile's
+// plugin: its informers' handlers, and the status writer with p's args
+// (statusUpdateInterval and the Lease). The profiles after it share them.
+func (p *Plugin) start(ctx context.Context) error {
+	h, args := p.handle, p.args
 	// The scheduler's config asks for protobuf, which custom resources do not speak.
 	cfg := rest.CopyConfig(h.KubeConfig())
 	cfg.ContentType, cfg.AcceptContentTypes = runtime.ContentTypeJSON, runtime.ContentTypeJSON
 	rc, err := versioned.NewForConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%s: resclass client: %w", Name, err)
+		return fmt.Errorf("%s: resclass client: %w", Name, err)
 	}
-	p := &Plugin{handle: h, args: args, cache: newCache(), waiting: map[types.UID]*corev1.Pod{},
-		draClasses: utilfeature.DefaultFeatureGate.Enabled(features.DRAExtendedResource)}
+	p.shared = &shared{cache: newCache(), waiting: map[types.UID]*corev1.Pod{}}
 	p.cache.freed = p.activateWaiting
 
 	logger := klog.FromContext(ctx).WithName(Name)
@@ -103,7 +148,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		},
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	classes := factory.Resclass().V1alpha1().ResourceClasses()
 	rcReg, err := classes.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
@@ -125,7 +170,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		},
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	// The scheduler's own pod informer: it starts it, and it holds every pod
 	// already, so the devices held are rebuilt from the same watch.
@@ -140,7 +185,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		},
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	p.synced = func() bool { return ndReg.HasSynced() && rcReg.HasSynced() && podReg.HasSynced() }
 	factory.Start(ctx.Done())
@@ -153,13 +198,13 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		// has DeviceClasses (its DRA plugin reads them).
 		dc, err := dra.NewController(h.ClientSet(), rc, classes, h.SharedInformerFactory().Resource().V1().DeviceClasses(), h.EventRecorder())
 		if err != nil {
-			return nil, fmt.Errorf("%s: DeviceClass controller: %w", Name, err)
+			return fmt.Errorf("%s: DeviceClass controller: %w", Name, err)
 		}
 		w.leaders = append(w.leaders, dc.Lead)
 		go dc.Run(ctx)
 		go w.run(ctx)
 	}
-	return p, nil
+	return nil
 }
 
 // stripManagedFields is the informers' transform: it drops what nothing here

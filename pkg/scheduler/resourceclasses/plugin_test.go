@@ -255,6 +255,9 @@ type harness struct {
 	client    *fake.Clientset
 	activator *recordingActivator
 	nodes     map[string]fwk.NodeInfo
+	// profile adds a scheduling profile named name, with the plugin's args
+	// rawArgs, to the same scheduler.
+	profile func(name, rawArgs string) (framework.Framework, *Plugin)
 	// recorder gets the plugin's Events; its buffer outlasts any test (a full
 	// one would block the plugin).
 	recorder *events.FakeRecorder
@@ -310,31 +313,37 @@ func newHarnessWithArgs(t *testing.T, rawArgs string, nds []*v1alpha1.NodeDevice
 	h.client = fake.NewClientset(objs...)
 	informerFactory := informers.NewSharedInformerFactory(h.client, 0)
 
-	factory := func(ctx context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
-		pl, err := New(ctx, obj, fh)
-		if err == nil {
-			h.plugin = pl.(*Plugin)
+	// profile makes one scheduling profile's framework; the profiles of one
+	// scheduler share its informer factory.
+	h.profile = func(name, rawArgs string) (framework.Framework, *Plugin) {
+		var plugin *Plugin
+		factory := func(ctx context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
+			pl, err := New(ctx, obj, fh)
+			if err == nil {
+				plugin = pl.(*Plugin)
+			}
+			return pl, err
 		}
-		return pl, err
+		args := &runtime.Unknown{ContentType: runtime.ContentTypeJSON, Raw: []byte(rawArgs)}
+		fw, err := tf.NewFramework(ctx, []tf.RegisterPluginFunc{
+			tf.RegisterQueueSortPlugin(queuesort.Name, queuesort.New),
+			tf.RegisterPluginAsExtensions(Name, factory, "PreFilter", "Filter", "PreScore", "Score", "Reserve", "PreBind", "Bind"),
+			tf.RegisterBindPlugin(defaultbinder.Name, defaultbinder.New),
+			withPluginArgs(args),
+		}, name,
+			frameworkruntime.WithClientSet(h.client),
+			frameworkruntime.WithKubeConfig(&rest.Config{Host: srv.URL}),
+			frameworkruntime.WithInformerFactory(informerFactory),
+			frameworkruntime.WithSnapshotSharedLister(internalcache.NewSnapshot(nil, nodes)),
+			frameworkruntime.WithPodActivator(h.activator),
+			frameworkruntime.WithEventRecorder(h.recorder),
+		)
+		if err != nil {
+			t.Fatalf("NewFramework: %v", err)
+		}
+		return fw, plugin
 	}
-	args := &runtime.Unknown{ContentType: runtime.ContentTypeJSON, Raw: []byte(rawArgs)}
-	fw, err := tf.NewFramework(ctx, []tf.RegisterPluginFunc{
-		tf.RegisterQueueSortPlugin(queuesort.Name, queuesort.New),
-		tf.RegisterPluginAsExtensions(Name, factory, "PreFilter", "Filter", "PreScore", "Score", "Reserve", "PreBind", "Bind"),
-		tf.RegisterBindPlugin(defaultbinder.Name, defaultbinder.New),
-		withPluginArgs(args),
-	}, "default-scheduler",
-		frameworkruntime.WithClientSet(h.client),
-		frameworkruntime.WithKubeConfig(&rest.Config{Host: srv.URL}),
-		frameworkruntime.WithInformerFactory(informerFactory),
-		frameworkruntime.WithSnapshotSharedLister(internalcache.NewSnapshot(nil, nodes)),
-		frameworkruntime.WithPodActivator(h.activator),
-		frameworkruntime.WithEventRecorder(h.recorder),
-	)
-	if err != nil {
-		t.Fatalf("NewFramework: %v", err)
-	}
-	h.fw = fw
+	h.fw, h.plugin = h.profile("default-scheduler", rawArgs)
 	informerFactory.Start(ctx.Done())
 	informerFactory.WaitForCacheSync(ctx.Done())
 	h.waitFor("the plugin's informers to sync", func() bool { return h.plugin.synced() })
@@ -600,7 +609,7 @@ func gpuPodQ(name, class, q string) *corev1.Pod {
 }
 
 func TestPreFilterWaitsForSync(t *testing.T) {
-	p := &Plugin{args: &Args{Strategy: FirstFit}, cache: newCache(), synced: func() bool { return false }, waiting: map[types.UID]*corev1.Pod{}}
+	p := &Plugin{args: &Args{Strategy: FirstFit}, shared: &shared{cache: newCache(), synced: func() bool { return false }, waiting: map[types.UID]*corev1.Pod{}}}
 	_, st := p.PreFilter(t.Context(), framework.NewCycleState(), gpuPod("early", "gpu", 1), nil)
 	wantCode(t, st, fwk.Error, "not synced")
 }
@@ -1049,6 +1058,27 @@ func defaultRequests(pod *corev1.Pod) *corev1.Pod {
 // preBindArgs select the PreBind patch instead of the default write in the
 // Binding.
 const preBindArgs = `{"strategy":"FirstFit","assignmentWrite":"PreBind","statusUpdateInterval":"0s"}`
+
+// TestProfilesShareTheDevices: the profiles of one scheduler share one cache, as
+// they share kube-scheduler's: the devices a pod of one profile is assumed to
+// hold are taken for the next pod of another profile, before any binding.
+func TestProfilesShareTheDevices(t *testing.T) {
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses)
+	fw, second := h.profile("second", preBindArgs)
+	if second.shared != h.plugin.shared {
+		t.Fatalf("the second profile's plugin has its own devices")
+	}
+	first := gpuPod("first", "gpu", 1)
+	h.reserve(first, "n1")
+
+	pod := gpuPod("next", "gpu", 1)
+	cs := framework.NewCycleState()
+	if _, st, _ := fw.RunPreFilterPlugins(h.ctx, cs, pod); !st.IsSuccess() {
+		t.Fatalf("PreFilter in the second profile: %v", st)
+	}
+	st := fw.RunFilterPlugins(h.ctx, cs, pod, h.nodes["n1"])
+	wantCode(t, st, fwk.Unschedulable, "Insufficient free devices of class gpu")
+}
 
 func TestReserveHoldsUnreserveReleases(t *testing.T) {
 	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"), gpu("g1", 0, "80Gi"))}, allClasses)
