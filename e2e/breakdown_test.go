@@ -115,7 +115,7 @@ type runFigures struct {
 	// schedAllocB is the bytes the scheduler allocated per pod, schedGCs the
 	// garbage collections it finished during the run: at 5000 nodes one
 	// collection costs about a third of a run's scheduler CPU
-	// (docs/scheduler.md, "5000 nodes").
+	// (docs/scheduler.md, "5000 nodes and the scheduler's heap").
 	schedAllocB, schedGCs float64
 	schedLiveB            float64 // the scheduler's live heap after its last collection, at the run's end
 	stalls                int64   // direct reclaim stalls during the run

@@ -467,7 +467,7 @@ func profileRun(b *testing.B, ctx context.Context, dir, label string, wg *sync.W
 		})
 	}
 	// What the scheduler allocates over the same seconds: the garbage its
-	// collections cost (docs/scheduler.md, "5000 nodes").
+	// collections cost (docs/scheduler.md, "5000 nodes and the scheduler's heap").
 	wg.Go(func() {
 		data, err := cluster.AllocsProfile(ctx, "scheduler", 5*time.Second)
 		if err == nil {

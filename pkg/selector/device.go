@@ -41,7 +41,7 @@ type Device struct {
 	Kind    string
 	Healthy bool
 	// attrs are sorted by name: one allocation per device, where a map took
-	// several times the memory (docs/scheduler.md, "5000 nodes").
+	// several times the memory (docs/scheduler.md, "5000 nodes and the scheduler's heap").
 	attrs []namedAttribute
 }
 

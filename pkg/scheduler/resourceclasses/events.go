@@ -20,7 +20,7 @@ import (
 // them would make kube-scheduler watch both resources a second time, through
 // dynamic informers that keep every object decoded into maps: at 1000 nodes
 // that copy of the NodeDevices was 163 MB of the scheduler's 538 MB live heap,
-// which every garbage collection marks (docs/scheduler.md, "5000 nodes"). Its
+// which every garbage collection marks (docs/scheduler.md, "5000 nodes and the scheduler's heap"). Its
 // events could also reach the queue before the cache had the change, so the
 // pod retried against the old devices would wait again.
 func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {

@@ -60,7 +60,7 @@ type Plugin struct {
 // hold until their binding comes back through the informer, so two profiles
 // could give one device to two pods; and each profile would keep every
 // NodeDevices again (with four profiles, three quarters of the scheduler's
-// live heap at 5000 nodes, docs/scheduler.md "5000 nodes").
+// live heap at 5000 nodes, docs/scheduler.md, "5000 nodes and the scheduler's heap").
 type shared struct {
 	cache  *cache
 	synced func() bool
