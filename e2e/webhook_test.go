@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -333,13 +334,32 @@ spec:
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = classes.Delete(context.Background(), created.Name, metav1.DeleteOptions{}) })
-		changed := created.DeepCopy()
-		changed.Spec.ResourceSelector[0].MatchExpressions[1].Values = []string{"40G"}
-		_, err = classes.Update(ctx, changed, metav1.UpdateOptions{})
+		// The scheduler writes the class's status meanwhile: change the
+		// latest version, so that a conflict does not stand in for the denial.
+		err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			changed, err := classes.Get(ctx, created.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			changed.Spec.ResourceSelector[0].MatchExpressions[1].Values = []string{"40G"}
+			_, err = classes.Update(ctx, changed, metav1.UpdateOptions{})
+			return err
+		})
 		wantDenied(t, err, "spec is immutable")
-		relabelled := created.DeepCopy()
-		relabelled.Labels["team"] = "ml"
-		if _, err := classes.Update(ctx, relabelled, metav1.UpdateOptions{}); err != nil {
+		// Likewise relabel the latest version.
+		err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			latest, err := classes.Get(ctx, created.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if latest.Labels == nil {
+				latest.Labels = map[string]string{}
+			}
+			latest.Labels["team"] = "ml"
+			_, err = classes.Update(ctx, latest, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
 			t.Errorf("a metadata change is allowed: %v", err)
 		}
 	})
