@@ -40,8 +40,8 @@ type Device struct {
 	ID      string
 	Kind    string
 	Healthy bool
-	// attrs are sorted by name: one allocation per device, where a map took
-	// several times the memory (docs/scheduler.md, "5000 nodes and the scheduler's heap").
+	// attrs are sorted by name, in one slice: a map per device took several
+	// times the memory (docs/scheduler.md, "5000 nodes and the scheduler's heap").
 	attrs []namedAttribute
 }
 
@@ -136,12 +136,14 @@ func (t typed) String() string {
 	case v1alpha1.AttributeTypeBool:
 		return fmt.Sprint(t.b)
 	case v1alpha1.AttributeTypeQuantity:
-		return t.q.String()
+		q := *t.q // String caches into its receiver, which is shared
+		return q.String()
 	case v1alpha1.AttributeTypeBandwidth:
-		if v, ok := t.q.AsInt64(); ok {
+		q := *t.q
+		if v, ok := q.AsInt64(); ok {
 			return attrvalue.FormatBandwidth(v)
 		}
-		return t.q.String() + "bps"
+		return q.String() + "bps"
 	case v1alpha1.AttributeTypeVersion:
 		return t.v.String()
 	}
@@ -161,7 +163,10 @@ func compare(a, b *typed) (c int, ordered bool) {
 		}
 		return 0, true
 	case v1alpha1.AttributeTypeQuantity, v1alpha1.AttributeTypeBandwidth:
-		return a.q.Cmp(*b.q), true
+		// On copies: Cmp may convert its receiver (AsDec), and a device's
+		// quantity is shared by every goroutine that matches it.
+		x, y := *a.q, *b.q
+		return x.Cmp(y), true
 	case v1alpha1.AttributeTypeVersion:
 		return a.v.Compare(*b.v), true
 	}
