@@ -450,7 +450,8 @@ func scheduleAllMeasured(b *testing.B, ctx context.Context, pods []*corev1.Pod, 
 
 // profileRun saves CPU profiles of the scheduler and, when the cluster was
 // started with RESCLASS_E2E_PROFILING=1, of kube-apiserver, and the
-// scheduler's allocation profile, over the first five seconds of a run, into dir (docs/scheduler.md, "Where the time goes"),
+// scheduler's allocation and heap profiles, over the first five seconds of a
+// run, into dir (docs/scheduler.md, "Where the time goes"),
 // as <benchmark>_<label>-<component>.pprof: label tells a benchmark's runs
 // apart (SchedulingThroughput's side and round).
 func profileRun(b *testing.B, ctx context.Context, dir, label string, wg *sync.WaitGroup) {
@@ -466,28 +467,24 @@ func profileRun(b *testing.B, ctx context.Context, dir, label string, wg *sync.W
 			}
 		})
 	}
-	// What the scheduler allocates over the same seconds: the garbage its
-	// collections cost (docs/scheduler.md, "5000 nodes and the scheduler's heap").
-	wg.Go(func() {
-		data, err := cluster.AllocsProfile(ctx, "scheduler", 5*time.Second)
-		if err == nil {
-			err = os.WriteFile(fmt.Sprintf("%s/%s-scheduler-allocs.pprof", dir, name), data, 0o644)
-		}
-		if err != nil {
-			benchLog(b, "scheduler allocation profile: %v", err)
-		}
-	})
-	// And what it holds (inuse_space: as of its last collection), which
-	// each collection marks.
-	wg.Go(func() {
-		data, err := cluster.HeapProfile(ctx, "scheduler")
-		if err == nil {
-			err = os.WriteFile(fmt.Sprintf("%s/%s-scheduler-heap.pprof", dir, name), data, 0o644)
-		}
-		if err != nil {
-			benchLog(b, "scheduler heap profile: %v", err)
-		}
-	})
+	// What the scheduler allocates over the same seconds, the garbage its
+	// collections cost, and what it holds (as of its last collection), which
+	// each collection marks (docs/scheduler.md, "5000 nodes and the
+	// scheduler's heap").
+	for kind, fetch := range map[string]func() ([]byte, error){
+		"allocs": func() ([]byte, error) { return cluster.AllocsProfile(ctx, "scheduler", 5*time.Second) },
+		"heap":   func() ([]byte, error) { return cluster.HeapProfile(ctx, "scheduler") },
+	} {
+		wg.Go(func() {
+			data, err := fetch()
+			if err == nil {
+				err = os.WriteFile(fmt.Sprintf("%s/%s-scheduler-%s.pprof", dir, name, kind), data, 0o644)
+			}
+			if err != nil {
+				benchLog(b, "scheduler %s profile: %v", kind, err)
+			}
+		})
+	}
 }
 
 // scheduleAllHooked is scheduleAll calling starting just before the first
