@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -425,15 +426,31 @@ func (n *nodeState) count(idx []int) *quickCounts {
 	return q
 }
 
+// classCounts is one class's quickCounts on a node.
+type classCounts struct {
+	class string
+	quickCounts
+}
+
 // recount sums up every class's devices on n again, after devices were
-// taken or given back. It replaces n.counts rather than changing it: a view
-// (viewLocked) shares the map with the cache's node state until then.
+// taken or given back or a class's selection changed. It replaces n.counts
+// rather than changing it: a view (viewLocked) shares the slice with the
+// cache's node state until then.
 func (n *nodeState) recount() {
-	counts := make(map[string]*quickCounts, len(n.matches))
-	for class, idx := range n.matches {
-		counts[class] = n.count(idx)
+	counts := make([]classCounts, 0, len(n.matches))
+	for _, class := range slices.Sorted(maps.Keys(n.matches)) {
+		counts = append(counts, classCounts{class: class, quickCounts: *n.count(n.matches[class])})
 	}
 	n.counts = counts
+}
+
+// countsOf is class's counts on n, nil where it selects no device.
+func (n *nodeState) countsOf(class string) *quickCounts {
+	i := sort.Search(len(n.counts), func(i int) bool { return n.counts[i].class >= class })
+	if i < len(n.counts) && n.counts[i].class == class {
+		return &n.counts[i].quickCounts
+	}
+	return nil
 }
 
 // quick answers Filter and Score without building a placement for the common
@@ -446,22 +463,28 @@ func (n *nodeState) quick(d *demand) (fits bool, util int64, numas int, handled 
 		return false, 0, 0, false
 	}
 	class := d.classes[0]
-	return n.counts[class].answer(d.draws[class])
+	return n.countsOf(class).answer(d.draws[class])
+}
+
+// fits is answer's first value alone, for Filter: whether want of the
+// class's devices are free, without the figures Score needs.
+func (q *quickCounts) fits(want int) (fits, handled bool) {
+	if q == nil {
+		return want <= 0, true
+	}
+	if q.pool {
+		return false, false
+	}
+	return q.free >= want, true
 }
 
 // answer is quick's answer from a class's counts on a node (nil: the class
 // selects nothing there) for a pod that wants want of its devices.
 func (q *quickCounts) answer(want int) (fits bool, util int64, numas int, handled bool) {
-	if q == nil {
-		return want <= 0, 0, 0, true
+	if fits, handled := q.fits(want); !fits || !handled || q == nil {
+		return fits, 0, 0, handled
 	}
-	if q.pool {
-		return false, 0, 0, false
-	}
-	total, held, free, perNUMA := q.total, q.held, q.free, q.perNUMA
-	if free < want {
-		return false, 0, 0, true
-	}
+	total, held, perNUMA := q.total, q.held, q.perNUMA
 	if total > 0 {
 		util = min(100, int64(held+want)*100/int64(total))
 	}

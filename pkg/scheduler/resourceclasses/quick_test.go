@@ -3,6 +3,7 @@ package resourceclasses
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -31,13 +32,16 @@ func quickByWalk(n *nodeState, d *demand) (fits bool, util int64, numas int, han
 func checkCounts(t *testing.T, step string, n *nodeState, demands []*demand) {
 	t.Helper()
 	for class, idx := range n.matches {
-		if got, want := n.counts[class], n.count(idx); got == nil || *got != *want {
+		if got, want := n.countsOf(class), n.count(idx); got == nil || *got != *want {
 			t.Fatalf("%s: counts of class %s %+v, the devices say %+v", step, class, got, want)
 		}
 	}
-	for class := range n.counts {
-		if len(n.matches[class]) == 0 {
-			t.Fatalf("%s: counts of class %s, which selects no device on the node", step, class)
+	for i, c := range n.counts {
+		if len(n.matches[c.class]) == 0 {
+			t.Fatalf("%s: counts of class %s, which selects no device on the node", step, c.class)
+		}
+		if i > 0 && n.counts[i-1].class >= c.class {
+			t.Fatalf("%s: counts not sorted by class: %s before %s", step, n.counts[i-1].class, c.class)
 		}
 	}
 	for _, d := range demands {
@@ -124,18 +128,13 @@ func TestQuickCountsFollowTheDevices(t *testing.T) {
 		n := c.nodes["n1"]
 		checkCounts(t, fmt.Sprintf("step %d (%s)", step, what), n, demands)
 		if len(held) > 0 {
-			before := map[string]quickCounts{}
-			for class, q := range n.counts {
-				before[class] = *q
-			}
+			before := slices.Clone(n.counts)
 			c.mu.RLock()
 			view := c.viewLocked("n1", n, &nodeView{removed: map[types.UID]bool{held[0]: true}})
 			c.mu.RUnlock()
 			checkCounts(t, fmt.Sprintf("step %d: the view without %s", step, held[0]), view, demands)
-			for class, q := range n.counts {
-				if before[class] != *q {
-					t.Fatalf("step %d: a view changed the cache's counts of class %s: %+v, were %+v", step, class, *q, before[class])
-				}
+			if !slices.Equal(before, n.counts) {
+				t.Fatalf("step %d: a view changed the cache's counts: %+v, were %+v", step, n.counts, before)
 			}
 		}
 	}
