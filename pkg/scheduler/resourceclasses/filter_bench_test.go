@@ -23,7 +23,7 @@ import (
 // node it filters for a one-GPU pod, on 5000 nodes of 8 GPUs in varied states
 // of use (node i runs i%8 one-GPU pods), visited in turn. ns/op is per node.
 // As many nodes as SchedulingThroughput's 5000-node variant: visited in turn,
-// each node's state is cold again by its next visit, as in the scheduler.
+// each node's state has left the core's own caches by its next visit.
 // baseline-extended-resource is upstream NodeResourcesFit's Filter of a pod
 // requesting nvidia.com/gpu (the benchmark's baseline pods); class is this
 // plugin's Filter of a pod requesting one device of a class.
