@@ -438,9 +438,10 @@ type classCounts struct {
 // cache's node state until then.
 func (n *nodeState) recount() {
 	counts := make([]classCounts, 0, len(n.matches))
-	for _, class := range slices.Sorted(maps.Keys(n.matches)) {
-		counts = append(counts, classCounts{class: class, quickCounts: *n.count(n.matches[class])})
+	for class, idx := range n.matches {
+		counts = append(counts, classCounts{class: class, quickCounts: *n.count(idx)})
 	}
+	slices.SortFunc(counts, func(a, b classCounts) int { return strings.Compare(a.class, b.class) })
 	n.counts = counts
 }
 
