@@ -165,6 +165,57 @@ func (e *affinityEnv) unschedulable(ns, name, why string) {
 	}
 }
 
+// judgedOnceSeen creates pods like s, named s.name-1, s.name-2, ..., until the
+// scheduler binds one (bound) or refuses one with why (!bound), and returns
+// the name of the pod so judged and its node (empty when refused). A namespace relabel reaches the scheduler's
+// namespace informer some milliseconds after the patch returns; a pod
+// created in between is judged on the old labels and, refused, is not
+// retried on the relabel (docs/scheduler.md, "Pod affinity with
+// namespaceSelector"). So each pod judged the other way is taken away and the
+// next one created, for up to 30 s; then the test fails with what the last
+// pod got.
+func (e *affinityEnv) judgedOnceSeen(s podSpec, bound bool, why string) (name, node string) {
+	e.t.Helper()
+	base := s.name
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 1; ; i++ {
+		s.name, node = fmt.Sprintf("%s-%d", base, i), ""
+		e.create(s)
+		var refused []string
+		poll(e.t, e.ctx, 60*time.Second, "pod "+s.ns+"/"+s.name+" bound or refused", func(ctx context.Context) (bool, error) {
+			p, err := cluster.Client.CoreV1().Pods(s.ns).Get(ctx, s.name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			if node = p.Spec.NodeName; node != "" {
+				return true, nil
+			}
+			events, err := cluster.Client.CoreV1().Events(s.ns).List(ctx, metav1.ListOptions{
+				FieldSelector: "reason=FailedScheduling,involvedObject.name=" + s.name,
+			})
+			if err != nil {
+				return false, err
+			}
+			refused = refused[:0]
+			for _, ev := range events.Items {
+				refused = append(refused, ev.Message)
+			}
+			return len(refused) > 0, nil
+		})
+		if bound == (node != "") {
+			if !bound && !slices.ContainsFunc(refused, func(m string) bool { return strings.Contains(m, why) }) {
+				e.t.Fatalf("pod %s/%s: FailedScheduling %q, want one saying %q", s.ns, s.name, refused, why)
+			}
+			return s.name, node
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("pod %s/%s, 30 s after the relabel: bound to %q, FailedScheduling %q; want bound %v", s.ns, s.name, node, refused, bound)
+		}
+		e.forceDelete(s.ns, s.name)
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
 // forceDelete removes a pod at once, so that it no longer counts for the next
 // pod's scheduling.
 func (e *affinityEnv) forceDelete(ns, name string) {
@@ -377,19 +428,17 @@ func TestNamespaceSelectorLabelChangeAppliesToNextPod(t *testing.T) {
 		t.Errorf("before on %s, want %s", got, env.nodes[0])
 	}
 
-	// The scheduler's namespace informer sees the patch well before the pod
-	// created after it reaches a scheduling cycle.
+	// A pod created right after a relabel may still be judged on the old
+	// labels (judgedOnceSeen); the next ones are judged on the new.
 	on := "on"
 	relabel(&on)
-	env.create(podSpec{ns: nsProbe, name: "while-selected", affinity: anti})
-	env.unschedulable(nsProbe, "while-selected", reasonAntiAffinity)
+	refused, _ := env.judgedOnceSeen(podSpec{ns: nsProbe, name: "while-selected", affinity: anti}, false, reasonAntiAffinity)
 	// The scheduler does not requeue pods on namespace label changes: take this
 	// one away rather than wait for its periodic retry.
-	env.forceDelete(nsProbe, "while-selected")
+	env.forceDelete(nsProbe, refused)
 
 	relabel(nil)
-	env.create(podSpec{ns: nsProbe, name: "after", affinity: anti})
-	if got := env.scheduled(nsProbe, "after"); got != env.nodes[0] {
+	if _, got := env.judgedOnceSeen(podSpec{ns: nsProbe, name: "after", affinity: anti}, true, ""); got != env.nodes[0] {
 		t.Errorf("after on %s, want %s", got, env.nodes[0])
 	}
 }
