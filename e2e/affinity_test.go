@@ -141,17 +141,8 @@ func (e *affinityEnv) unschedulable(ns, name, why string) {
 		if p.Spec.NodeName != "" {
 			return false, fmt.Errorf("bound to %s, want it Pending", p.Spec.NodeName)
 		}
-		events, err := cluster.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{
-			FieldSelector: "reason=FailedScheduling,involvedObject.name=" + name,
-		})
-		if err != nil {
-			return false, err
-		}
-		messages = messages[:0]
-		for _, ev := range events.Items {
-			messages = append(messages, ev.Message)
-		}
-		return len(messages) > 0, nil
+		messages, err = failedScheduling(ctx, ns, name)
+		return len(messages) > 0, err
 	})
 	if !slices.ContainsFunc(messages, func(m string) bool { return strings.Contains(m, why) }) {
 		e.t.Errorf("pod %s/%s: FailedScheduling %q, want one saying %q", ns, name, messages, why)
@@ -163,6 +154,22 @@ func (e *affinityEnv) unschedulable(ns, name, why string) {
 	if p.Spec.NodeName != "" {
 		e.t.Errorf("pod %s/%s was bound to %s after its FailedScheduling event", ns, name, p.Spec.NodeName)
 	}
+}
+
+// failedScheduling are the messages of the scheduler's FailedScheduling
+// Events on pod ns/name.
+func failedScheduling(ctx context.Context, ns, name string) ([]string, error) {
+	events, err := cluster.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{
+		FieldSelector: "reason=FailedScheduling,involvedObject.name=" + name,
+	})
+	if err != nil {
+		return nil, err
+	}
+	var messages []string
+	for _, ev := range events.Items {
+		messages = append(messages, ev.Message)
+	}
+	return messages, nil
 }
 
 // judgedOnceSeen creates pods like s, named s.name-1, s.name-2, ..., until the
@@ -190,17 +197,8 @@ func (e *affinityEnv) judgedOnceSeen(s podSpec, bound bool, why string) (name, n
 			if node = p.Spec.NodeName; node != "" {
 				return true, nil
 			}
-			events, err := cluster.Client.CoreV1().Events(s.ns).List(ctx, metav1.ListOptions{
-				FieldSelector: "reason=FailedScheduling,involvedObject.name=" + s.name,
-			})
-			if err != nil {
-				return false, err
-			}
-			refused = refused[:0]
-			for _, ev := range events.Items {
-				refused = append(refused, ev.Message)
-			}
-			return len(refused) > 0, nil
+			refused, err = failedScheduling(ctx, s.ns, s.name)
+			return len(refused) > 0, err
 		})
 		if bound == (node != "") {
 			if !bound && !slices.ContainsFunc(refused, func(m string) bool { return strings.Contains(m, why) }) {
