@@ -173,16 +173,21 @@ func TestAllocateGivesTheScheduledPodItsDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := resp.Envs[nvidiagpu.EnvVisibleDevices]; got != "GPU-0,GPU-1" {
-		t.Errorf("NVIDIA_VISIBLE_DEVICES=%q", got)
-	}
 	if got := resp.Envs["RESCLASS_DEVICES_NVIDIA_HIGH_MEM"]; got != "GPU-0,GPU-1" {
 		t.Errorf("class env %q", got)
 	}
-	// The default strategy, envvar: no CDI names (a runtime with CDI enabled
-	// and no spec for them would fail the container).
-	if len(resp.CdiDevices) != 0 || len(resp.Annotations) != 0 {
-		t.Errorf("envvar strategy: CDI devices %v, annotations %v", resp.CdiDevices, resp.Annotations)
+	// The default strategy, cdi-cri: the CDI names in the CRI field, and no
+	// NVIDIA_VISIBLE_DEVICES or device nodes (the spec has them; a hardened
+	// runtime would ignore the variable).
+	var names []string
+	for _, d := range resp.CdiDevices {
+		names = append(names, d.Name)
+	}
+	if !slices.Equal(names, []string{"resclass.io/gpu=GPU-0", "resclass.io/gpu=GPU-1"}) || len(resp.Annotations) != 0 {
+		t.Errorf("default strategy: CDI devices %v, annotations %v; want the two GPUs' CDI names", resp.CdiDevices, resp.Annotations)
+	}
+	if _, ok := resp.Envs[nvidiagpu.EnvVisibleDevices]; ok || len(resp.Devices) != 0 {
+		t.Errorf("default strategy: env %v, device nodes %v; want neither NVIDIA_VISIBLE_DEVICES nor device nodes", resp.Envs, resp.Devices)
 	}
 
 	// Then b: a's devices are no longer available, and a is allocated.
@@ -263,7 +268,7 @@ func TestAllocateWaitsForThePodToReachTheCache(t *testing.T) {
 		_, _ = f.kube.CoreV1().Pods("ml").Create(context.Background(), late, metav1.CreateOptions{})
 	}()
 	resp, err := f.allocate(highMem, "GPU-2")
-	if err != nil || resp.Envs[nvidiagpu.EnvVisibleDevices] != "GPU-2" {
+	if err != nil || resp.Envs["RESCLASS_DEVICES_NVIDIA_HIGH_MEM"] != "GPU-2" {
 		t.Fatalf("%v, %v", resp, err)
 	}
 }
@@ -297,6 +302,9 @@ func TestSeveralClassesInOneContainerAgree(t *testing.T) {
 		"fast.nic":        {"0000:3b:00.0"},
 	}})
 	f := newFixture(t, p)
+	// envvar: the one strategy whose variable the kubelet merges.
+	f.alloc.cfg.DeviceListStrategies = Strategies{StrategyEnvVar}
+	f.alloc.handoff = f.alloc.kindsHandoff()
 	high, err := f.allocate(highMem, "GPU-1")
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,14 @@ import (
 // With a CDI strategy the agent writes the CDI spec that resolves the names
 // (pkg/cdispec), and sends no device nodes of its own for GPUs: the spec has
 // them. Strategies combine, as in NVIDIA's plugin (envvar,cdi-cri).
+//
+// cdi-cri is the default (issue 35): envvar works only where NVIDIA's runtime
+// takes NVIDIA_VISIBLE_DEVICES from unprivileged containers, and such a
+// runtime takes it from every container, so any pod that sets the variable
+// (or whose image does) gets the node's GPUs whatever the scheduler assigned.
+// A CDI name reaches the runtime only from the kubelet, which has it from the
+// agent, so a hardened runtime (docs/node-agent.md, "GPU isolation") loses
+// nothing with it.
 type DeviceListStrategy string
 
 const (
@@ -31,8 +39,12 @@ const (
 	StrategyCDIAnnotations DeviceListStrategy = "cdi-annotations"
 )
 
-// Strategies are the device-list strategies in force; empty means envvar.
+// Strategies are the device-list strategies in force; empty means
+// DefaultStrategy.
 type Strategies []DeviceListStrategy
+
+// DefaultStrategy is the strategy in force when none is set.
+const DefaultStrategy = StrategyCDICRI
 
 var knownStrategies = []DeviceListStrategy{StrategyEnvVar, StrategyCDICRI, StrategyCDIAnnotations}
 
@@ -60,13 +72,22 @@ func ParseStrategies(s string) (Strategies, error) {
 	return out, nil
 }
 
-// Has says whether st is in force (envvar when none is set).
+// Has says whether st is in force (DefaultStrategy when none is set).
 func (s Strategies) Has(st DeviceListStrategy) bool {
 	if len(s) == 0 {
-		return st == StrategyEnvVar
+		return st == DefaultStrategy
 	}
 	return slices.Contains(s, st)
 }
+
+// Isolated says whether the strategies keep a container to the GPUs the
+// scheduler assigned it on a node whose runtime is hardened: false with
+// envvar, alone or beside a CDI strategy, because the response then relies on
+// a runtime that reads NVIDIA_VISIBLE_DEVICES from unprivileged containers,
+// and such a runtime reads it from any container that sets it itself. The
+// agent reports an unisolated node at start (a Warning Event on its Node);
+// the check of the node's runtime configuration reads the same answer.
+func (s Strategies) Isolated() bool { return !s.Has(StrategyEnvVar) }
 
 // CDI says whether a CDI strategy is in force, so that the spec must be
 // written.
@@ -75,7 +96,7 @@ func (s Strategies) CDI() bool { return s.Has(StrategyCDICRI) || s.Has(StrategyC
 // String is the comma-separated list.
 func (s Strategies) String() string {
 	if len(s) == 0 {
-		return string(StrategyEnvVar)
+		return string(DefaultStrategy)
 	}
 	parts := make([]string, len(s))
 	for i, st := range s {

@@ -34,8 +34,30 @@ func TestParseStrategies(t *testing.T) {
 		}
 	}
 	var none Strategies
-	if !none.Has(StrategyEnvVar) || none.CDI() {
-		t.Errorf("no strategy set must mean envvar")
+	if none.Has(StrategyEnvVar) || !none.Has(StrategyCDICRI) || !none.CDI() || none.String() != "cdi-cri" {
+		t.Errorf("no strategy set must mean cdi-cri")
+	}
+}
+
+// TestStrategiesIsolated: envvar, alone or with a CDI strategy, is the one
+// that needs a runtime which takes the variable from any container.
+func TestStrategiesIsolated(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want bool
+	}{
+		{"", true}, {"cdi-cri", true}, {"cdi-annotations", true}, {"cdi-cri,cdi-annotations", true},
+		{"envvar", false}, {"envvar,cdi-cri", false}, {"cdi-annotations,envvar", false},
+	} {
+		var s Strategies
+		if tc.in != "" {
+			if err := s.Set(tc.in); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := s.Isolated(); got != tc.want {
+			t.Errorf("%q: Isolated() = %v, want %v", tc.in, got, tc.want)
+		}
 	}
 }
 

@@ -78,8 +78,9 @@ type Config struct {
 	IntrospectionSocket string
 
 	// DeviceListStrategies say how GPUs are named to the container runtime
-	// (envvar when empty). With a CDI strategy the agent keeps the CDI spec
-	// of the node's GPUs in CDISpecDir (cdispec.DefaultDir when empty),
+	// (handoff.DefaultStrategy, cdi-cri, when empty). With a CDI strategy the
+	// agent keeps the CDI spec of the node's GPUs in CDISpecDir
+	// (cdispec.DefaultDir when empty: set it in tests, or the host's is written),
 	// naming the driver's files below CDIDriverRoot (a host path, "/" when
 	// empty).
 	DeviceListStrategies handoff.Strategies
@@ -261,6 +262,7 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 	// records them.
 	events := newEvents(ctx, a.kube, a.config.NodeName)
 	r.recorder = events
+	reportStrategies(logger, r.recorder, node, a.config.DeviceListStrategies)
 	r.onStop(func() { events.flush(ctx, a.config.ShutdownTimeout) })
 	// The health watchers run while their source is open (describe starts
 	// them).
