@@ -116,24 +116,50 @@ func TestKustomizeBase(t *testing.T) {
 		}
 	}
 
-	// The node agent is unprivileged by default (issue 19): no capability,
-	// no escalation, seccomp RuntimeDefault; its probes and /metrics are
-	// HTTPS (--metrics-secure, on by default).
+	// The node agent is privileged by default (issue 35: NVML opens the
+	// host's GPUs itself, with no NVIDIA_VISIBLE_DEVICES for a hardened
+	// runtime to refuse), names GPUs by CDI (cdi-cri), and its probes and
+	// /metrics are HTTPS (--metrics-secure, on by default).
 	ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", agentNS, "resclass-node-agent"))
-	checkAgentUnprivileged(t, ds, false)
+	checkAgent(t, ds, true, "cdi-cri")
 }
 
-// checkAgentUnprivileged checks the agent's privileges; cdi: rendered with a
-// CDI device-list strategy, which writes the CDI spec directory.
-func checkAgentUnprivileged(t *testing.T, ds *appsv1.DaemonSet, cdi bool) {
+// checkAgent checks the agent's privileges (privileged: the default; else
+// the unprivileged container with NVIDIA_VISIBLE_DEVICES=all) and its
+// device-list strategy; a CDI strategy writes the CDI spec directory.
+func checkAgent(t *testing.T, ds *appsv1.DaemonSet, privileged bool, strategy string) {
 	t.Helper()
 	pod := ds.Spec.Template.Spec
 	c := pod.Containers[0]
 	sc := c.SecurityContext
-	if sc == nil || sc.Privileged == nil || *sc.Privileged || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
-		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 {
-		t.Errorf("node agent: securityContext %+v, want unprivileged with every capability dropped", sc)
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
 	}
+	if privileged {
+		if sc == nil || sc.Privileged == nil || !*sc.Privileged {
+			t.Errorf("node agent: securityContext %+v, want privileged", sc)
+		}
+		// A hardened runtime ignores the variable in an unprivileged
+		// container, and a privileged one needs none of it.
+		for _, name := range []string{"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"} {
+			if v, ok := env[name]; ok {
+				t.Errorf("node agent: privileged, and still sets %s=%s", name, v)
+			}
+		}
+	} else {
+		if sc == nil || sc.Privileged == nil || *sc.Privileged || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+			sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 {
+			t.Errorf("node agent: securityContext %+v, want unprivileged with every capability dropped", sc)
+		}
+		if env["NVIDIA_VISIBLE_DEVICES"] != "all" {
+			t.Errorf("node agent: unprivileged without NVIDIA_VISIBLE_DEVICES=all: NVML would see no GPU (env %v)", env)
+		}
+	}
+	if got, _ := arg(c.Args, "device-list-strategy"); got != strategy {
+		t.Errorf("node agent: --device-list-strategy=%q, want %s (written out, whatever the binary's default)", got, strategy)
+	}
+	cdi := strings.Contains(strategy, "cdi-")
 	if pod.SecurityContext == nil || pod.SecurityContext.SeccompProfile == nil || pod.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 		t.Errorf("node agent: want seccomp RuntimeDefault, pod securityContext %+v", pod.SecurityContext)
 	}
@@ -143,7 +169,7 @@ func checkAgentUnprivileged(t *testing.T, ds *appsv1.DaemonSet, cdi bool) {
 		}
 	}
 	for _, a := range c.Args {
-		if strings.HasPrefix(a, "--metrics-secure") || (!cdi && strings.HasPrefix(a, "--device-list-strategy")) {
+		if strings.HasPrefix(a, "--metrics-secure") {
 			t.Errorf("node agent: default args carry %s", a)
 		}
 	}
@@ -498,11 +524,12 @@ func TestHelmChart(t *testing.T) {
 	})
 
 	t.Run("node agent options", func(t *testing.T) {
-		set := check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"privileged": true}}))
+		set := check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"privileged": false}}))
 		ds := typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", agentNS, "resclass-node-agent"))
-		if sc := ds.Spec.Template.Spec.Containers[0].SecurityContext; sc.Privileged == nil || !*sc.Privileged {
-			t.Errorf("privileged=true: securityContext %+v", sc)
-		}
+		checkAgent(t, ds, false, "cdi-cri")
+		set = check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"deviceListStrategy": "envvar"}}))
+		ds = typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", agentNS, "resclass-node-agent"))
+		checkAgent(t, ds, true, "envvar")
 
 		// A CDI strategy with the GPU operator's driver root: the strategy,
 		// the spec directory (a writable host path) and the driver root below
@@ -512,7 +539,7 @@ func TestHelmChart(t *testing.T) {
 			"nvml":               map[string]any{"driverRoot": "/run/nvidia/driver"},
 		}}))
 		ds = typed[appsv1.DaemonSet](t, set.get(t, "DaemonSet", agentNS, "resclass-node-agent"))
-		checkAgentUnprivileged(t, ds, true)
+		checkAgent(t, ds, true, "envvar,cdi-cri")
 		c := ds.Spec.Template.Spec.Containers[0]
 		for _, a := range []string{"--device-list-strategy=envvar,cdi-cri", "--cdi-spec-dir=/var/run/cdi", "--cdi-driver-root=/run/nvidia/driver"} {
 			if !slices.Contains(c.Args, a) {
