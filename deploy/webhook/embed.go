@@ -27,6 +27,13 @@ var RBAC []byte
 //go:embed cert-rotator-rbac.yaml
 var CertRotatorRBAC []byte
 
+// CertRotatorPolicy is cert-rotator-policy.yaml: the admission policy that
+// lets the cert rotator change the caBundle of the webhook configurations and
+// nothing else of them.
+//
+//go:embed cert-rotator-policy.yaml
+var CertRotatorPolicy []byte
+
 // Secret is secret.yaml: the (empty) TLS Secret the cert rotator fills.
 //
 //go:embed secret.yaml

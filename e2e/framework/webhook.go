@@ -90,6 +90,10 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 	if _, err := c.ApplyManifestData(ctx, "deploy/webhook/cert-rotator-rbac.yaml", deploywebhook.CertRotatorRBAC); err != nil {
 		return nil, err
 	}
+	// The rotator works under the policy that fences its writes, as installed.
+	if _, err := c.ApplyManifestData(ctx, "deploy/webhook/cert-rotator-policy.yaml", deploywebhook.CertRotatorPolicy); err != nil {
+		return nil, err
+	}
 	if _, err := c.ApplyManifestData(ctx, "deploy/webhook/secret.yaml", deploywebhook.Secret); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,184 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/resclass/resclass/e2e/framework"
+)
+
+// The refusals of deploy/webhook/cert-rotator-policy.yaml.
+const (
+	rotatorOnlyCABundle = "the cert rotator may change a webhook's clientConfig.caBundle and nothing else"
+	rotatorNoMetadata   = "the cert rotator may not change a webhook configuration's metadata"
+	rotatorNoCreate     = "the cert rotator may only update the caBundle of the resclass webhook configurations, never create or delete one"
+)
+
+// TestCertRotatorMayChangeOnlyTheCABundle: the cert rotator's identity, whose
+// RBAC grants update on the two webhook configurations whole, is refused by
+// its admission policy on the real apiserver (dry runs, impersonated) every
+// change that would hand it admission: another URL or Service, rules widened
+// to Secrets, failurePolicy Ignore, an emptied selector, a webhook removed or
+// reordered, metadata; and creating or deleting a configuration even where
+// RBAC would allow it. A caBundle change is admitted, and the rotator, under
+// the policy, still rotates: a new CA reaches both configurations.
+func TestCertRotatorMayChangeOnlyTheCABundle(t *testing.T) {
+	diagnoseOnFailure(t, cluster)
+	ctx := context.Background()
+	wh := startWebhook(t, framework.WebhookOptions{Selector: map[string]string{"e2e-rotator-policy": "true"}})
+	rotator, err := kubernetes.NewForConfig(impersonating(framework.CertRotatorUser,
+		"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vwcs := rotator.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	mwcs := rotator.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	dryRun := metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}
+	// tryValidating applies change to the validating configuration as the
+	// rotator reads it and updates it, dry run.
+	tryValidating := func(ctx context.Context, change func(*admissionregistrationv1.ValidatingWebhookConfiguration)) error {
+		vwc, err := vwcs.Get(ctx, wh.Config.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		change(vwc)
+		_, err = vwcs.Update(ctx, vwc, dryRun)
+		return err
+	}
+	otherURL := "https://attacker.example:8443/validate"
+	toOtherURL := func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+		c.Webhooks[0].ClientConfig.URL, c.Webhooks[0].ClientConfig.Service = &otherURL, nil
+	}
+	// The policy is watched into the apiserver's cache: wait for its first
+	// refusal before reading anything into the others.
+	poll(t, ctx, time.Minute, "the cert rotator's policy enforced", func(ctx context.Context) (bool, error) {
+		return apierrors.IsForbidden(tryValidating(ctx, toOtherURL)), nil
+	})
+
+	for what, change := range map[string]func(*admissionregistrationv1.ValidatingWebhookConfiguration){
+		"pointing a webhook at another URL": toOtherURL,
+		"pointing a webhook at another Service": func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			c.Webhooks[0].ClientConfig.URL = nil
+			c.Webhooks[0].ClientConfig.Service = &admissionregistrationv1.ServiceReference{Namespace: "attacker", Name: "hook", Path: ptrTo("/validate"), Port: ptrTo(int32(443))}
+		},
+		"widening a webhook's rules to Secrets": func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			c.Webhooks[0].Rules = append(c.Webhooks[0].Rules, admissionregistrationv1.RuleWithOperations{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.OperationAll},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"secrets"}},
+			})
+		},
+		"setting failurePolicy Ignore": func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			for i := range c.Webhooks {
+				c.Webhooks[i].FailurePolicy = ptrTo(admissionregistrationv1.Ignore)
+			}
+		},
+		"emptying a namespaceSelector": func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			c.Webhooks[0].NamespaceSelector = &metav1.LabelSelector{}
+		},
+		"adding a matchCondition that skips everything": func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			c.Webhooks[0].MatchConditions = append(c.Webhooks[0].MatchConditions, admissionregistrationv1.MatchCondition{Name: "never", Expression: "false"})
+		},
+		"removing a webhook": func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			c.Webhooks = c.Webhooks[1:]
+		},
+		"reordering the webhooks": func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			c.Webhooks[0], c.Webhooks[1] = c.Webhooks[1], c.Webhooks[0]
+		},
+	} {
+		wantForbiddenSaying(t, "the cert rotator "+what, tryValidating(ctx, change), rotatorOnlyCABundle)
+	}
+	for what, change := range map[string]func(*admissionregistrationv1.ValidatingWebhookConfiguration){
+		"adding a label": func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			c.Labels = map[string]string{"example.com/owner": "rotator"}
+		},
+		"adding an annotation": func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			c.Annotations = map[string]string{"cert-manager.io/inject-ca-from": "attacker/ca"}
+		},
+	} {
+		wantForbiddenSaying(t, "the cert rotator "+what, tryValidating(ctx, change), rotatorNoMetadata)
+	}
+	// The mutating configuration is held the same way.
+	mwc, err := mwcs.Get(ctx, wh.Mutating.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mwc.Webhooks[0].ClientConfig.URL, mwc.Webhooks[0].ClientConfig.Service = &otherURL, nil
+	mwc.Webhooks[0].ReinvocationPolicy = ptrTo(admissionregistrationv1.IfNeededReinvocationPolicy)
+	_, err = mwcs.Update(ctx, mwc, dryRun)
+	wantForbiddenSaying(t, "the cert rotator pointing the mutating webhook elsewhere", err, rotatorOnlyCABundle)
+
+	// Its job: a caBundle of every webhook, both configurations.
+	bundle := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+	if err := tryValidating(ctx, func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+		for i := range c.Webhooks {
+			c.Webhooks[i].ClientConfig.CABundle = bundle
+		}
+	}); err != nil {
+		t.Errorf("the cert rotator changing the validating webhooks' caBundle: %v", err)
+	}
+	if mwc, err = mwcs.Get(ctx, wh.Mutating.Name, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range mwc.Webhooks {
+		mwc.Webhooks[i].ClientConfig.CABundle = bundle
+	}
+	if _, err := mwcs.Update(ctx, mwc, dryRun); err != nil {
+		t.Errorf("the cert rotator changing the mutating webhook's caBundle: %v", err)
+	}
+
+	// Create and delete: its RBAC has neither; granted them, the policy
+	// still refuses.
+	grant(t, ctx, framework.CertRotatorUser, "", rbacv1.PolicyRule{APIGroups: []string{admissionregistrationv1.GroupName},
+		Resources: []string{"validatingwebhookconfigurations"}, Verbs: []string{"create", "delete"}})
+	made := wh.Config.DeepCopy()
+	made.ObjectMeta = metav1.ObjectMeta{Name: "e2e-made-by-the-rotator"}
+	_, err = vwcs.Create(ctx, made, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	wantForbiddenSaying(t, "the cert rotator creating a webhook configuration", err, rotatorNoCreate)
+	err = vwcs.Delete(ctx, wh.Config.Name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+	wantForbiddenSaying(t, "the cert rotator deleting a webhook configuration", err, rotatorNoCreate)
+
+	// And it still rotates under the policy: a CA that no longer parses is
+	// replaced, and the new one reaches both configurations.
+	secrets := cluster.Client.CoreV1().Secrets("resclass-system")
+	secret, err := secrets.Get(ctx, "resclass-webhook-tls", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldCA := secret.Data["ca.crt"]
+	secret.Data["ca.crt"] = []byte("not a certificate")
+	if _, err := secrets.Update(ctx, secret, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	admin := cluster.Client.AdmissionregistrationV1()
+	poll(t, ctx, time.Minute, "a new CA in both configurations' caBundle", func(ctx context.Context) (bool, error) {
+		vwc, err := admin.ValidatingWebhookConfigurations().Get(ctx, wh.Config.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		mwc, err := admin.MutatingWebhookConfigurations().Get(ctx, wh.Mutating.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		var all []admissionregistrationv1.WebhookClientConfig
+		for _, w := range vwc.Webhooks {
+			all = append(all, w.ClientConfig)
+		}
+		for _, w := range mwc.Webhooks {
+			all = append(all, w.ClientConfig)
+		}
+		for _, cc := range all {
+			if len(cc.CABundle) == 0 || bytes.Equal(cc.CABundle, oldCA) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
