@@ -28,6 +28,9 @@ type NodeCapacity struct {
 	Allocatable int64  `json:"allocatable"`
 	Held        int64  `json:"held"`
 	Free        int64  `json:"free"`
+	// GPUIsolation is set when the node's GPUs are not proven isolated: a
+	// pod there may reach GPUs beyond these counts.
+	GPUIsolation *IsolationNote `json:"gpuIsolation,omitempty"`
 }
 
 func (o *options) capacityCommand() *cobra.Command {
@@ -39,7 +42,12 @@ func (o *options) capacityCommand() *cobra.Command {
 (ALLOCATABLE), those a new pod of the class cannot get because pods hold them,
 through any class (HELD), and the rest (FREE): the figures the scheduler writes
 into each ResourceClass's status, computed now from the same cache. A device
-selected by two classes counts in both.`,
+selected by two classes counts in both.
+
+A line follows the table for each node whose GPUs are not proven isolated
+(the NodeDevices condition GPUIsolation): there the NVIDIA container runtime
+accepts NVIDIA_VISIBLE_DEVICES from unprivileged containers, or the node
+agent could not check it, and a pod may reach GPUs beyond these counts.`,
 		Example: `  kubectl resclass capacity
   kubectl resclass capacity --nodes -o json`,
 		Args: cobra.NoArgs,
@@ -51,7 +59,8 @@ selected by two classes counts in both.`,
 			if err != nil {
 				return err
 			}
-			caps := capacity(w, perNode)
+			notes := isolationNotes(w.nodes)
+			caps := capacity(w, notes, perNode)
 			return o.print(caps, func(t *table) {
 				if perNode {
 					t.row("CLASS\tNODE\tALLOCATABLE\tHELD\tFREE")
@@ -68,6 +77,7 @@ selected by two classes counts in both.`,
 						t.row("%s\t%s\t%d\t%d\t%d", c.Class, n.Node, n.Allocatable, n.Held, n.Free)
 					}
 				}
+				isolationRows(t, notes)
 			})
 		},
 	}
@@ -75,7 +85,7 @@ selected by two classes counts in both.`,
 	return cmd
 }
 
-func capacity(w *world, perNode bool) []ClassCapacity {
+func capacity(w *world, notes map[string]IsolationNote, perNode bool) []ClassCapacity {
 	snap := w.snapshot()
 	status := snap.Status()
 	var nodes map[string][]resourceclasses.NodeStatus
@@ -88,7 +98,7 @@ func capacity(w *world, perNode bool) []ClassCapacity {
 		c := ClassCapacity{Class: class, Allocatable: s.Allocatable.Value(), Held: s.Requested.Value(), Free: s.Available.Value()}
 		if perNode {
 			for _, n := range nodes[class] {
-				c.Nodes = append(c.Nodes, NodeCapacity{Node: n.Name, Allocatable: n.Allocatable, Held: n.Requested, Free: n.Allocatable - n.Requested})
+				c.Nodes = append(c.Nodes, NodeCapacity{Node: n.Name, Allocatable: n.Allocatable, Held: n.Requested, Free: n.Allocatable - n.Requested, GPUIsolation: note(notes, n.Name)})
 			}
 		}
 		out = append(out, c)

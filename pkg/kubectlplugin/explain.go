@@ -28,6 +28,9 @@ type NodeExplanation struct {
 	// scheduler does not believe, which ones unknown.
 	Blocked int                              `json:"blocked,omitempty"`
 	Devices []resourceclasses.SnapshotDevice `json:"devices"`
+	// GPUIsolation is set when the node's GPUs are not proven isolated: a
+	// pod there may reach GPUs the scheduler did not assign it.
+	GPUIsolation *IsolationNote `json:"gpuIsolation,omitempty"`
 }
 
 func (o *options) explainCommand() *cobra.Command {
@@ -46,7 +49,7 @@ func (o *options) explainCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			e, err := explain(w.snapshot(), args[0], node)
+			e, err := explain(w.snapshot(), isolationNotes(w.nodes), args[0], node)
 			if err != nil {
 				return err
 			}
@@ -57,8 +60,9 @@ func (o *options) explainCommand() *cobra.Command {
 	return cmd
 }
 
-// explain collects class's view of every node (or only node).
-func explain(s *resourceclasses.Snapshot, class, node string) (*Explanation, error) {
+// explain collects class's view of every node (or only node), with the
+// isolation notes of those nodes.
+func explain(s *resourceclasses.Snapshot, notes map[string]IsolationNote, class, node string) (*Explanation, error) {
 	nodes, ok := s.Devices(class)
 	if !ok {
 		return nil, fmt.Errorf("ResourceClass %q not found", class)
@@ -68,7 +72,7 @@ func explain(s *resourceclasses.Snapshot, class, node string) (*Explanation, err
 		if node != "" && n.Node != node {
 			continue
 		}
-		ne := NodeExplanation{Node: n.Node, Blocked: n.Blocked, Devices: n.Devices}
+		ne := NodeExplanation{Node: n.Node, Blocked: n.Blocked, Devices: n.Devices, GPUIsolation: note(notes, n.Node)}
 		for _, d := range n.Devices {
 			if d.Selected {
 				ne.Selected++
@@ -105,6 +109,13 @@ func (e *Explanation) table(t *table) {
 			t.row("%s\t%s\t%s\t%s\t%s", n.Node, d.ID, d.Kind, state, why)
 		}
 	}
+	notes := map[string]IsolationNote{}
+	for _, n := range e.Nodes {
+		if n.GPUIsolation != nil {
+			notes[n.Node] = *n.GPUIsolation
+		}
+	}
+	isolationRows(t, notes)
 }
 
 // deviceState is a device's one-word state for class and what explains it.
@@ -150,7 +161,7 @@ cluster: preview writes nothing.`,
 				return err
 			}
 			w.classes = withClass(w.classes, rc)
-			e, err := explain(w.snapshot(), rc.Name, node)
+			e, err := explain(w.snapshot(), isolationNotes(w.nodes), rc.Name, node)
 			if err != nil {
 				return err
 			}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -86,6 +87,12 @@ type Config struct {
 	DeviceListStrategies handoff.Strategies
 	CDISpecDir           string
 	CDIDriverRoot        string
+	// NVIDIARuntimeConfigs are the host paths (read below HostRoot) of the
+	// NVIDIA container runtime's config.toml, checked at every publish pass
+	// for the GPUIsolation condition (pkg/gpuisolation);
+	// gpuisolation.DefaultRuntimeConfigs when nil, none when empty (the
+	// condition then says it cannot be checked).
+	NVIDIARuntimeConfigs []string
 
 	// Kinds are the device kinds the agent discovers (those that are
 	// devicekind.Pollers or devicekind.Openers), labels and hands out;
@@ -235,8 +242,9 @@ type running struct {
 	modeChanged bool
 
 	// The worker's state (the opened sources' is in src).
-	prev    map[string]v1alpha1.Device
-	retryAt time.Time // no publish before: the last one failed
+	prev      map[string]v1alpha1.Device
+	isolation *isolation
+	retryAt   time.Time // no publish before: the last one failed
 }
 
 // start creates and starts every part of the agent, in order; r.stop undoes
@@ -244,7 +252,7 @@ type running struct {
 func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) {
 	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithCancel(ctx)
-	r := &running{a: a, node: node, cancel: cancel}
+	r := &running{a: a, node: node, cancel: cancel, isolation: newIsolation(a.config)}
 	r.queue = workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Logger: &logger})
 	r.publishing = workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, time.Minute)
 	r.opening = workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, a.config.OpenRetryMax)
@@ -500,6 +508,10 @@ func (r *running) publishPass(ctx context.Context) {
 	devices = append(devices, host...)
 	r.src.applyHealth(devices)
 	status := assemble(a.config.Kinds, devices, append(conds, hostConds...)...)
+	// Judged on the GPUs found, before DRA mode empties the published list.
+	isolated := r.isolation.check(int(status.Summary.GPUs))
+	meta.SetStatusCondition(&status.Conditions, isolated)
+	r.isolation.report(ctx, r.recorder, r.node, a.metrics, isolated)
 	r.prev = a.reportHealth(ctx, r.recorder, r.node, r.introspect.HealthHub, r.prev, status.Devices)
 	a.metrics.observe(status.Devices)
 	if r.plugins != nil {

@@ -18,6 +18,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/meta"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -29,6 +30,8 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/gpuisolation"
+	"github.com/resclass/resclass/pkg/handoff"
 )
 
 // addLibraryFlags are how the agent finds the NVML library, for the agent and
@@ -95,6 +98,9 @@ type discoverOptions struct {
 	output         string
 	nvml           nvmldiscovery.Library
 	includeVirtual bool
+	// The GPUIsolation condition's inputs, as the agent has them.
+	runtimeConfigs []string
+	strategies     handoff.Strategies
 }
 
 func newDiscoverCommand() *cobra.Command {
@@ -120,6 +126,8 @@ needs no cluster: run it first on a new node.
 	cmd.Flags().StringVarP(&o.output, "output", "o", "table", "output format: table, yaml or json")
 	addLibraryFlags(cmd, &o.nvml)
 	cmd.Flags().BoolVar(&o.includeVirtual, "include-virtual-nics", false, "also list interfaces without hardware behind them (loopback, veth, bridges)")
+	addRuntimeConfigFlag(cmd, &o.runtimeConfigs)
+	cmd.Flags().Var(&o.strategies, "device-list-strategy", "the agent's --device-list-strategy, for the "+gpuisolation.ConditionType+" condition (default "+string(handoff.DefaultStrategy)+")")
 	return cmd
 }
 
@@ -132,7 +140,10 @@ func discover(o discoverOptions) v1alpha1.NodeDevicesStatus {
 	s.describeOnce()
 	devices, conds := s.described()
 	host, hostConds := s.discoverHost()
-	return assemble(s.kinds, append(devices, host...), append(conds, hostConds...)...)
+	status := assemble(s.kinds, append(devices, host...), append(conds, hostConds...)...)
+	isolation := newIsolation(Config{HostRoot: o.hostRoot, NVIDIARuntimeConfigs: o.runtimeConfigs, DeviceListStrategies: o.strategies})
+	meta.SetStatusCondition(&status.Conditions, isolation.check(int(status.Summary.GPUs)))
+	return status
 }
 
 func write(w io.Writer, status v1alpha1.NodeDevicesStatus, format string) error {

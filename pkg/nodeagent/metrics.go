@@ -25,6 +25,8 @@ type metrics struct {
 	cdiWrites *prometheus.CounterVec
 	// dra counts the DRA plugin's prepares and unprepares (DRA mode).
 	dra *draplugin.Metrics
+	// isolation is 1 for the node's GPU isolation state, 0 for the others.
+	isolation *prometheus.GaugeVec
 }
 
 func newMetrics() *metrics {
@@ -60,9 +62,13 @@ func newMetrics() *metrics {
 		Name: "resclass_node_agent_cdi_spec_writes_total",
 		Help: "Writes of the CDI spec of the node's GPUs (with a CDI --device-list-strategy), by result: written, error.",
 	}, []string{"result"})
+	m.isolation = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "resclass_node_agent_gpu_isolation",
+		Help: "1 for the node's GPU isolation state, 0 for the others: isolated (the NVIDIA container runtime refuses NVIDIA_VISIBLE_DEVICES from unprivileged containers and GPUs are named through CDI), unisolated, unknown (its configuration cannot be checked) or no-gpus; the condition GPUIsolation says why.",
+	}, []string{"state"})
 	m.handoff = handoff.NewMetrics(m.registry)
 	m.dra = draplugin.NewMetrics(m.registry)
-	m.registry.MustRegister(m.cdiWrites, m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery)
+	m.registry.MustRegister(m.isolation, m.cdiWrites, m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery)
 	return m
 }
 

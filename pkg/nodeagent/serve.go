@@ -64,6 +64,9 @@ type serveOptions struct {
 	deviceListStrategies handoff.Strategies
 	cdiSpecDir           string
 	cdiDriverRoot        string
+	// The NVIDIA container runtime's configuration, checked for GPU
+	// isolation (docs/node-agent.md, "GPU isolation").
+	nvidiaRuntimeConfigs []string
 	// Who may read /metrics.
 	metricsSecure bool
 	// DRA mode (docs/dra.md, "Nodes").
@@ -95,6 +98,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	// Device list strategy, CDI and the metrics endpoint's access.
 	f.Var(&o.deviceListStrategies, "device-list-strategy", "how a container's GPUs are named to the container runtime, one or more of (comma-separated): envvar (NVIDIA_VISIBLE_DEVICES and the device nodes, for NVIDIA's container runtime), cdi-cri (CDI names in the CRI field, for containerd 1.7+/2.x and CRI-O with CDI), cdi-annotations (CDI names in a cdi.k8s.io/ container annotation); with a CDI strategy the agent writes the CDI spec of the node's GPUs into --cdi-spec-dir. envvar works only where NVIDIA's runtime takes the variable from unprivileged containers, which lets any container that sets it reach every GPU of the node: the agent reports it as unisolated (default cdi-cri)")
 	f.StringVar(&o.cdiSpecDir, "cdi-spec-dir", cdispec.DefaultDir, "directory the CDI spec ("+cdispec.FileName+") is written to with a CDI --device-list-strategy: one the container runtime reads (its cdi_spec_dirs)")
+	addRuntimeConfigFlag(cmd, &o.nvidiaRuntimeConfigs)
 	f.StringVar(&o.cdiDriverRoot, "cdi-driver-root", "/", "host path of the NVIDIA driver's root, read below --host-root, whose libraries and tools the CDI spec mounts into GPU containers: / for a driver installed on the host, /run/nvidia/driver for the GPU operator's driver container")
 	f.StringVar(&o.dra.PluginDataDir, "dra-plugin-dir", "/var/lib/kubelet/plugins/resclass.io", "on a node labelled "+v1alpha1.LabelDeviceMode+"="+v1alpha1.DeviceModeDRA+": the directory of the agent's DRA kubelet plugin (its socket dra.sock and its checkpoint of prepared claims, read back after a restart); the kubelet must reach it at the same path")
 	f.StringVar(&o.dra.RegistrationDir, "dra-registration-dir", "/var/lib/kubelet/plugins_registry", "on a node in DRA mode: the kubelet's plugin registration directory, where the agent's DRA plugin registers (socket resclass.io-reg.sock)")
@@ -145,6 +149,7 @@ func (o *serveOptions) run(ctx context.Context) error {
 		DeviceListStrategies: o.deviceListStrategies,
 		CDISpecDir:           o.cdiSpecDir,
 		CDIDriverRoot:        o.cdiDriverRoot,
+		NVIDIARuntimeConfigs: o.nvidiaRuntimeConfigs,
 		DRA:                  o.dra,
 	}
 	// The kinds' own settings: how NVML is found and GPU health judged.
