@@ -235,6 +235,31 @@ func TestHelmChart(t *testing.T) {
 		}
 	})
 
+	t.Run("nodeAgent.nvidiaRuntimeConfigs mounts each file's directory", func(t *testing.T) {
+		configs := []string{"/etc/nvidia-container-runtime/config.toml", "/opt/nvidia/runtime/config.toml", "/opt/nvidia/runtime/other.toml", "/usr/local/toolkit/config.toml"}
+		set := check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"nvidiaRuntimeConfigs": configs}}))
+		spec := podSpec(t, set, "DaemonSet", "resclass-node-agent")
+		if got, _ := arg(spec.Containers[0].Args, "nvidia-runtime-config"); got != strings.Join(configs, ",") {
+			t.Errorf("--nvidia-runtime-config=%s, want %s", got, strings.Join(configs, ","))
+		}
+		// (checkNodeAgent checked that each is the host's file.) One mount per
+		// directory, none for /usr's.
+		var mounts int
+		for _, v := range spec.Volumes {
+			if strings.HasPrefix(v.Name, "nvidia-runtime-config") {
+				mounts++
+			}
+		}
+		if mounts != 2 {
+			t.Errorf("%d runtime configuration mounts, want 2 (/etc/nvidia-container-runtime, /opt/nvidia/runtime)", mounts)
+		}
+		for _, bad := range []string{"/sys/x/config.toml", "/etc/../config.toml", "config.toml", "/config.toml", "/etc/a,b/config.toml"} {
+			if objs, err := install.HelmTemplate(ctx, map[string]any{"nodeAgent": map[string]any{"nvidiaRuntimeConfigs": []string{bad}}}); err == nil {
+				t.Errorf("nvidiaRuntimeConfigs [%s] rendered %d objects, want an error", bad, len(objs))
+			}
+		}
+	})
+
 	t.Run("nodeAgent.dra.enabled is the kustomize base with the component deploy/node-agent/dra", func(t *testing.T) {
 		helmObjs := helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"dra": map[string]any{"enabled": true}}})
 		set := check(t, helmObjs)
@@ -1127,6 +1152,25 @@ func checkNodeAgent(t *testing.T, set *objects) {
 	}
 	if lib, ok := arg(c.Args, "nvml-library"); ok && hostPathAt(lib) == "" {
 		t.Errorf("node agent: --nvml-library %q is on no host path", lib)
+	}
+	// Each NVIDIA runtime configuration the GPU isolation check reads is the
+	// host's own file, below --host-root, read-only.
+	if configs, ok := arg(c.Args, "nvidia-runtime-config"); !ok || configs == "" {
+		t.Errorf("node agent: no --nvidia-runtime-config: GPU isolation would not be checked")
+	} else {
+		for _, p := range strings.Split(configs, ",") {
+			got := hostPathAt(path.Join(hostRoot, p))
+			v, m := mountOf(spec, path.Join(hostRoot, p))
+			if got != p || !m.ReadOnly {
+				t.Errorf("node agent: --nvidia-runtime-config %s is host path %q (read-only %v), want itself, read-only", p, got, m.ReadOnly)
+				continue
+			}
+			// Its own mount has no type: a node without the toolkit still
+			// starts the agent.
+			if strings.HasPrefix(v.Name, "nvidia-runtime-config") && v.HostPath.Type != nil && *v.HostPath.Type != "" {
+				t.Errorf("node agent: --nvidia-runtime-config %s: hostPath type %s, want none", p, *v.HostPath.Type)
+			}
+		}
 	}
 	if !slices.ContainsFunc(spec.Tolerations, func(tol corev1.Toleration) bool {
 		return tol.Key == "nvidia.com/gpu" && tol.Operator == corev1.TolerationOpExists
