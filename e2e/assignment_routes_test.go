@@ -302,6 +302,10 @@ func TestEveryRouteToPodMetadata(t *testing.T) {
 		wantForbiddenSaying(t, "the scheduler labelling a pod through "+bindWay,
 			b(ctx, sc, unbound, node, map[string]string{key: value}, map[string]string{"team": "x"}), "a Binding by the resclass scheduler may carry no labels but")
 	}
+	// A zone of its choosing: the legacy route has no PodTopologyLabels to
+	// overwrite it with the node's.
+	wantForbiddenSaying(t, "the scheduler setting a zone label through the legacy bindings",
+		legacyBind(ctx, sc, unbound, node, map[string]string{key: value}, map[string]string{corev1.LabelTopologyZone: "elsewhere"}), "a Binding by the resclass scheduler may carry no labels but")
 	// What kube-scheduler writes through pods/status (a condition) is its
 	// business.
 	if err := patchSubresource(ctx, sc, ns, "unbound", "status", map[string]any{"status": map[string]any{"conditions": []any{
