@@ -115,7 +115,7 @@ func TestResourceDistributionTrust(t *testing.T) {
 		if err != nil {
 			t.Fatalf("a distribution into namespaces alice may write: %v", err)
 		}
-		if got := rd.Annotations[v1alpha1.AnnotationAuthor]; !strings.Contains(got, `"username":"`+user+`"`) {
+		if got := rd.Annotations[v1alpha1.AnnotationAuthorUser]; got != user {
 			t.Errorf("the recorded author is %q, want %s", got, user)
 		}
 		d.waitSynced(rd, 2)
@@ -180,7 +180,7 @@ func TestResourceDistributionTrust(t *testing.T) {
 		t.Cleanup(func() {
 			_ = rc.ResclassV1alpha1().ResourceDistributions().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
 		})
-		if _, has := created.Annotations[v1alpha1.AnnotationAuthor]; has {
+		if distpkg.AuthorRecord(created.Annotations) != nil {
 			t.Fatalf("stored with an author although no webhook saw it: %v", created.Annotations)
 		}
 		poll(t, ctx, 30*time.Second, "Authorized False, NoAuthor, saying what to do", func(ctx context.Context) (bool, error) {
@@ -205,7 +205,7 @@ func TestResourceDistributionTrust(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if updated.Annotations[v1alpha1.AnnotationAuthor] == "" {
+		if updated.Annotations[v1alpha1.AnnotationAuthorUser] == "" {
 			t.Fatal("the spec change through the webhook recorded no author")
 		}
 		d.waitSynced(updated, 1)

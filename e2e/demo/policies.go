@@ -233,7 +233,7 @@ func distribute(ctx context.Context, p *printer, c *framework.Cluster) error {
 	if err != nil {
 		return err
 	}
-	p.line("    its author, recorded by the webhook (%s): %s", v1alpha1.AnnotationAuthor, created.Annotations[v1alpha1.AnnotationAuthor])
+	p.line("    its author, recorded by the webhook (%s): %s", v1alpha1.AnnotationAuthorUser, created.Annotations[v1alpha1.AnnotationAuthorUser])
 	if err := waitDistributed(ctx, c, rd.Name, 2); err != nil {
 		return err
 	}

@@ -2,8 +2,10 @@ package distribution
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"reflect"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,70 +20,159 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
 func TestAuthorRoundTrip(t *testing.T) {
-	for _, u := range []authenticationv1.UserInfo{
-		{Username: "alice"},
-		{Username: "system:serviceaccount:ci:deployer", UID: "u-1", Groups: []string{"system:serviceaccounts", "system:authenticated"},
-			Extra: map[string]authenticationv1.ExtraValue{"authentication.kubernetes.io/pod-name": {"p"}, "a": {}}},
-	} {
-		a := AuthorOf(u)
-		got, err := ParseAuthor(a.Encode())
-		if err != nil {
-			t.Fatalf("%s: %v", a.Encode(), err)
+	for _, tc := range []struct {
+		user authenticationv1.UserInfo
+		want map[string]string
+	}{{
+		user: authenticationv1.UserInfo{Username: "alice"},
+		want: map[string]string{v1alpha1.AnnotationAuthorUser: "alice", v1alpha1.AnnotationAuthorUID: "", v1alpha1.AnnotationAuthorGroups: "", v1alpha1.AnnotationAuthorExtra: ""},
+	}, {
+		user: authenticationv1.UserInfo{Username: "system:serviceaccount:ci:deployer", UID: "u-1",
+			Groups: []string{"system:serviceaccounts", "system:authenticated", "system:serviceaccounts"},
+			Extra:  map[string]authenticationv1.ExtraValue{"authentication.kubernetes.io/pod-name": {"p"}, "a": {}, "authentication.kubernetes.io/credential-id": {"JTI=x"}}},
+		want: map[string]string{
+			v1alpha1.AnnotationAuthorUser:   "system:serviceaccount:ci:deployer",
+			v1alpha1.AnnotationAuthorUID:    "u-1",
+			v1alpha1.AnnotationAuthorGroups: "system:authenticated,system:serviceaccounts",
+			v1alpha1.AnnotationAuthorExtra:  "a=;authentication.kubernetes.io/credential-id=JTI%3Dx;authentication.kubernetes.io/pod-name=p",
+		},
+	}, {
+		// Every separator and the escape itself, in a group, a key and a
+		// value; the empty group and the empty value are "%".
+		user: authenticationv1.UserInfo{Username: "a,b;c=d%", UID: "=",
+			Groups: []string{"", "x,y", "100%", "a;b=c"},
+			Extra:  map[string]authenticationv1.ExtraValue{"k=1;": {"", "v,w", "v,w"}, "": {""}}},
+		want: map[string]string{
+			v1alpha1.AnnotationAuthorUser:   "a,b;c=d%",
+			v1alpha1.AnnotationAuthorUID:    "=",
+			v1alpha1.AnnotationAuthorGroups: "%,100%25,a%3Bb%3Dc,x%2Cy",
+			v1alpha1.AnnotationAuthorExtra:  "%=%;k%3D1%3B=%,v%2Cw,v%2Cw",
+		},
+	}} {
+		a := AuthorOf(tc.user)
+		record := a.Annotations()
+		if !maps.Equal(record, tc.want) {
+			t.Errorf("%s: record %q, want %q", tc.user.Username, record, tc.want)
 		}
-		if !reflect.DeepEqual(got, a) {
+		got, err := ParseAuthor(record)
+		if err != nil {
+			t.Fatalf("%q: %v", record, err)
+		}
+		if !maps.Equal(got.Annotations(), record) || got.Username != a.Username || got.UID != a.UID {
 			t.Errorf("round trip: %+v, want %+v", got, a)
 		}
-		if a.Encode() != AuthorOf(u).Encode() {
-			t.Errorf("Encode is not deterministic")
+		// The groups are a set: sorted and deduplicated; extra values keep
+		// their order and repetition.
+		wantGroups := slices.Clone(a.Groups)
+		slices.SortFunc(wantGroups, func(x, y string) int { return strings.Compare(escape(x), escape(y)) })
+		if wantGroups = slices.Compact(wantGroups); !slices.Equal(got.Groups, wantGroups) {
+			t.Errorf("groups %q, want %q", got.Groups, wantGroups)
+		}
+		for k, v := range a.Extra {
+			if !slices.Equal(got.Extra[k], v) || got.Extra[k] == nil {
+				t.Errorf("extra %q: %q, want %q", k, got.Extra[k], v)
+			}
 		}
 	}
 }
 
 func TestParseAuthorRefuses(t *testing.T) {
-	for _, tc := range []struct{ value, want string }{
-		{"", "no author"},
-		{`{"username":""}`, "no user name"},
-		{`{"username":"a","admin":true}`, "unknown field"},
-		{`{"username":"a","username":"b"}`, "duplicate field"},
-		{`{"Username":"a"}`, "unknown field"},
-		{`{ "username":"a"}`, "not in the form"},
-		{`{"username":"a"} `, "not in the form"},
-		{`{"username":"a","groups":[]}`, "not in the form"},
-		{`["a"]`, "not valid JSON"},
-		{`{"username":"a","groups":[` + strings.Repeat(`"g",`, maxAuthorGroups) + `"g"]}`, "groups"},
-		{`{"username":"` + strings.Repeat("a", maxAuthorBytes) + `"}`, "bytes"},
+	record := func(user, uid, groups, extra string) map[string]string {
+		return map[string]string{v1alpha1.AnnotationAuthorUser: user, v1alpha1.AnnotationAuthorUID: uid,
+			v1alpha1.AnnotationAuthorGroups: groups, v1alpha1.AnnotationAuthorExtra: extra, "other": "kept out"}
+	}
+	with := func(m map[string]string, k, v string) map[string]string {
+		m = maps.Clone(m)
+		m[k] = v
+		return m
+	}
+	without := func(m map[string]string, k string) map[string]string {
+		m = maps.Clone(m)
+		delete(m, k)
+		return m
+	}
+	ok := record("alice", "", "g", "")
+	if _, err := ParseAuthor(ok); err != nil {
+		t.Fatalf("the valid record: %v", err)
+	}
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		want        string
+	}{
+		{"nothing", nil, "no author recorded"},
+		{"only other annotations", map[string]string{"other": "x"}, "no author recorded"},
+		{"the old JSON annotation", map[string]string{v1alpha1.AnnotationAuthorJSON: `{"username":"admin","groups":["system:masters"]}`}, "old format"},
+		{"the old annotation beside the record", with(ok, v1alpha1.AnnotationAuthorJSON, `{"username":"alice"}`), `"resclass.io/spec-author", which is not one of its fields`},
+		{"a field it does not know", with(ok, v1alpha1.AnnotationAuthorPrefix+".scopes", "all"), "not one of its fields"},
+		{"no uid annotation", without(ok, v1alpha1.AnnotationAuthorUID), "lacks the annotation resclass.io/spec-author.uid"},
+		{"no user name", with(ok, v1alpha1.AnnotationAuthorUser, ""), "no user name"},
+		{"unsorted groups", with(ok, v1alpha1.AnnotationAuthorGroups, "b,a"), "canonical"},
+		{"repeated groups", with(ok, v1alpha1.AnnotationAuthorGroups, "a,a"), "canonical"},
+		{"an empty group not escaped", with(ok, v1alpha1.AnnotationAuthorGroups, ",a"), "canonical"},
+		{"a lowercase escape", with(ok, v1alpha1.AnnotationAuthorGroups, "a%2cb"), "escape"},
+		{"an escape of another character", with(ok, v1alpha1.AnnotationAuthorGroups, "a%41"), "escape"},
+		{"an incomplete escape", with(ok, v1alpha1.AnnotationAuthorGroups, "a%2"), "incomplete"},
+		{"an unescaped separator in extra", with(ok, v1alpha1.AnnotationAuthorExtra, "k=a=b"), "canonical"},
+		{"an extra entry without =", with(ok, v1alpha1.AnnotationAuthorExtra, "k"), `has no "="`},
+		{"an extra key twice", with(ok, v1alpha1.AnnotationAuthorExtra, "k=a;k=b"), "twice"},
+		{"unsorted extra", with(ok, v1alpha1.AnnotationAuthorExtra, "l=a;k=b"), "canonical"},
+		{"too many groups", with(ok, v1alpha1.AnnotationAuthorGroups, strings.Repeat("g,", maxAuthorGroups)+"g"), "groups, more than"},
+		{"too many extra keys", with(ok, v1alpha1.AnnotationAuthorExtra, strings.Repeat("k=;", maxAuthorExtra)+"k="), "extra keys, more than"},
+		{"too many extra values", with(ok, v1alpha1.AnnotationAuthorExtra, "k="+strings.Repeat("v,", maxExtraValues)+"v"), "values, more than"},
+		{"too large", with(ok, v1alpha1.AnnotationAuthorUser, strings.Repeat("a", maxAuthorBytes)), "bytes, more than"},
 	} {
-		if _, err := ParseAuthor(tc.value); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("ParseAuthor(%.60q) = %v, want an error saying %q", tc.value, err, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseAuthor(tc.annotations)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("ParseAuthor = %v, want an error saying %q", err, tc.want)
+			}
+			if err != nil && len(err.Error()) > 400 {
+				t.Errorf("the error is %d bytes long: it goes into the status and an Event", len(err.Error()))
+			}
+		})
+	}
+	if _, err := ParseAuthor(map[string]string{v1alpha1.AnnotationAuthorJSON: "{}"}); !errors.Is(err, ErrOldAuthorFormat) {
+		t.Errorf("the old annotation alone: %v, want ErrOldAuthorFormat", err)
 	}
 }
 
-// FuzzParseAuthor: ParseAuthor never panics, and what it accepts is exactly
-// what Encode writes for it.
+// FuzzParseAuthor: ParseAuthor never panics, accepts only the canonical
+// record of the identity it returns, and its errors stay short.
 func FuzzParseAuthor(f *testing.F) {
-	for _, s := range []string{
-		`{"username":"alice"}`,
-		`{"username":"a","uid":"u","groups":["g"],"extra":{"k":["v"],"l":null}}`,
-		`{"username":"a","extra":{"k":[]}}`,
-		`{"username":"a","groups":null}`,
-		`{"username":"\u0000"}`,
-		``, `null`, `{}`, `[`,
+	for _, s := range [][4]string{
+		{"alice", "", "", ""},
+		{"a", "u", "g", "k=v;l="},
+		{"a,b;c=d%", "=", "%,100%25,a%3Bb%3Dc,x%2Cy", "%=%;k%3D1%3B=%,v%2Cw,v%2Cw"},
+		{"a", "", "b,a", ""},
+		{"a", "", "a%2", "k"},
+		{"", "", "", ""},
 	} {
-		f.Add(s)
+		f.Add(s[0], s[1], s[2], s[3])
 	}
-	f.Fuzz(func(t *testing.T, value string) {
+	f.Fuzz(func(t *testing.T, user, uid, groups, extra string) {
 		watchdog.Run(t, func() {
-			a, err := ParseAuthor(value)
+			record := map[string]string{v1alpha1.AnnotationAuthorUser: user, v1alpha1.AnnotationAuthorUID: uid,
+				v1alpha1.AnnotationAuthorGroups: groups, v1alpha1.AnnotationAuthorExtra: extra}
+			a, err := ParseAuthor(record)
 			if err != nil {
+				if len(err.Error()) > 600 {
+					t.Fatalf("a %d-byte error", len(err.Error()))
+				}
 				return
 			}
-			if a.Username == "" || a.Encode() != value {
-				t.Fatalf("accepted %q as %+v, which encodes as %q", value, a, a.Encode())
+			if a.Username == "" || !maps.Equal(a.Annotations(), record) {
+				t.Fatalf("accepted %q as %+v, whose record is %q", record, a, a.Annotations())
+			}
+			// The record of what was parsed parses to the same identity.
+			again, err := ParseAuthor(a.Annotations())
+			if err != nil || again.key() != a.key() {
+				t.Fatalf("the record of %+v does not parse back: %v", a, err)
 			}
 		})
 	})

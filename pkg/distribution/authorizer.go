@@ -71,7 +71,7 @@ type authzAnswer struct {
 // Allowed reports whether author may verb resource (secrets or configmaps)
 // in namespace.
 func (a *Authorizer) Allowed(ctx context.Context, author Author, verb, resource, namespace string) (bool, error) {
-	encoded := author.Encode()
+	encoded := author.key()
 	if ok, err := a.review(ctx, author, encoded, verb, resource, metav1.NamespaceAll); err != nil || ok {
 		return ok, err
 	}
@@ -84,7 +84,7 @@ func (a *Authorizer) Denied(ctx context.Context, author Author, verb, resource s
 	if len(namespaces) == 0 {
 		return nil, nil
 	}
-	encoded := author.Encode()
+	encoded := author.key()
 	if ok, err := a.review(ctx, author, encoded, verb, resource, metav1.NamespaceAll); err != nil || ok {
 		return nil, err
 	}

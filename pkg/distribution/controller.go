@@ -50,8 +50,8 @@ const (
 	// ReasonForbidden: the author may not make some writes (a Warning Event
 	// with this reason names them too).
 	ReasonForbidden = "Forbidden"
-	// ReasonNoAuthor: the distribution carries no valid
-	// v1alpha1.AnnotationAuthor, so nothing is written.
+	// ReasonNoAuthor: the distribution carries no valid author record
+	// (v1alpha1.AnnotationAuthorPrefix), so nothing is written.
 	ReasonNoAuthor = "NoAuthor"
 )
 
@@ -243,14 +243,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonInvalid, msg)
 		return reconcile.Result{}, r.writeStatus(ctx, rd, status)
 	}
-	author, err := ParseAuthor(rd.Annotations[v1alpha1.AnnotationAuthor])
+	author, err := ParseAuthor(rd.Annotations)
 	if err != nil {
-		// Written while the webhook was not in the path (or before resclass
-		// recorded authors): nobody vouches for the spec, so nothing is
-		// written for it.
-		msg := fmt.Sprintf("%v (annotation %s): the distribution was stored without resclass's admission webhook (created before the webhook recorded authors, or while it was not called), so nobody vouches for its spec. "+
-			"No copy is created, updated or deleted for it until someone allowed to write its copies changes its spec through the webhook, which records them as the author (docs/distribution.md, \"Upgrading\")",
-			err, v1alpha1.AnnotationAuthor)
+		// Stored before resclass bound the author in the apiserver, or while
+		// its admission policy was removed: nobody vouches for the spec, so
+		// nothing is written for it. An author in the old JSON annotation is
+		// one of these: anyone could set it while the webhook was not called.
+		why := "the distribution was stored without a valid author record (before resclass recorded authors, or while its admission policy resclass-spec-author was not installed), so nobody vouches for its spec"
+		if errors.Is(err, ErrOldAuthorFormat) {
+			why = "an author in that format was not bound to the requester when the webhook was not called, so it does not vouch for the spec"
+		}
+		msg := fmt.Sprintf("%v (annotations %s.*): %s. "+
+			"No copy is created, updated or deleted for it until someone allowed to write its copies changes its spec, which records them as the author (docs/distribution.md, \"Upgrading\")",
+			err, v1alpha1.AnnotationAuthorPrefix, why)
 		if c := meta.FindStatusCondition(status.Conditions, ConditionAuthorized); c == nil || c.Message != msg {
 			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonNoAuthor, "Authorize", "%s", msg)
 		}

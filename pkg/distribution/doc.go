@@ -44,8 +44,10 @@
 // # Authorization
 //
 // A distribution writes a copy only where its author could write it. The
-// author is the identity in v1alpha1.AnnotationAuthor, recorded by resclass's
-// admission webhook from the request that wrote the current spec (see Author).
+// author is the identity in the v1alpha1.AnnotationAuthorPrefix annotations,
+// recorded by resclass's admission webhook from the request that wrote the
+// current spec and bound to that request by an admission policy in the
+// apiserver (see Author).
 // Before each create, update and delete of a copy the Reconciler asks the
 // apiserver whether that identity may do the same (Authorizer, a
 // SubjectAccessReview cached for a few seconds), and where not, writes

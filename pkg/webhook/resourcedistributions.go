@@ -2,14 +2,17 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"reflect"
+	"slices"
 	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -36,9 +39,10 @@ var distributionGVK = v1alpha1.SchemeGroupVersion.WithKind("ResourceDistribution
 
 // resourceDistributions validates ResourceDistributions (docs/distribution.md) and
 // authorizes them: the resource is a complete Secret or ConfigMap whose
-// apiVersion, kind and name never change; v1alpha1.AnnotationAuthor records
-// the requester (resourceDistributionAuthor writes it, this refuses any
-// other value); and the requester must be allowed to make, in every
+// apiVersion, kind and name never change; the v1alpha1.AnnotationAuthorPrefix
+// annotations record the requester (resourceDistributionAuthor writes them,
+// this refuses any other record, as the admission policy resclass-spec-author
+// does in the apiserver); and the requester must be allowed to make, in every
 // namespace known now, the writes the request causes — create where the
 // distribution newly writes, delete where a copy goes (also when the
 // distribution itself is deleted); update, where new content rewrites a
@@ -94,11 +98,16 @@ func (d *resourceDistributions) write(ctx context.Context, req admission.Request
 			denials.WithLabelValues(ResourceDistributionsPath, reasonBadRequest).Inc()
 			return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the old ResourceDistribution: %w", err))
 		}
-		if equalSpecs(old, rd) {
+		changed, err := specChanged(req)
+		if err != nil {
+			denials.WithLabelValues(ResourceDistributionsPath, reasonBadRequest).Inc()
+			return admission.Errored(http.StatusBadRequest, err)
+		}
+		if !changed {
 			// Labels, finalizers and the like: the spec's author stays.
-			if rd.Annotations[v1alpha1.AnnotationAuthor] != old.Annotations[v1alpha1.AnnotationAuthor] {
+			if !maps.Equal(distribution.AuthorRecord(rd.Annotations), distribution.AuthorRecord(old.Annotations)) {
 				denials.WithLabelValues(ResourceDistributionsPath, reasonForgedAuthor).Inc()
-				return admission.Denied(fmt.Sprintf("the annotation %s records who wrote the spec; it changes only with the spec", v1alpha1.AnnotationAuthor))
+				return admission.Denied(fmt.Sprintf("the annotations %s.* record who wrote the spec; they change only with the spec", v1alpha1.AnnotationAuthorPrefix))
 			}
 			return admission.Allowed("")
 		}
@@ -115,14 +124,24 @@ func (d *resourceDistributions) write(ctx context.Context, req admission.Request
 		status := apierrors.NewInvalid(distributionGVK.GroupKind(), rd.Name, errs).ErrStatus
 		return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &status}}
 	}
-	if got, want := rd.Annotations[v1alpha1.AnnotationAuthor], distribution.AuthorOf(req.UserInfo).Encode(); got != want {
+	// The admission policy resclass-spec-author makes the same check in the
+	// apiserver, where no webhook configuration can take it out of the path;
+	// this one says it first, and refuses an identity the controller could
+	// not read back.
+	requester := distribution.AuthorOf(req.UserInfo)
+	if got := distribution.AuthorRecord(rd.Annotations); !maps.Equal(got, requester.Annotations()) {
 		denials.WithLabelValues(ResourceDistributionsPath, reasonForgedAuthor).Inc()
-		if got == "" {
-			return admission.Denied(fmt.Sprintf("the annotation %s is missing: resclass's mutating webhook %q records the author; is the MutatingWebhookConfiguration resclass-webhook installed?",
-				v1alpha1.AnnotationAuthor, "resourcedistributions-author.resclass.io"))
+		if len(got) == 0 {
+			return admission.Denied(fmt.Sprintf("the annotations %s.* are missing: resclass's mutating webhook %q records the author; is the MutatingWebhookConfiguration resclass-webhook installed?",
+				v1alpha1.AnnotationAuthorPrefix, "resourcedistributions-author.resclass.io"))
 		}
-		return admission.Denied(fmt.Sprintf("the annotation %s must record the user who writes the spec (%q); it is set by resclass's webhook, not by hand",
-			v1alpha1.AnnotationAuthor, req.UserInfo.Username))
+		return admission.Denied(fmt.Sprintf("the annotations %s.* must record the user who writes the spec (%q); they are set by resclass's webhook, not by hand",
+			v1alpha1.AnnotationAuthorPrefix, req.UserInfo.Username))
+	}
+	if _, err := distribution.ParseAuthor(requester.Annotations()); err != nil {
+		denials.WithLabelValues(ResourceDistributionsPath, reasonForgedAuthor).Inc()
+		return admission.Denied(fmt.Sprintf("user %q cannot be recorded as the author of a ResourceDistribution: %v; write it as an identity with fewer groups or extra attributes",
+			req.UserInfo.Username, err))
 	}
 
 	var nsList corev1.NamespaceList
@@ -228,18 +247,42 @@ func (d *resourceDistributions) authorize(ctx context.Context, req admission.Req
 		req.UserInfo.Username, strings.Join(parts, "; may not ")))
 }
 
-// equalSpecs reports an update that leaves the spec alone (labels, status
-// through the main resource, finalizers): nothing to judge again.
-func equalSpecs(a, b *v1alpha1.ResourceDistribution) bool {
-	return equality.Semantic.DeepEqual(a.Spec, b.Spec)
+// specChanged reports whether an update changes the spec, compared as the
+// admission policy resclass-spec-author compares it (object.spec !=
+// oldObject.spec in CEL: the JSON values, where [] and an absent list differ
+// and 1 equals 1.0), so that the webhooks and the policy never disagree on
+// whose write records an author. A create changes it.
+func specChanged(req admission.Request) (bool, error) {
+	if req.Operation != admissionv1.Update {
+		return true, nil
+	}
+	spec := func(raw []byte, what string) (any, error) {
+		var obj map[string]any
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return nil, fmt.Errorf("decoding the %s ResourceDistribution: %w", what, err)
+		}
+		return obj["spec"], nil
+	}
+	now, err := spec(req.Object.Raw, "new")
+	if err != nil {
+		return false, err
+	}
+	before, err := spec(req.OldObject.Raw, "old")
+	if err != nil {
+		return false, err
+	}
+	return !reflect.DeepEqual(now, before), nil
 }
 
-// resourceDistributionAuthor records in v1alpha1.AnnotationAuthor who wrote a
-// distribution's spec: the requester, on create and on an update that changes
-// the spec; on any other update the annotation is kept as it was (and added
-// or removed by nobody). The validating webhook, which runs after every
-// mutating one, refuses a value that is not the requester's, so the
-// annotation cannot be forged by setting it, nor by another mutating webhook.
+// resourceDistributionAuthor records who wrote a distribution's spec, in the
+// v1alpha1.AnnotationAuthorPrefix annotations: the requester, on create and
+// on an update that changes the spec (and removes any other annotation of
+// that prefix, the old JSON one included); on any other update the record is
+// kept as it was (and added or removed by nobody). The admission policy
+// resclass-spec-author, which the apiserver evaluates after every mutating
+// webhook, refuses any other record, with or without this webhook, and the
+// validating webhook says so too: the record cannot be forged by setting it,
+// nor by another mutating webhook.
 type resourceDistributionAuthor struct{}
 
 func (resourceDistributionAuthor) Handle(_ context.Context, req admission.Request) admission.Response {
@@ -250,29 +293,44 @@ func (resourceDistributionAuthor) Handle(_ context.Context, req admission.Reques
 	if err := decode(req.Object, distributionGVK, rd); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the ResourceDistribution: %w", err))
 	}
-	want, set := distribution.AuthorOf(req.UserInfo).Encode(), true
-	if req.Operation == admissionv1.Update {
+	want := distribution.AuthorOf(req.UserInfo).Annotations()
+	changed, err := specChanged(req)
+	if err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if !changed {
 		old := &v1alpha1.ResourceDistribution{}
 		if err := decode(req.OldObject, distributionGVK, old); err != nil {
 			return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the old ResourceDistribution: %w", err))
 		}
-		if equalSpecs(old, rd) {
-			want, set = old.Annotations[v1alpha1.AnnotationAuthor]
-		}
+		want = distribution.AuthorRecord(old.Annotations)
 	}
-	got, has := rd.Annotations[v1alpha1.AnnotationAuthor]
-	if got == want && has == set {
+	got := distribution.AuthorRecord(rd.Annotations)
+	if maps.Equal(got, want) {
 		return admission.Allowed("")
 	}
-	path := "/metadata/annotations/" + strings.ReplaceAll(strings.ReplaceAll(v1alpha1.AnnotationAuthor, "~", "~0"), "/", "~1")
-	switch {
-	case !set:
-		return admission.Patched("", jsonpatch.NewOperation("remove", path, nil))
-	case rd.Annotations == nil:
-		return admission.Patched("", jsonpatch.NewOperation("add", "/metadata/annotations", map[string]string{v1alpha1.AnnotationAuthor: want}))
-	default:
-		return admission.Patched("", jsonpatch.NewOperation("add", path, want))
+	if len(rd.Annotations) == 0 {
+		// No annotations to add to: the whole map (JSON patch adds a
+		// member only to an object that exists).
+		return admission.Patched("", jsonpatch.NewOperation("add", "/metadata/annotations", want))
 	}
+	var ops []jsonpatch.JsonPatchOperation
+	for _, k := range slices.Sorted(maps.Keys(got)) {
+		if _, keep := want[k]; !keep {
+			ops = append(ops, jsonpatch.NewOperation("remove", annotationPath(k), nil))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if v, has := got[k]; !has || v != want[k] {
+			ops = append(ops, jsonpatch.NewOperation("add", annotationPath(k), want[k]))
+		}
+	}
+	return admission.Patched("", ops...)
+}
+
+// annotationPath is the JSON pointer of an annotation (RFC 6901 escapes).
+func annotationPath(key string) string {
+	return "/metadata/annotations/" + strings.ReplaceAll(strings.ReplaceAll(key, "~", "~0"), "/", "~1")
 }
 
 // maxNamedInDenial bounds the namespaces a denial or warning names: a

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -74,11 +76,9 @@ func distributionRequest(tb testing.TB, op admissionv1.Operation, rd, old *v1alp
 // testUser, as the mutating webhook would have it.
 func newDistribution(resource string, targets v1alpha1.ResourceDistributionTargets) *v1alpha1.ResourceDistribution {
 	return &v1alpha1.ResourceDistribution{
-		TypeMeta: metav1.TypeMeta{APIVersion: "resclass.io/v1alpha1", Kind: "ResourceDistribution"},
-		ObjectMeta: metav1.ObjectMeta{Name: "rd", Annotations: map[string]string{
-			v1alpha1.AnnotationAuthor: distribution.AuthorOf(testUser).Encode(),
-		}},
-		Spec: v1alpha1.ResourceDistributionSpec{Resource: runtime.RawExtension{Raw: []byte(resource)}, Targets: targets},
+		TypeMeta:   metav1.TypeMeta{APIVersion: "resclass.io/v1alpha1", Kind: "ResourceDistribution"},
+		ObjectMeta: metav1.ObjectMeta{Name: "rd", Annotations: distribution.AuthorOf(testUser).Annotations()},
+		Spec:       v1alpha1.ResourceDistributionSpec{Resource: runtime.RawExtension{Raw: []byte(resource)}, Targets: targets},
 	}
 }
 
@@ -158,10 +158,35 @@ func TestResourceDistributionsHandle(t *testing.T) {
 		name: "a forged author is refused before anything is asked", allowed: everywhere,
 		req: func(t *testing.T) admission.Request {
 			rd := newDistribution(pullSecret, ab)
-			rd.Annotations[v1alpha1.AnnotationAuthor] = distribution.Author{Username: "admin", Groups: []string{"system:masters"}}.Encode()
+			rd.Annotations = distribution.Author{Username: "admin", Groups: []string{"system:masters"}}.Annotations()
 			return distributionRequest(t, admissionv1.Create, rd, nil)
 		},
-		code: http.StatusForbidden, contains: []string{v1alpha1.AnnotationAuthor, `must record the user who writes the spec ("alice")`},
+		code: http.StatusForbidden, contains: []string{v1alpha1.AnnotationAuthorPrefix + ".*", `must record the user who writes the spec ("alice")`},
+		asked: []string{},
+	}, {
+		name: "the requester's record with one more field is refused", allowed: everywhere,
+		req: func(t *testing.T) admission.Request {
+			rd := newDistribution(pullSecret, ab)
+			rd.Annotations[v1alpha1.AnnotationAuthorJSON] = `{"username":"admin","groups":["system:masters"]}`
+			return distributionRequest(t, admissionv1.Create, rd, nil)
+		},
+		code: http.StatusForbidden, contains: []string{`must record the user who writes the spec ("alice")`},
+		asked: []string{},
+	}, {
+		name: "an identity too large to read back is refused", allowed: everywhere,
+		req: func(t *testing.T) admission.Request {
+			big := testUser
+			big.Groups = nil
+			for i := range 300 {
+				big.Groups = append(big.Groups, fmt.Sprint("group-", i))
+			}
+			rd := newDistribution(pullSecret, ab)
+			rd.Annotations = distribution.AuthorOf(big).Annotations()
+			req := distributionRequest(t, admissionv1.Create, rd, nil)
+			req.UserInfo = big
+			return req
+		},
+		code: http.StatusForbidden, contains: []string{`user "alice" cannot be recorded as the author`, "300 groups, more than 256"},
 		asked: []string{},
 	}, {
 		name: "no author: the mutating webhook is missing", allowed: everywhere,
@@ -170,7 +195,7 @@ func TestResourceDistributionsHandle(t *testing.T) {
 			rd.Annotations = nil
 			return distributionRequest(t, admissionv1.Create, rd, nil)
 		},
-		code: http.StatusForbidden, contains: []string{"is missing", "MutatingWebhookConfiguration"},
+		code: http.StatusForbidden, contains: []string{"are missing", "MutatingWebhookConfiguration"},
 		asked: []string{},
 	}, {
 		name: "a Pod is not distributable", allowed: everywhere,
@@ -261,10 +286,10 @@ func TestResourceDistributionsHandle(t *testing.T) {
 		name: "an update that keeps the spec may not change the author", allowed: everywhere,
 		req: func(t *testing.T) admission.Request {
 			old := newDistribution(pullSecret, ab)
-			old.Annotations[v1alpha1.AnnotationAuthor] = distribution.Author{Username: "bob"}.Encode()
+			old.Annotations = distribution.Author{Username: "bob"}.Annotations()
 			return distributionRequest(t, admissionv1.Update, newDistribution(pullSecret, ab), old)
 		},
-		code: http.StatusForbidden, contains: []string{"changes only with the spec"},
+		code: http.StatusForbidden, contains: []string{"change only with the spec"},
 		asked: []string{},
 	}, {
 		name: "the status subresource is not judged", allowed: nil,
@@ -318,35 +343,42 @@ func TestResourceDistributionsHandle(t *testing.T) {
 }
 
 // TestResourceDistributionAuthor: the mutating webhook records the requester
-// on create and on a spec change, and keeps (or restores) the recorded
+// on create and on a spec change (and drops any other annotation of the
+// record, the old JSON one included), and keeps (or restores) the recorded
 // author on any other update.
 func TestResourceDistributionAuthor(t *testing.T) {
 	ab := v1alpha1.ResourceDistributionTargets{IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: "a"}, {Name: "b"}}}
-	alice := distribution.AuthorOf(testUser).Encode()
-	bob := distribution.Author{Username: "bob"}.Encode()
-	with := func(author *string, resource string) *v1alpha1.ResourceDistribution {
+	alice := distribution.AuthorOf(testUser).Annotations()
+	bob := distribution.Author{Username: "bob", Groups: []string{"system:masters"}}.Annotations()
+	oldJSON := map[string]string{v1alpha1.AnnotationAuthorJSON: `{"username":"bob"}`}
+	bobAndMore := maps.Clone(bob)
+	bobAndMore[v1alpha1.AnnotationAuthorPrefix+".scopes"] = "all"
+	planted := maps.Clone(bobAndMore)
+	planted[v1alpha1.AnnotationAuthorJSON] = "{}"
+	with := func(record map[string]string, resource string) *v1alpha1.ResourceDistribution {
 		rd := newDistribution(resource, ab)
 		rd.Annotations = map[string]string{"keep": "me"}
-		if author != nil {
-			rd.Annotations[v1alpha1.AnnotationAuthor] = *author
-		}
+		maps.Copy(rd.Annotations, record)
 		return rd
 	}
 	changed := strings.Replace(pullSecret, `"x"`, `"y"`, 1)
 	for _, tc := range []struct {
-		name     string
-		req      admission.Request
-		want     *string // the annotation after the patch; nil: absent
-		patched  bool
-		noAnnots bool
+		name    string
+		req     admission.Request
+		want    map[string]string // the record after the patch
+		patched bool
 	}{
-		{name: "create records the requester", req: distributionRequest(t, admissionv1.Create, with(nil, pullSecret), nil), want: &alice, patched: true},
-		{name: "create overwrites a forged author", req: distributionRequest(t, admissionv1.Create, with(&bob, pullSecret), nil), want: &alice, patched: true},
-		{name: "create already right is left alone", req: distributionRequest(t, admissionv1.Create, with(&alice, pullSecret), nil), want: &alice},
-		{name: "a spec change records the requester", req: distributionRequest(t, admissionv1.Update, with(&bob, changed), with(&bob, pullSecret)), want: &alice, patched: true},
-		{name: "a metadata change keeps the author", req: distributionRequest(t, admissionv1.Update, with(&alice, pullSecret), with(&bob, pullSecret)), want: &bob, patched: true},
-		{name: "a metadata change cannot add one", req: distributionRequest(t, admissionv1.Update, with(&alice, pullSecret), with(nil, pullSecret)), want: nil, patched: true},
-		{name: "a metadata change keeping it is left alone", req: distributionRequest(t, admissionv1.Update, with(&bob, pullSecret), with(&bob, pullSecret)), want: &bob},
+		{name: "create records the requester", req: distributionRequest(t, admissionv1.Create, with(nil, pullSecret), nil), want: alice, patched: true},
+		{name: "create overwrites a forged author", req: distributionRequest(t, admissionv1.Create, with(bob, pullSecret), nil), want: alice, patched: true},
+		{name: "create drops a planted field and the old annotation", req: distributionRequest(t, admissionv1.Create, with(planted, pullSecret), nil), want: alice, patched: true},
+		{name: "create already right is left alone", req: distributionRequest(t, admissionv1.Create, with(alice, pullSecret), nil), want: alice},
+		{name: "a spec change records the requester", req: distributionRequest(t, admissionv1.Update, with(bob, changed), with(bob, pullSecret)), want: alice, patched: true},
+		{name: "a spec change replaces the old JSON author", req: distributionRequest(t, admissionv1.Update, with(oldJSON, changed), with(oldJSON, pullSecret)), want: alice, patched: true},
+		{name: "a metadata change keeps the author", req: distributionRequest(t, admissionv1.Update, with(alice, pullSecret), with(bob, pullSecret)), want: bob, patched: true},
+		{name: "a metadata change keeps a record with more fields", req: distributionRequest(t, admissionv1.Update, with(alice, pullSecret), with(bobAndMore, pullSecret)), want: bobAndMore, patched: true},
+		{name: "a metadata change keeps the old JSON author", req: distributionRequest(t, admissionv1.Update, with(alice, pullSecret), with(oldJSON, pullSecret)), want: oldJSON, patched: true},
+		{name: "a metadata change cannot add one", req: distributionRequest(t, admissionv1.Update, with(alice, pullSecret), with(nil, pullSecret)), want: nil, patched: true},
+		{name: "a metadata change keeping it is left alone", req: distributionRequest(t, admissionv1.Update, with(bob, pullSecret), with(bob, pullSecret)), want: bob},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := resourceDistributionAuthor{}.Handle(context.Background(), tc.req)
@@ -368,16 +400,22 @@ func TestResourceDistributionAuthor(t *testing.T) {
 				case "add":
 					annotations[key] = p.Value
 				case "remove":
+					if _, ok := annotations[key]; !ok {
+						t.Fatalf("removes %s, which is not there", key)
+					}
 					delete(annotations, key)
 				default:
 					t.Fatalf("unexpected patch %+v", p)
 				}
 			}
-			got, ok := annotations[v1alpha1.AnnotationAuthor]
-			if (tc.want == nil) != !ok || (ok && got != *tc.want) {
-				t.Errorf("author %v (present %v), want %v", got, ok, tc.want)
+			got := map[string]string{}
+			for k, v := range annotations {
+				got[k] = v.(string)
 			}
-			if annotations["keep"] != "me" {
+			if record := distribution.AuthorRecord(got); !maps.Equal(record, tc.want) {
+				t.Errorf("record %q, want %q", record, tc.want)
+			}
+			if got["keep"] != "me" {
 				t.Errorf("other annotations changed: %v", annotations)
 			}
 		})
@@ -386,8 +424,32 @@ func TestResourceDistributionAuthor(t *testing.T) {
 	rd := newDistribution(pullSecret, ab)
 	rd.Annotations = nil
 	resp := resourceDistributionAuthor{}.Handle(context.Background(), distributionRequest(t, admissionv1.Create, rd, nil))
-	if len(resp.Patches) != 1 || resp.Patches[0].Path != "/metadata/annotations" {
-		t.Errorf("patches %+v, want one adding /metadata/annotations", resp.Patches)
+	if len(resp.Patches) != 1 || resp.Patches[0].Path != "/metadata/annotations" || !reflect.DeepEqual(resp.Patches[0].Value, alice) {
+		t.Errorf("patches %+v, want one adding /metadata/annotations with the record", resp.Patches)
+	}
+}
+
+// TestSpecChanged: the webhooks decide "the spec changed" as the admission
+// policy's object.spec != oldObject.spec does, on the JSON: an empty list
+// and an absent one differ (the typed comparison called them equal, and the
+// policy would have refused a write the webhook kept the old author for).
+func TestSpecChanged(t *testing.T) {
+	for _, tc := range []struct {
+		now, before string
+		want        bool
+	}{
+		{`{"spec":{"targets":{}}}`, `{"spec":{"targets":{}}}`, false},
+		{`{"metadata":{"labels":{"a":"b"}},"spec":{"targets":{}}}`, `{"spec":{"targets":{}}}`, false},
+		{`{"spec":{"targets":{"includedNamespaces":[]}}}`, `{"spec":{"targets":{}}}`, true},
+		{`{"spec":{"resource":{"data":{"k":"v"}}}}`, `{"spec":{"resource":{"data":{"k":"w"}}}}`, true},
+		{`{"spec":{"n":1}}`, `{"spec":{"n":1.0}}`, false},
+		{`{"spec":{"a":1,"b":2}}`, `{"spec":{"b":2,"a":1}}`, false},
+	} {
+		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Update,
+			Object: runtime.RawExtension{Raw: []byte(tc.now)}, OldObject: runtime.RawExtension{Raw: []byte(tc.before)}}}
+		if got, err := specChanged(req); err != nil || got != tc.want {
+			t.Errorf("specChanged(%s, %s) = %v, %v; want %v", tc.now, tc.before, got, err, tc.want)
+		}
 	}
 }
 

@@ -17,13 +17,36 @@ const (
 	AnnotationContentHash = "resclass.io/resource-content-hash"
 )
 
-// AnnotationAuthor is set on every ResourceDistribution by resclass's
-// admission webhook: the identity (user name, uid, groups, extra; JSON) that
-// wrote its current spec. The controller writes a copy only where this
+// The author record: the identity that wrote a ResourceDistribution's current
+// spec, one annotation per field, each in a canonical form that an in-apiserver
+// admission policy can build from the request's user and compare exactly
+// (pkg/distribution.Author says the form; deploy/webhook/author-policy.yaml is
+// the policy). resclass's mutating webhook writes them on a create and on an
+// update that changes the spec; the policy refuses, with or without the
+// webhook, a record that is not the requester's on such a write and any
+// change of it on other writes. The controller writes a copy only where this
 // identity may write the object itself (a SubjectAccessReview per namespace
-// and verb). Nobody sets it by hand: the webhook refuses any value other than
-// the requester's own (docs/distribution.md, "Authorization").
-const AnnotationAuthor = "resclass.io/spec-author"
+// and verb; docs/distribution.md, "Authorization").
+const (
+	// AnnotationAuthorPrefix begins every annotation of the record: keys
+	// with it other than the four below are refused on a spec write and
+	// make the record invalid, so that a later field cannot be planted.
+	AnnotationAuthorPrefix = "resclass.io/spec-author"
+	// AnnotationAuthorUser is the user name, verbatim.
+	AnnotationAuthorUser = AnnotationAuthorPrefix + ".user"
+	// AnnotationAuthorUID is the user's UID, verbatim ("" when it has none).
+	AnnotationAuthorUID = AnnotationAuthorPrefix + ".uid"
+	// AnnotationAuthorGroups is the groups, escaped, deduplicated, sorted and
+	// joined by ",".
+	AnnotationAuthorGroups = AnnotationAuthorPrefix + ".groups"
+	// AnnotationAuthorExtra is the extra attributes, "key=value,value"
+	// escaped, sorted and joined by ";".
+	AnnotationAuthorExtra = AnnotationAuthorPrefix + ".extra"
+	// AnnotationAuthorJSON is where resclass before the record above kept
+	// the author, as JSON, which no admission policy can check: the
+	// controller no longer trusts it (docs/distribution.md, "Upgrading").
+	AnnotationAuthorJSON = AnnotationAuthorPrefix
+)
 
 // ResourceDistribution copies one Secret or ConfigMap into many namespaces and keeps
 // the copies in sync (OpenKruise's proposal, under resclass.io).
