@@ -39,6 +39,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/deploy/crds"
+	deploynodeagent "github.com/resclass/resclass/deploy/node-agent"
 	"github.com/resclass/resclass/deploy/roles"
 	deployscheduler "github.com/resclass/resclass/deploy/scheduler"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
@@ -350,6 +351,12 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 	// else of a pod: the admission policies as installed, so that every test
 	// that schedules also proves the scheduler works within them.
 	if _, err := c.ApplyManifestData(ctx, "deploy/scheduler/assignment-policy.yaml", deployscheduler.AssignmentPolicy); err != nil {
+		return err
+	}
+	// No pod picks its own GPUs (NVIDIA_VISIBLE_DEVICES, cdi.k8s.io/
+	// annotations): installed as shipped, so that every test's pods are
+	// admitted under it too.
+	if _, err := c.ApplyManifestData(ctx, "deploy/node-agent/gpu-isolation-policy.yaml", deploynodeagent.GPUIsolationPolicy); err != nil {
 		return err
 	}
 	kubeconfig, err := c.componentKubeconfig("scheduler", "system:serviceaccount:resclass-system:resclass-scheduler",
