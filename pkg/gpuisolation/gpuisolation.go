@@ -182,7 +182,7 @@ func describeBroken(files []File) string {
 	for i, f := range files {
 		parts[i] = fmt.Sprintf("%s is %s: %v", f.Path, f.Status, f.Err)
 	}
-	return strings.Join(parts, "; ") + " (the runtime's defaults accept NVIDIA_VISIBLE_DEVICES from any pod)"
+	return strings.Join(parts, "; ")
 }
 
 func describeMissing(files []File) string {
