@@ -18,7 +18,7 @@ import (
 	"github.com/resclass/resclass/e2e/framework/cri"
 	"github.com/resclass/resclass/e2e/framework/exampleplugin"
 	"github.com/resclass/resclass/e2e/framework/node"
-	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
 
@@ -130,7 +130,9 @@ func TestHandoffAdmissionOrder(t *testing.T) {
 			}
 			for _, r := range records {
 				if r.Namespace == ns && r.Container == "c" {
-					gpus[r.Pod] = r.Env[nvidiagpu.EnvVisibleDevices]
+					// The class's variable: sent whatever the
+					// device-list strategy (cdi-cri by default).
+					gpus[r.Pod] = r.Env[handoff.ClassEnv(class)]
 				}
 			}
 			olderGPU, newerGPU := olderA.Devices("c", class)[0], newerA.Devices("c", class)[0]

@@ -480,6 +480,9 @@ func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string, twe
 			// As deployed (--pod-resources-socket): the hand-off asks the
 			// kubelet which pod it admits (docs/node-agent.md).
 			PodResourcesSocket: kn.PodResourcesSocket(),
+			// The default device-list strategy, cdi-cri, writes its spec
+			// here rather than into the host's /var/run/cdi.
+			CDISpecDir: filepath.Join(t.TempDir(), "cdi"),
 		}
 		for _, f := range tweak {
 			f(kn, &cfg)

@@ -76,6 +76,9 @@ func TestDeviceKindSeam(t *testing.T) {
 			NodeName: nodeName, HostRoot: root,
 			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Minute,
 			PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
+			// The default device-list strategy (cdi-cri) keeps a CDI spec of
+			// the node's GPUs (none here): here, not the host's /var/run/cdi.
+			CDISpecDir: filepath.Join(t.TempDir(), "cdi"),
 			// No NVML on this node, whatever the machine has; and the one
 			// registration line.
 			Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: lib.New(lib.WithLibraryPath("/nonexistent/libnvidia-ml.so.1"))}}).

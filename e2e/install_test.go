@@ -408,7 +408,7 @@ func TestInstallPodSecurity(t *testing.T) {
 	add("kustomize deploy/", kustomized)
 	add("helm distribution.enabled", withDistribution)
 	for name, values := range map[string]map[string]any{
-		"helm nodeAgent.privileged":         {"nodeAgent": map[string]any{"privileged": true}},
+		"helm nodeAgent.privileged=false":   {"nodeAgent": map[string]any{"privileged": false}},
 		"helm cdi-cri, GPU operator driver": {"nodeAgent": map[string]any{"deviceListStrategy": "envvar,cdi-cri", "nvml": map[string]any{"driverRoot": "/run/nvidia/driver"}}},
 		"helm certManager":                  {"webhook": map[string]any{"certManagement": "certManager"}},
 		"helm scheduler.dra.enabled":        {"scheduler": map[string]any{"dra": map[string]any{"enabled": true}}},

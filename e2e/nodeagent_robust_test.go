@@ -245,6 +245,8 @@ func TestNodeAgentRobustness(t *testing.T) {
 			}}),
 			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Hour,
 			PluginDir: pluginDir, IntrospectionSocket: introspectionSocket,
+			// Not the host's /var/run/cdi (the default strategy is cdi-cri).
+			CDISpecDir: filepath.Join(t.TempDir(), "cdi"),
 		}, arc, akc)
 		stop, _ := runAgent(t, ctx, agent)
 		waitNodeDevices(t, ctx, rc, node, func(nd *v1alpha1.NodeDevices) bool { return nd.Status.Summary.GPUs == 8 })

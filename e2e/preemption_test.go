@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/cdispec"
 )
 
 // priorityLevel creates a PriorityClass of value whose pods preempt as policy
@@ -250,8 +251,9 @@ func TestPreemptionHandOff(t *testing.T) {
 	}
 	// What reached the container: the freed GPU, through the agent.
 	rec := waitRecord(t, ctx, kn, ns, "high", "c")
-	if got := rec.Env["NVIDIA_VISIBLE_DEVICES"]; got != device {
-		t.Errorf("high's container got NVIDIA_VISIBLE_DEVICES=%q, want %s", got, device)
+	// The default device-list strategy, cdi-cri: the GPU's CDI name.
+	if len(rec.CDIDevices) != 1 || rec.CDIDevices[0].GetName() != cdispec.DeviceName(device) {
+		t.Errorf("high's container got CDI devices %v, want %s", rec.CDIDevices, cdispec.DeviceName(device))
 	}
 	list, err := pods.List(ctx, metav1.ListOptions{})
 	if err != nil {

@@ -65,6 +65,9 @@ func startNodeAgent(ctx context.Context, c *framework.Cluster, root string) (kn 
 	agent := nodeagent.New(nodeagent.Config{
 		NodeName: agentNode, HostRoot: sysfs, PluginDir: kn.PluginDir(), WaitForPod: time.Second,
 		Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
+		// The default device-list strategy, cdi-cri: its CDI spec goes into
+		// the cluster's directory, never the host's /var/run/cdi.
+		CDISpecDir: filepath.Join(c.Dir, agentNode+"-cdi"),
 	}, rc, kc)
 	// The agent's own log would interleave with the narrative.
 	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, logr.Discard()))
@@ -143,12 +146,30 @@ func agentHandOff(ctx context.Context, p *printer, c *framework.Cluster, kn *fra
 	}
 	p.line("    %s: %s", assignment.AnnotationKey, scheduled.Annotations[assignment.AnnotationKey])
 	held := chosen.Devices("train", "nvidia.high.mem")
+	if v, ok := rec.Env[nvidiagpu.EnvVisibleDevices]; ok || len(rec.CDIDevices) != len(held) {
+		return fmt.Errorf("demo/train-2's container got NVIDIA_VISIBLE_DEVICES=%q (set: %v) and %d CDI devices; want no variable and %d CDI names", v, ok, len(rec.CDIDevices), len(held))
+	}
 	p.line("  The kubelet asked the agent (GetPreferredAllocation, Allocate) and created the container with")
-	p.line("    NVIDIA_VISIBLE_DEVICES=%s", rec.Env["NVIDIA_VISIBLE_DEVICES"])
-	p.line("    RESCLASS_DEVICES_NVIDIA_HIGH_MEM=%s", rec.Env["RESCLASS_DEVICES_NVIDIA_HIGH_MEM"])
+	p.line("  the two GPUs as CDI names (the default --device-list-strategy, cdi-cri), and no")
+	p.line("  NVIDIA_VISIBLE_DEVICES, a variable a pod could also set itself:")
 	for _, d := range rec.CDIDevices {
 		p.line("    CDI device %s", d.GetName())
 	}
+	p.line("    RESCLASS_DEVICES_NVIDIA_HIGH_MEM=%s", rec.Env["RESCLASS_DEVICES_NVIDIA_HIGH_MEM"])
+	p.line("  A pod that asks for no class and sets NVIDIA_VISIBLE_DEVICES=all itself, to reach every")
+	p.line("  GPU of the node through NVIDIA's runtime, is refused by the admission policy")
+	p.line("  resclass-gpu-isolation (docs/node-agent.md, \"GPU isolation\"), even from the cluster admin:")
+	greedy := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "greedy", Namespace: "demo"},
+		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, NodeSelector: map[string]string{corev1.LabelHostname: agentNode},
+			Containers: []corev1.Container{{Name: "train", Image: "registry.example/train:1",
+				Env: []corev1.EnvVar{{Name: nvidiagpu.EnvVisibleDevices, Value: "all"}}}}},
+	}
+	_, err = c.Client.CoreV1().Pods("demo").Create(ctx, greedy, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		return fmt.Errorf("a pod setting NVIDIA_VISIBLE_DEVICES=all was not refused: %w", err)
+	}
+	p.line("    %v", err)
 
 	if err := classStatus(ctx, p, c, "nvidia.high.mem", 2); err != nil {
 		return err

@@ -34,6 +34,8 @@ func TestDemo(t *testing.T) {
 		"resclass.io/assignment: {\"node\":\"dgx-a100\"",
 		"A corrupt assignment is refused",
 		"only the resclass scheduler may set, change or remove the pod annotation",
+		"CDI device resclass.io/gpu=GPU-",
+		"GPUs are assigned by the resclass scheduler, not chosen by a pod: container train sets NVIDIA_VISIBLE_DEVICES",
 		// the webhook: the affinity policy and the critical-pods quota
 		"empty namespaceSelector selects every namespace",
 		"insufficient quota to match these scopes: [{CrossNamespacePodAffinity Exists []}]",

@@ -270,7 +270,7 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 	// records them.
 	events := newEvents(ctx, a.kube, a.config.NodeName)
 	r.recorder = events
-	reportStrategies(logger, r.recorder, node, a.config.DeviceListStrategies)
+	reportStrategies(logger, a.config.DeviceListStrategies)
 	r.onStop(func() { events.flush(ctx, a.config.ShutdownTimeout) })
 	// The health watchers run while their source is open (describe starts
 	// them).
