@@ -400,6 +400,37 @@ func TestHelmChart(t *testing.T) {
 				t.Errorf("certManager renders the cert rotator's %s: cert-manager does its work", k)
 			}
 		}
+		if set.find("ValidatingAdmissionPolicy", "", "resclass-webhook-certs-writes") != nil {
+			t.Errorf("certManager renders the cert rotator's admission policy")
+		}
+		// The webhook serves /metrics with cert-manager's certificate, and
+		// its PodMonitor verifies it against the Secret's ca.crt, under a
+		// name the Certificate holds.
+		if args := containerArgs(t, set, "Deployment", "resclass-webhook"); !slices.Contains(args, "--metrics-cert-from-cert-dir") {
+			t.Errorf("certManager: the webhook's args %v lack --metrics-cert-from-cert-dir", args)
+		}
+		monitored := check(t, helmTemplate(t, map[string]any{"webhook": map[string]any{"certManagement": "certManager"},
+			"monitoring": map[string]any{"podMonitor": map[string]any{"enabled": true}}}))
+		for _, component := range []string{"webhook", "scheduler"} {
+			endpoints, _, _ := unstructured.NestedSlice(monitored.get(t, "PodMonitor", ns, "resclass-"+component).Object, "spec", "podMetricsEndpoints")
+			tlsConfig, _ := endpoints[0].(map[string]any)["tlsConfig"].(map[string]any)
+			secret, _, _ := unstructured.NestedStringMap(tlsConfig, "ca", "secret")
+			serverName, _ := tlsConfig["serverName"].(string)
+			switch {
+			case component == "webhook" && (tlsConfig["insecureSkipVerify"] != nil || secret["name"] != "resclass-webhook-tls" || secret["key"] != "ca.crt" || !slices.Contains(dns, serverName)):
+				t.Errorf("certManager: the webhook's PodMonitor tlsConfig %v, want the CA of resclass-webhook-tls and a serverName of %v", tlsConfig, dns)
+			case component != "webhook" && tlsConfig["insecureSkipVerify"] != true:
+				t.Errorf("PodMonitor %s: tlsConfig %v; its certificate is self-signed at start, nothing verifies it", component, tlsConfig)
+			}
+		}
+		// Self-managed (the default): the rotator's policy names its
+		// ServiceAccount.
+		self := check(t, helmTemplate(t, nil))
+		vap := typed[admissionregistrationv1.ValidatingAdmissionPolicy](t, self.get(t, "ValidatingAdmissionPolicy", "", "resclass-webhook-certs-writes"))
+		if user := "system:serviceaccount:" + ns + ":resclass-webhook-certs"; len(vap.Spec.MatchConditions) == 0 || !strings.Contains(vap.Spec.MatchConditions[0].Expression, `"`+user+`"`) {
+			t.Errorf("resclass-webhook-certs-writes does not match %s: %+v", user, vap.Spec.MatchConditions)
+		}
+		self.get(t, "ValidatingAdmissionPolicyBinding", "", "resclass-webhook-certs-writes")
 	})
 
 	t.Run("webhook options", func(t *testing.T) {
@@ -615,41 +646,6 @@ func TestHelmChart(t *testing.T) {
 		}
 		if _, err := install.HelmTemplate(ctx, map[string]any{"nodeAgent": map[string]any{"nvml": map[string]any{"library": "lib64/libnvidia-ml.so.1"}}}); err == nil {
 			t.Errorf("a library outside usr/ with driverRoot / rendered")
-		}
-	})
-
-	t.Run("GPU isolation policy", func(t *testing.T) {
-		// The allow-list reaches the first matchCondition as CEL lists: the
-		// agent's namespace first, then the values.
-		set := check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"gpuIsolationPolicy": map[string]any{
-			"allowedNamespaces":      []string{"gpu-operator", agentNS},
-			"allowedServiceAccounts": []string{"monitoring:dcgm-exporter"},
-		}}}))
-		vap := typed[admissionregistrationv1.ValidatingAdmissionPolicy](t, set.get(t, "ValidatingAdmissionPolicy", "", "resclass-gpu-isolation"))
-		expr := vap.Spec.MatchConditions[0].Expression
-		for _, want := range []string{`request.namespace in ["` + agentNS + `","gpu-operator"]`, `in ["monitoring:dcgm-exporter"]`} {
-			if !strings.Contains(expr, want) {
-				t.Errorf("allow-list: the first matchCondition lacks %s: %s", want, expr)
-			}
-		}
-		set.get(t, "ValidatingAdmissionPolicyBinding", "", "resclass-gpu-isolation")
-		// Off: neither object.
-		for _, o := range helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"gpuIsolationPolicy": map[string]any{"enabled": false}}}) {
-			if o.GetName() == "resclass-gpu-isolation" {
-				t.Errorf("gpuIsolationPolicy.enabled=false renders %s", key(o))
-			}
-		}
-		// Entries that are not names never reach the expression (a quote
-		// would end the CEL string and add a condition of its own).
-		for _, bad := range []map[string]any{
-			{"allowedNamespaces": []string{`x"] || true || ["`}},
-			{"allowedNamespaces": []string{"Gpu-Operator"}},
-			{"allowedServiceAccounts": []string{"dcgm-exporter"}},
-			{"allowedServiceAccounts": []string{`a:b"] || true || ["`}},
-		} {
-			if objs, err := install.HelmTemplate(ctx, map[string]any{"nodeAgent": map[string]any{"gpuIsolationPolicy": bad}}); err == nil {
-				t.Errorf("gpuIsolationPolicy %v rendered %d objects, want a schema error", bad, len(objs))
-			}
 		}
 	})
 

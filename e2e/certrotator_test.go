@@ -3,6 +3,10 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -181,4 +185,41 @@ func TestCertRotatorMayChangeOnlyTheCABundle(t *testing.T) {
 		}
 		return true, nil
 	})
+}
+
+// TestWebhookMetricsVerifiable: with --metrics-cert-from-cert-dir (what the
+// Helm chart passes with cert-manager), the webhook's /metrics serves the
+// certificate of its TLS Secret, so a scraper verifies it against the
+// Secret's ca.crt and the Service's name, as the chart's PodMonitor does,
+// and refuses the scrape without a token.
+func TestWebhookMetricsVerifiable(t *testing.T) {
+	diagnoseOnFailure(t, cluster)
+	ctx := context.Background()
+	wh := startWebhook(t, framework.WebhookOptions{Selector: map[string]string{"e2e-metrics-tls": "true"},
+		Args: []string{"--metrics-secure=true", "--metrics-cert-from-cert-dir"}})
+	secret, err := cluster.Client.CoreV1().Secrets("resclass-system").Get(ctx, "resclass-webhook-tls", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(secret.Data["ca.crt"]) {
+		t.Fatalf("the Secret's ca.crt holds no certificate")
+	}
+	url := strings.Replace(wh.MetricsURL, "http://", "https://", 1)
+	scraper := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		RootCAs: roots, ServerName: "resclass-webhook.resclass-system.svc", MinVersion: tls.VersionTLS12}}}
+	var status int
+	poll(t, ctx, time.Minute, "/metrics verified against the Secret's ca.crt", func(ctx context.Context) (bool, error) {
+		resp, err := scraper.Get(url)
+		if err != nil {
+			t.Logf("scrape: %v", err)
+			return false, nil
+		}
+		_ = resp.Body.Close()
+		status = resp.StatusCode
+		return true, nil
+	})
+	if status != http.StatusUnauthorized && status != http.StatusForbidden {
+		t.Errorf("a scrape without a token: HTTP %d, want 401 or 403", status)
+	}
 }

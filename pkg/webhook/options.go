@@ -58,6 +58,10 @@ type Options struct {
 	MetricsSecure bool
 	HealthAddr    string
 	PprofAddr     string
+	// MetricsCertFromCertDir serves /metrics (webhook mode) with the
+	// serving certificate in CertDir, which a scraper can verify against
+	// the TLS Secret's ca.crt, instead of one self-signed at start.
+	MetricsCertFromCertDir bool
 
 	LeaderElect   bool
 	LeaderElectID string
@@ -152,6 +156,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, `Address of the Prometheus /metrics endpoint; "0" turns it off.`)
 	fs.BoolVar(&o.MetricsSecure, "metrics-secure", o.MetricsSecure,
 		"Serve /metrics over HTTPS and let only callers authorized to GET the non-resource URL /metrics in (TokenReview and SubjectAccessReview).")
+	fs.BoolVar(&o.MetricsCertFromCertDir, "metrics-cert-from-cert-dir", o.MetricsCertFromCertDir,
+		"(--mode=webhook, with --metrics-secure) Serve /metrics with the serving certificate in --cert-dir rather than a self-signed one made at start, so that a scraper can verify it against the TLS Secret's ca.crt (cert-manager writes one; the Helm chart turns this on with webhook.certManagement: certManager). /metrics then starts once that certificate is there, as the webhook server does.")
 	fs.StringVar(&o.HealthAddr, "health-probe-bind-address", o.HealthAddr, "Address of /healthz and /readyz.")
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, "Address of Go's /debug/pprof profiles, for diagnosing CPU or memory use; empty (the default) turns them off. Bind it to localhost: the endpoint has no authentication.")
 
@@ -199,6 +205,9 @@ func (o *Options) Validate() error {
 		if o.CertRenewBefore <= 0 || o.CertValidity <= o.CertRenewBefore {
 			errs = append(errs, fmt.Sprintf("--cert-renew-before=%s must be positive and less than --cert-validity=%s", o.CertRenewBefore, o.CertValidity))
 		}
+	}
+	if o.MetricsCertFromCertDir && (o.Mode != ModeWebhook || !o.MetricsSecure) {
+		errs = append(errs, "--metrics-cert-from-cert-dir needs --mode=webhook and --metrics-secure")
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 || o.DistributionWorkers <= 0 {
 		errs = append(errs, "--kube-api-qps, --kube-api-burst and --distribution-workers must be positive")

@@ -173,9 +173,32 @@ func Run(ctx context.Context, o *Options) error {
 	case ModeCertRotator:
 		return runCertRotator(ctx, o, cfg, scheme, metrics)
 	}
-	mgr, err := ctrl.NewManager(cfg, managerOptions(o, scheme, metrics))
+	managerMetrics := metrics
+	if o.MetricsCertFromCertDir {
+		// Started below, once the certificate is there: the manager's
+		// would fail at start on a fresh install, before the Secret is
+		// filled, and restart the pod for it.
+		managerMetrics = metricsserver.Options{BindAddress: "0"}
+		metrics.CertDir, metrics.CertName, metrics.KeyName = o.CertDir, certFile, keyFile
+	}
+	mgr, err := ctrl.NewManager(cfg, managerOptions(o, scheme, managerMetrics))
 	if err != nil {
 		return err
+	}
+	if o.MetricsCertFromCertDir && o.MetricsAddr != "0" {
+		if err := mgr.Add(everyReplica{manager.RunnableFunc(func(ctx context.Context) error {
+			if !waitForCerts(ctx, o.CertDir, log) {
+				return nil
+			}
+			srv, err := metricsserver.NewServer(metrics, mgr.GetConfig(), mgr.GetHTTPClient())
+			if err != nil {
+				return err
+			}
+			log.Info("serving certificate in place: serving /metrics with it", "dir", o.CertDir)
+			return srv.Start(ctx)
+		})}); err != nil {
+			return err
+		}
 	}
 
 	server := webhook.NewServer(webhook.Options{
@@ -297,19 +320,8 @@ func runDistributionController(ctx context.Context, o *Options, cfg *rest.Config
 // serveWhenCertsExist adds the webhook server to the manager once its key
 // pair is on disk; controller-runtime's server refuses to start without one.
 func serveWhenCertsExist(ctx context.Context, mgr manager.Manager, server webhook.Server, dir string, log logr.Logger) error {
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	waiting := time.Now()
-	for !certsPresent(dir) {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
-		if time.Since(waiting) > 30*time.Second {
-			log.Info("waiting for the serving certificate", "dir", dir)
-			waiting = time.Now()
-		}
+	if !waitForCerts(ctx, dir, log) {
+		return nil
 	}
 	log.Info("serving certificate in place: starting the webhook server", "dir", dir)
 	if err := mgr.Add(server); err != nil {
@@ -317,6 +329,26 @@ func serveWhenCertsExist(ctx context.Context, mgr manager.Manager, server webhoo
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// waitForCerts returns true once dir holds a serving certificate and key,
+// false if ctx ends first.
+func waitForCerts(ctx context.Context, dir string, log logr.Logger) bool {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	waiting := time.Now()
+	for !certsPresent(dir) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+		if time.Since(waiting) > 30*time.Second {
+			log.Info("waiting for the serving certificate", "dir", dir)
+			waiting = time.Now()
+		}
+	}
+	return true
 }
 
 // copiesSelector selects the objects the ResourceDistribution controller
