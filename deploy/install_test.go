@@ -649,6 +649,41 @@ func TestHelmChart(t *testing.T) {
 		}
 	})
 
+	t.Run("GPU isolation policy", func(t *testing.T) {
+		// The allow-list reaches the first matchCondition as CEL lists: the
+		// agent's namespace first, then the values.
+		set := check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"gpuIsolationPolicy": map[string]any{
+			"allowedNamespaces":      []string{"gpu-operator", agentNS},
+			"allowedServiceAccounts": []string{"monitoring:dcgm-exporter"},
+		}}}))
+		vap := typed[admissionregistrationv1.ValidatingAdmissionPolicy](t, set.get(t, "ValidatingAdmissionPolicy", "", "resclass-gpu-isolation"))
+		expr := vap.Spec.MatchConditions[0].Expression
+		for _, want := range []string{`request.namespace in ["` + agentNS + `","gpu-operator"]`, `in ["monitoring:dcgm-exporter"]`} {
+			if !strings.Contains(expr, want) {
+				t.Errorf("allow-list: the first matchCondition lacks %s: %s", want, expr)
+			}
+		}
+		set.get(t, "ValidatingAdmissionPolicyBinding", "", "resclass-gpu-isolation")
+		// Off: neither object.
+		for _, o := range helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"gpuIsolationPolicy": map[string]any{"enabled": false}}}) {
+			if o.GetName() == "resclass-gpu-isolation" {
+				t.Errorf("gpuIsolationPolicy.enabled=false renders %s", key(o))
+			}
+		}
+		// Entries that are not names never reach the expression (a quote
+		// would end the CEL string and add a condition of its own).
+		for _, bad := range []map[string]any{
+			{"allowedNamespaces": []string{`x"] || true || ["`}},
+			{"allowedNamespaces": []string{"Gpu-Operator"}},
+			{"allowedServiceAccounts": []string{"dcgm-exporter"}},
+			{"allowedServiceAccounts": []string{`a:b"] || true || ["`}},
+		} {
+			if objs, err := install.HelmTemplate(ctx, map[string]any{"nodeAgent": map[string]any{"gpuIsolationPolicy": bad}}); err == nil {
+				t.Errorf("gpuIsolationPolicy %v rendered %d objects, want a schema error", bad, len(objs))
+			}
+		}
+	})
+
 	t.Run("components off", func(t *testing.T) {
 		for _, component := range []string{"nodeAgent", "scheduler", "webhook"} {
 			name := map[string]string{"nodeAgent": "node-agent", "scheduler": "scheduler", "webhook": "webhook"}[component]
