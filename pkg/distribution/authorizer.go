@@ -46,6 +46,12 @@ type Authorizer struct {
 	// MaxEntries bounds the cache (default 100000); when it is full the
 	// expired answers go, and if that is not enough, all of them.
 	MaxEntries int
+	// MaxReviews bounds how many namespaces Denied asks about one by one
+	// (0: no bound). Past it, when the cluster-wide review says no, Denied
+	// asks nothing more and returns a *TooManyReviewsError: the admission
+	// webhook answers any caller that reaches it, and without a bound one
+	// request would cost the apiserver a review per namespace of the cluster.
+	MaxReviews int
 	Clock      clock.PassiveClock
 
 	mu    sync.Mutex
@@ -87,6 +93,9 @@ func (a *Authorizer) Denied(ctx context.Context, author Author, verb, resource s
 	encoded := author.key()
 	if ok, err := a.review(ctx, author, encoded, verb, resource, metav1.NamespaceAll); err != nil || ok {
 		return nil, err
+	}
+	if a.MaxReviews > 0 && len(namespaces) > a.MaxReviews {
+		return nil, &TooManyReviewsError{Verb: verb, Resource: resource, Namespaces: len(namespaces), Max: a.MaxReviews}
 	}
 	var (
 		mu     sync.Mutex
@@ -237,4 +246,17 @@ func verdict(allowed bool) string {
 		return "allowed"
 	}
 	return "denied"
+}
+
+// TooManyReviewsError is Denied's answer when the author may not verb
+// resource cluster-wide and more namespaces than Authorizer.MaxReviews would
+// need a review each: none of them was asked.
+type TooManyReviewsError struct {
+	Verb, Resource  string
+	Namespaces, Max int
+}
+
+func (e *TooManyReviewsError) Error() string {
+	return fmt.Sprintf("%s %s cluster-wide, and the request needs it in %d namespaces, more than the %d checked one by one",
+		e.Verb, e.Resource, e.Namespaces, e.Max)
 }

@@ -391,13 +391,11 @@ func normalizeSecret(s *corev1.Secret, path *field.Path) field.ErrorList {
 		errs = append(errs, field.TooLong(dataPath, "", maxDataBytes))
 	}
 
+	if typeErrs := secretTypeErrors(s.Type, path.Child("type")); len(typeErrs) > 0 {
+		return append(errs, typeErrs...)
+	}
 	// The keys the API server requires of a typed Secret (ValidateSecret).
 	switch s.Type {
-	case corev1.SecretTypeServiceAccountToken:
-		if s.Annotations[corev1.ServiceAccountNameKey] == "" {
-			errs = append(errs, field.Required(path.Child("metadata", "annotations").Key(corev1.ServiceAccountNameKey),
-				"a service-account-token Secret names its service account"))
-		}
 	case corev1.SecretTypeDockercfg:
 		errs = append(errs, requireJSONKey(s.Data, corev1.DockerConfigKey, dataPath)...)
 	case corev1.SecretTypeDockerConfigJson:

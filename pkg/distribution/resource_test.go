@@ -276,8 +276,15 @@ func TestParseResourceRefusals(t *testing.T) {
 			{field.ErrorTypeRequired, "spec.resource.data[password]"}}, ""},
 		{"ssh-auth empty", raw(secret(name, `"type":"kubernetes.io/ssh-auth"`)),
 			[]fieldErr{{field.ErrorTypeRequired, "spec.resource.data[ssh-privatekey]"}}, ""},
-		{"service-account-token without its annotation", raw(secret(name, `"type":"kubernetes.io/service-account-token"`)),
-			[]fieldErr{{field.ErrorTypeRequired, "spec.resource.metadata.annotations[kubernetes.io/service-account.name]"}}, ""},
+		// Credential types and custom types are never copied (fence.go).
+		{"service-account-token", raw(secret(name+`,"annotations":{"kubernetes.io/service-account.name":"default"}`, `"type":"kubernetes.io/service-account-token"`)),
+			[]fieldErr{{field.ErrorTypeNotSupported, "spec.resource.type"}}, "credential"},
+		{"bootstrap token", raw(secret(name, `"type":"bootstrap.kubernetes.io/token","stringData":{"token-id":"abcdef","token-secret":"`+secretValue+`"}`)),
+			[]fieldErr{{field.ErrorTypeNotSupported, "spec.resource.type"}}, "credential"},
+		{"custom Secret type", raw(secret(name, `"type":"helm.sh/release.v1"`)),
+			[]fieldErr{{field.ErrorTypeNotSupported, "spec.resource.type"}}, "Opaque"},
+		{"Opaque spelled in lower case", raw(secret(name, `"type":"opaque"`)),
+			[]fieldErr{{field.ErrorTypeNotSupported, "spec.resource.type"}}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -298,14 +305,15 @@ func TestParseResourceRefusals(t *testing.T) {
 
 func TestParseResourceAccepts(t *testing.T) {
 	tests := []struct{ name, json string }{
-		{"service-account-token with its annotation", `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"t",
-			"annotations":{"kubernetes.io/service-account.name":"default"}},"type":"kubernetes.io/service-account-token",
-			"data":{"extra":"YmFyCg=="}}`},
+		{"Opaque", `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"t"},"type":"Opaque","data":{"extra":"YmFyCg=="}}`},
+		{"dockercfg", `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"t"},"type":"kubernetes.io/dockercfg",
+			"stringData":{".dockercfg":"{}"}}`},
+		{"ssh-auth", `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"t"},"type":"kubernetes.io/ssh-auth",
+			"stringData":{"ssh-privatekey":"k"}}`},
 		{"TLS", `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"t"},"type":"kubernetes.io/tls",
 			"stringData":{"tls.crt":"c","tls.key":"k"}}`},
 		{"basic-auth with a username only", `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"t"},
 			"type":"kubernetes.io/basic-auth","stringData":{"username":"u"}}`},
-		{"custom Secret type", `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"t"},"type":"example.com/x"}`},
 		{"null fields", `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c","labels":null,"creationTimestamp":null},
 			"data":null,"immutable":null}`},
 		{"dotted name", `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a.b-c"}}`},
@@ -457,7 +465,7 @@ func TestHash(t *testing.T) {
 		{"extra data key", sec(`},"data":{"k":""}`), sec(`},"data":{"k":"","j":""}`)},
 		{"key and value boundary", cm(`},"data":{"ab":"c"}`), cm(`},"data":{"a":"bc"}`)},
 		{"data moved to binaryData", cm(`},"data":{"k":"v"}`), cm(`},"binaryData":{"k":"` + b64("v") + `"}`)},
-		{"type", sec(`},"type":"Opaque"`), sec(`},"type":"example.com/x"`)},
+		{"type", sec(`},"type":"Opaque","stringData":{"ssh-privatekey":"k"}`), sec(`},"type":"kubernetes.io/ssh-auth","stringData":{"ssh-privatekey":"k"}`)},
 		{"immutable", cm(`}`), cm(`},"immutable":true`)},
 		{"label", cm(`,"labels":{"a":"1"}}`), cm(`,"labels":{"a":"2"}}`)},
 		{"label moved to annotation", cm(`,"labels":{"a":"1"}}`), cm(`,"annotations":{"a":"1"}}`)},

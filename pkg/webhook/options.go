@@ -71,6 +71,9 @@ type Options struct {
 	DistributionWorkers          int
 	DistributionAuthorizationTTL time.Duration
 	DistributionStatusMaxCopies  int
+	// DistributionMaxNamespaceReviews bounds the SubjectAccessReviews one
+	// ResourceDistribution admission asks per verb beyond the cluster-wide one.
+	DistributionMaxNamespaceReviews int
 	// NodeAgentNamespace is protected from distributions like --namespace.
 	NodeAgentNamespace string
 }
@@ -89,28 +92,29 @@ func NewOptions() *Options {
 		ns = "resclass-system"
 	}
 	return &Options{
-		Mode:                         ModeWebhook,
-		MutatingWebhookConfigName:    "resclass-webhook",
-		DistributionAuthorizationTTL: distribution.DefaultAuthorizationTTL,
-		DistributionStatusMaxCopies:  distribution.DefaultMaxStatusCopies,
-		Namespace:                    ns,
-		Port:                         9443,
-		CertDir:                      "/tmp/resclass-webhook/serving-certs",
-		TLSSecret:                    "resclass-webhook-tls",
-		CertValidity:                 servingcert.DefaultCertValidity,
-		CertRenewBefore:              servingcert.DefaultRenewBefore,
-		ServiceName:                  "resclass-webhook",
-		WebhookConfigName:            "resclass-webhook",
-		QuotaReloadInterval:          10 * time.Second,
-		MetricsAddr:                  ":8443",
-		MetricsSecure:                true,
-		HealthAddr:                   ":8081",
-		LeaderElect:                  true,
-		LeaderElectID:                "resclass-distribution",
-		KubeAPIQPS:                   100,
-		KubeAPIBurst:                 200,
-		DistributionWorkers:          16,
-		NodeAgentNamespace:           "resclass-node",
+		Mode:                            ModeWebhook,
+		MutatingWebhookConfigName:       "resclass-webhook",
+		DistributionAuthorizationTTL:    distribution.DefaultAuthorizationTTL,
+		DistributionStatusMaxCopies:     distribution.DefaultMaxStatusCopies,
+		DistributionMaxNamespaceReviews: 200,
+		Namespace:                       ns,
+		Port:                            9443,
+		CertDir:                         "/tmp/resclass-webhook/serving-certs",
+		TLSSecret:                       "resclass-webhook-tls",
+		CertValidity:                    servingcert.DefaultCertValidity,
+		CertRenewBefore:                 servingcert.DefaultRenewBefore,
+		ServiceName:                     "resclass-webhook",
+		WebhookConfigName:               "resclass-webhook",
+		QuotaReloadInterval:             10 * time.Second,
+		MetricsAddr:                     ":8443",
+		MetricsSecure:                   true,
+		HealthAddr:                      ":8081",
+		LeaderElect:                     true,
+		LeaderElectID:                   "resclass-distribution",
+		KubeAPIQPS:                      100,
+		KubeAPIBurst:                    200,
+		DistributionWorkers:             16,
+		NodeAgentNamespace:              "resclass-node",
 	}
 }
 
@@ -173,6 +177,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Copies one ResourceDistribution reconcile writes at once (--mode=distribution-controller).")
 	fs.DurationVar(&o.DistributionAuthorizationTTL, "distribution-authorization-ttl", o.DistributionAuthorizationTTL,
 		"How long the ResourceDistribution controller reuses a SubjectAccessReview answer (may the author create/update/delete the copy in this namespace?): a revoked permission stops writes within this time. 0 asks before every write. At most 5m.")
+	fs.IntVar(&o.DistributionMaxNamespaceReviews, "distribution-max-namespace-reviews", o.DistributionMaxNamespaceReviews,
+		"(--mode=webhook) How many namespaces one ResourceDistribution admission asks a SubjectAccessReview about, per verb, when the requester may not write the kind cluster-wide (one cluster-wide review is asked first). A request that needs more is refused without asking (an update's content change only warns): the webhook answers any caller that reaches it, and this bounds what one request costs the apiserver. The default, 200, is the client's burst (--kube-api-burst).")
 	fs.IntVar(&o.DistributionStatusMaxCopies, "distribution-status-max-copies", o.DistributionStatusMaxCopies,
 		fmt.Sprintf("How many namespaces holding a copy a ResourceDistribution's status.distributedResources names at most (status.distributed counts them all); beyond it, deleting or shrinking the distribution needs delete in every namespace it no longer targets. 1 to %d.", distribution.MaxStatusCopiesLimit))
 }
@@ -211,6 +217,9 @@ func (o *Options) Validate() error {
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 || o.DistributionWorkers <= 0 {
 		errs = append(errs, "--kube-api-qps, --kube-api-burst and --distribution-workers must be positive")
+	}
+	if o.DistributionMaxNamespaceReviews < 1 {
+		errs = append(errs, "--distribution-max-namespace-reviews must be at least 1")
 	}
 	if o.QuotaReloadInterval <= 0 {
 		errs = append(errs, "--quota-config-reload-interval must be positive")

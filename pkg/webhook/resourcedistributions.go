@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -86,6 +87,7 @@ func (d *resourceDistributions) write(ctx context.Context, req admission.Request
 	res, errs := distribution.ParseResource(rd.Spec.Resource, spec.Child("resource"))
 	targets, targetErrs := distribution.CompileTargets(&rd.Spec.Targets, d.protected, spec.Child("targets"))
 	errs = append(errs, targetErrs...)
+	errs = append(errs, distribution.ReservedNameErrors(res, &rd.Spec.Targets, spec)...)
 
 	var (
 		old        *v1alpha1.ResourceDistribution
@@ -186,9 +188,18 @@ func (d *resourceDistributions) delete(ctx context.Context, req admission.Reques
 	}
 	res, errs := distribution.ParseResource(old.Spec.Resource, field.NewPath("spec", "resource"))
 	copies, complete := distribution.CopyNamespaces(&old.Status)
-	if len(errs) > 0 || (complete && len(copies) == 0) {
-		// A spec that never parsed has no copies.
+	if complete && len(copies) == 0 {
 		return admission.Allowed("")
+	}
+	if len(errs) > 0 {
+		// Stored before a rule that now refuses it (a Secret type no longer
+		// distributable): its copies are still there, and their kind is all
+		// the check needs. A spec that never parsed has none.
+		kind := distribution.KindOf(old.Spec.Resource)
+		if kind == "" {
+			return admission.Allowed("")
+		}
+		res = &distribution.Resource{Kind: kind}
 	}
 	if !complete {
 		// The status names only some copies (a bounded map): any
@@ -219,6 +230,19 @@ func (d *resourceDistributions) authorize(ctx context.Context, req admission.Req
 	var parts, warnings []string
 	for _, verb := range []string{distribution.VerbCreate, distribution.VerbUpdate, distribution.VerbDelete} {
 		denied, err := d.authorizer.Denied(ctx, user, verb, res.APIResource(), writes[verb])
+		if tooMany := (*distribution.TooManyReviewsError)(nil); errors.As(err, &tooMany) {
+			// Not allowed cluster-wide, and too many namespaces to ask
+			// about each (the authorizer's MaxReviews): refused without
+			// asking, or, for an update, left to the controller, which
+			// asks before each write.
+			if verb == distribution.VerbUpdate {
+				warnings = append(warnings, fmt.Sprintf("user %q may not %s; the copies there keep their content where the author may not update them (the controller checks each before writing; see the status)",
+					req.UserInfo.Username, tooMany))
+				continue
+			}
+			parts = append(parts, fmt.Sprintf("%s (ask for %s %s in every namespace, or change fewer namespaces at a time)", tooMany, verb, res.APIResource()))
+			continue
+		}
 		if err != nil {
 			return internalError(ctx, ResourceDistributionsPath, err)
 		}

@@ -129,6 +129,8 @@ func TestResourceDistributionsHandle(t *testing.T) {
 		absent   []string
 		warning  string
 		asked    []string // SubjectAccessReviews "verb namespace", in any order
+		// maxReviews is the authorizer's MaxReviews (0: no bound).
+		maxReviews int
 	}{{
 		name: "create into namespaces the author may write, cluster-wide", allowed: everywhere,
 		req: func(t *testing.T) admission.Request {
@@ -271,6 +273,16 @@ func TestResourceDistributionsHandle(t *testing.T) {
 		},
 		asked: []string{"delete ", "delete a"},
 	}, {
+		// Written before the type fence: it no longer parses, its copies
+		// remain, and deleting it deletes them.
+		name: "deleting a distribution whose Secret type is no longer distributable still needs delete where its copies are", allowed: map[string]bool{"delete a": true},
+		req: func(t *testing.T) admission.Request {
+			custom := `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"pull"},"type":"example.com/custom","stringData":{"token":"x"}}`
+			return distributionRequest(t, admissionv1.Delete, withCopies(newDistribution(custom, ml), "a", "b"), nil)
+		},
+		code: http.StatusForbidden, contains: []string{`user "alice" may not delete secrets in 1 namespace(s) holding a copy: b`},
+		asked: []string{"delete ", "delete a", "delete b"},
+	}, {
 		name: "deleting a distribution without copies asks nothing", allowed: nil,
 		req: func(t *testing.T) admission.Request {
 			return distributionRequest(t, admissionv1.Delete, newDistribution(pullSecret, ml), nil)
@@ -299,6 +311,52 @@ func TestResourceDistributionsHandle(t *testing.T) {
 			return req
 		},
 	}, {
+		// The bound on one request's cost: past it nothing is asked one by
+		// one, whoever claims to send the request.
+		name: "a create needing more per-namespace reviews than the bound is refused after the cluster-wide one", allowed: map[string]bool{"create a": true, "create b": true, "create c": true},
+		maxReviews: 2,
+		req: func(t *testing.T) admission.Request {
+			return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ml), nil)
+		},
+		code: http.StatusForbidden, contains: []string{`user "alice" may not create secrets cluster-wide, and the request needs it in 3 namespaces, more than the 2 checked one by one`, "ask for create secrets in every namespace"},
+		asked: []string{"create "},
+	}, {
+		name: "the bound costs nothing to an author allowed cluster-wide", allowed: everywhere, maxReviews: 2,
+		req: func(t *testing.T) admission.Request {
+			return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ml), nil)
+		},
+		asked: []string{"create "},
+	}, {
+		name: "within the bound each namespace is asked", allowed: map[string]bool{"create a": true, "create b": true}, maxReviews: 2,
+		req: func(t *testing.T) admission.Request {
+			return distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ab), nil)
+		},
+		asked: []string{"create ", "create a", "create b"},
+	}, {
+		name: "new content past the bound warns, leaving the controller to ask", allowed: map[string]bool{"update a": true, "update b": true, "update c": true}, maxReviews: 2,
+		req: func(t *testing.T) admission.Request {
+			changed := newDistribution(strings.Replace(pullSecret, `"x"`, `"y"`, 1), ml)
+			return distributionRequest(t, admissionv1.Update, changed, withCopies(newDistribution(pullSecret, ml), "a", "b", "c"))
+		},
+		warning: `user "alice" may not update secrets cluster-wide, and the request needs it in 3 namespaces`,
+		asked:   []string{"update "},
+	}, {
+		name: "a credential Secret type is refused before anything is asked", allowed: everywhere,
+		req: func(t *testing.T) admission.Request {
+			token := `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"bootstrap-token-abcdef"},"type":"bootstrap.kubernetes.io/token","stringData":{"token-id":"abcdef","token-secret":"0123456789abcdef"}}`
+			return distributionRequest(t, admissionv1.Create, newDistribution(token, ab), nil)
+		},
+		code: http.StatusUnprocessableEntity, contains: []string{"spec.resource.type", "bootstrap.kubernetes.io/token", "credential"}, absent: []string{"0123456789abcdef"},
+		asked: []string{},
+	}, {
+		name: "a ConfigMap the cluster reads by name, into kube-system, is refused", allowed: everywhere,
+		req: func(t *testing.T) admission.Request {
+			return distributionRequest(t, admissionv1.Create, newDistribution(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"aws-auth"},"data":{"mapRoles":"x"}}`,
+				v1alpha1.ResourceDistributionTargets{IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: "a"}, {Name: "kube-system"}}}), nil)
+		},
+		code: http.StatusUnprocessableEntity, contains: []string{"spec.targets.includedNamespaces[1]", "kube-system/aws-auth"},
+		asked: []string{},
+	}, {
 		name: "undecodable", allowed: everywhere,
 		req: func(t *testing.T) admission.Request {
 			req := distributionRequest(t, admissionv1.Create, newDistribution(pullSecret, ab), nil)
@@ -309,6 +367,7 @@ func TestResourceDistributionsHandle(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, sar := distributionEnv(t, tc.allowed)
+			h.authorizer.MaxReviews = tc.maxReviews
 			resp := h.Handle(context.Background(), tc.req(t))
 			if tc.code == 0 {
 				if !resp.Allowed {

@@ -225,7 +225,7 @@ func Run(ctx context.Context, o *Options) error {
 	server.Register(ResourceClassesPath, &webhook.Admission{Handler: &resourceClasses{}})
 	server.Register(ResourceDistributionsPath, &webhook.Admission{Handler: &resourceDistributions{
 		namespaces: mgr.GetCache(),
-		authorizer: &distribution.Authorizer{SAR: clientset.AuthorizationV1().SubjectAccessReviews()},
+		authorizer: &distribution.Authorizer{SAR: clientset.AuthorizationV1().SubjectAccessReviews(), MaxReviews: o.DistributionMaxNamespaceReviews},
 		protected:  o.protectedNamespaces(),
 	}})
 	server.Register(ResourceDistributionAuthorPath, &webhook.Admission{Handler: resourceDistributionAuthor{}})
