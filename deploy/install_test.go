@@ -317,6 +317,18 @@ func TestHelmChart(t *testing.T) {
 		if _, err := install.HelmTemplate(ctx, map[string]any{"distribution": map[string]any{"enabled": true, "authorizationTTL": "soon"}}); err == nil {
 			t.Errorf("authorizationTTL soon rendered")
 		}
+
+		// The author guard: its policy renders whatever is enabled, and the
+		// controller without the webhook does not render at all.
+		for _, values := range []map[string]any{nil, {"webhook": map[string]any{"enabled": false}}, {"distribution": map[string]any{"enabled": true}}} {
+			set := check(t, helmTemplate(t, values))
+			set.get(t, "ValidatingAdmissionPolicy", "", "resclass-spec-author")
+			set.get(t, "ValidatingAdmissionPolicyBinding", "", "resclass-spec-author")
+		}
+		_, err := install.HelmTemplate(ctx, map[string]any{"distribution": map[string]any{"enabled": true}, "webhook": map[string]any{"enabled": false}})
+		if err == nil || !strings.Contains(err.Error(), "distribution.enabled=true needs webhook.enabled=true") {
+			t.Errorf("the controller without the webhook: %v, want the chart's refusal", err)
+		}
 	})
 
 	// The webhook's identity may touch no Secret or ConfigMap outside its

@@ -165,53 +165,6 @@ func TestResourceDistributionTrust(t *testing.T) {
 		}
 	})
 
-	t.Run("a distribution stored without the webhook (as before the upgrade) gets no writes until its spec is written through it", func(t *testing.T) {
-		d := d.with(t)
-		a := d.ns(nil)
-		// Without the test's label the webhooks do not see it (their
-		// objectSelector): stored with no author, as before an upgrade.
-		rd := distribution("unvouched", secret("unvouched", map[string]string{"k": "v1"}),
-			v1alpha1.ResourceDistributionTargets{IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: a}}})
-		rd.Labels = nil
-		created, err := rc.ResclassV1alpha1().ResourceDistributions().Create(ctx, rd, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = rc.ResclassV1alpha1().ResourceDistributions().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
-		})
-		if distpkg.AuthorRecord(created.Annotations) != nil {
-			t.Fatalf("stored with an author although no webhook saw it: %v", created.Annotations)
-		}
-		poll(t, ctx, 30*time.Second, "Authorized False, NoAuthor, saying what to do", func(ctx context.Context) (bool, error) {
-			got, err := rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, created.Name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			c := meta.FindStatusCondition(got.Status.Conditions, distpkg.ConditionAuthorized)
-			return c != nil && c.Status == metav1.ConditionFalse && c.Reason == distpkg.ReasonNoAuthor &&
-				strings.Contains(c.Message, "No copy is created, updated or deleted for it until someone allowed to write its copies changes its spec through the webhook"), nil
-		})
-		d.wantCopies("unvouched", nil, []string{a})
-
-		// The fix: a spec change through the webhook records its author.
-		current, err := rc.ResclassV1alpha1().ResourceDistributions().Get(ctx, created.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		current.Labels = webhookLabel
-		current.Spec.Resource = runtime.RawExtension{Raw: secret("unvouched", map[string]string{"k": "v2"})}
-		updated, err := rc.ResclassV1alpha1().ResourceDistributions().Update(ctx, current, metav1.UpdateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if updated.Annotations[v1alpha1.AnnotationAuthorUser] == "" {
-			t.Fatal("the spec change through the webhook recorded no author")
-		}
-		d.waitSynced(updated, 1)
-		d.wantCopies("unvouched", []string{a}, nil)
-	})
-
 	t.Run("a user without delete in b can neither shrink b out of the targets nor delete the distribution", func(t *testing.T) {
 		d := d.with(t)
 		a, b := d.ns(nil), d.ns(nil)

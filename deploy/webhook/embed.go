@@ -43,3 +43,9 @@ var Secret []byte
 //
 //go:embed quota-config.yaml
 var QuotaConfig []byte
+
+// AuthorPolicy is author-policy.yaml: the admission policy that binds a
+// ResourceDistribution's recorded author to the requester.
+//
+//go:embed author-policy.yaml
+var AuthorPolicy []byte

@@ -77,7 +77,8 @@ type Webhook struct {
 }
 
 // StartWebhook applies deploy/webhook (RBAC of both identities, the TLS
-// Secret, the webhook configurations with a url in place of the Service,
+// Secret, the admission policy resclass-spec-author, the webhook
+// configurations with a url in place of the Service,
 // which the embedded cluster cannot route), starts the cert rotator and the
 // webhook binary, each as its ServiceAccount, and projects the Secret into
 // the webhook's --cert-dir as the kubelet would. It returns once the webhook
@@ -95,6 +96,11 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 		return nil, err
 	}
 	if _, err := c.ApplyManifestData(ctx, "deploy/webhook/secret.yaml", deploywebhook.Secret); err != nil {
+		return nil, err
+	}
+	// The base installs it with the CRD; here it comes with the webhook,
+	// which every test of distributions starts.
+	if _, err := c.ApplyManifestData(ctx, "deploy/webhook/author-policy.yaml", deploywebhook.AuthorPolicy); err != nil {
 		return nil, err
 	}
 	saGroups := []string{"system:serviceaccounts", "system:serviceaccounts:resclass-system", "system:authenticated"}

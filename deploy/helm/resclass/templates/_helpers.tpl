@@ -69,3 +69,19 @@ webhook.excludedNamespaces.
 {{- define "resclass.webhookExcludedNamespaces" -}}
 {{- concat (list .Release.Namespace (include "resclass.nodeAgentNamespace" .)) .Values.webhook.excludedNamespaces | uniq | toJson -}}
 {{- end }}
+
+{{/*
+The ResourceDistribution controller acts for the author its distributions
+record. The admission policy resclass-spec-author binds that record to the
+requester in the apiserver and is always rendered; the webhook records it
+(mutating) and checks, at admission, that the requester may make the writes
+a create, an update or a delete causes (the garbage collector deletes the
+copies of a deleted distribution under its own identity). Without the
+webhook the controller would act on distributions nobody checked, so the
+chart refuses that combination rather than render it.
+*/}}
+{{- define "resclass.distributionNeedsAuthorGuard" -}}
+{{- if and .Values.distribution.enabled (not .Values.webhook.enabled) -}}
+{{- fail "distribution.enabled=true needs webhook.enabled=true: the webhook records each ResourceDistribution's author and checks that whoever creates, changes or deletes one may write or delete its copies; the controller must not act without it (docs/distribution.md, \"Installing the controller\")" -}}
+{{- end -}}
+{{- end }}
