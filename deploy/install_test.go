@@ -19,6 +19,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -48,7 +49,7 @@ var (
 	clusterScoped = sets.New("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
 		"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 	namespaced = sets.New("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Secret", "Service",
-		"Deployment", "DaemonSet", "PodDisruptionBudget", "ResourceQuota", "Issuer", "Certificate", "PodMonitor")
+		"Deployment", "DaemonSet", "PodDisruptionBudget", "ResourceQuota", "Issuer", "Certificate", "PodMonitor", "NetworkPolicy")
 	// Objects that must live outside resclass-system, and why.
 	otherNamespace = map[string]string{
 		// The scheduler's delegated authentication reads
@@ -565,6 +566,53 @@ func TestHelmChart(t *testing.T) {
 		}
 		if set.find("PodMonitor", ns, "resclass-distribution") != nil || set.find("PodMonitor", ns, "resclass-dra-scheduler") != nil {
 			t.Error("a PodMonitor for the distribution controller or the stock profile, which are off")
+		}
+	})
+
+	t.Run("webhook.networkPolicy", func(t *testing.T) {
+		if set := check(t, helmTemplate(t, nil)); len(set.kind("NetworkPolicy")) != 0 {
+			t.Error("the defaults render a NetworkPolicy: it is opt-in (a wrong one cuts off a webhook that fails closed)")
+		}
+		// Enabled without the apiserver's peers: an ingress rule with no
+		// peers admits everyone, so the chart refuses to render it.
+		if _, err := install.HelmTemplate(context.Background(), map[string]any{"webhook": map[string]any{"networkPolicy": map[string]any{"enabled": true}}}); err == nil ||
+			!strings.Contains(err.Error(), "webhook.networkPolicy.apiserver") {
+			t.Errorf("networkPolicy.enabled without apiserver peers: %v, want a render failure naming webhook.networkPolicy.apiserver", err)
+		}
+		apiserver := []any{map[string]any{"ipBlock": map[string]any{"cidr": "10.0.0.0/28"}}}
+		set := check(t, helmTemplate(t, map[string]any{"webhook": map[string]any{"networkPolicy": map[string]any{"enabled": true, "apiserver": apiserver}}}))
+		np := typed[networkingv1.NetworkPolicy](t, set.get(t, "NetworkPolicy", ns, "resclass-webhook"))
+		pod := typed[appsv1.Deployment](t, set.get(t, "Deployment", ns, "resclass-webhook")).Spec.Template
+		if !labelsMatch(np.Spec.PodSelector.MatchLabels, pod.Labels) || len(np.Spec.PodSelector.MatchLabels) == 0 {
+			t.Errorf("the NetworkPolicy selects %v, the webhook's pods are labelled %v", np.Spec.PodSelector.MatchLabels, pod.Labels)
+		}
+		rotator := typed[appsv1.Deployment](t, set.get(t, "Deployment", ns, "resclass-webhook-certs")).Spec.Template
+		if labelsMatch(np.Spec.PodSelector.MatchLabels, rotator.Labels) {
+			t.Error("the NetworkPolicy selects the cert rotator's pods too")
+		}
+		if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+			t.Errorf("policyTypes %v, want Ingress only (the webhook's calls to the apiserver stay open)", np.Spec.PolicyTypes)
+		}
+		svc := typed[corev1.Service](t, set.get(t, "Service", ns, "resclass-webhook"))
+		rules := map[int32][]networkingv1.NetworkPolicyPeer{}
+		for _, r := range np.Spec.Ingress {
+			for _, p := range r.Ports {
+				port := containerPort(pod.Spec, *p.Port)
+				if port == 0 {
+					t.Errorf("the NetworkPolicy admits port %v, which the webhook's container does not have", p.Port)
+				}
+				rules[port] = r.From
+			}
+		}
+		if from := rules[containerPort(pod.Spec, svc.Spec.Ports[0].TargetPort)]; len(from) != 1 || from[0].IPBlock == nil || from[0].IPBlock.CIDR != "10.0.0.0/28" {
+			t.Errorf("the webhook port (the Service's target) admits %+v, want the apiserver's 10.0.0.0/28 alone", from)
+		}
+		if from := rules[containerPort(pod.Spec, intstr.FromString("metrics"))]; len(from) != 1 || from[0].NamespaceSelector == nil ||
+			from[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "monitoring" {
+			t.Errorf("the metrics port admits %+v, want the namespace monitoring", from)
+		}
+		if len(rules) != 2 {
+			t.Errorf("the NetworkPolicy admits ports %v, want the webhook's and the metrics'", slices.Collect(maps.Keys(rules)))
 		}
 	})
 
