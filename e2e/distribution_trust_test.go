@@ -408,7 +408,10 @@ func TestResourceDistributionStatusBounded(t *testing.T) {
 	diagnoseOnFailure(t, cluster)
 	ctx := context.Background()
 	const copies, bound = 200, 50
-	startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
+	// More reviews per request than the default bound (200): the delete
+	// checks beyond the status's bound are what this test is about, asked
+	// about each of the cluster's namespaces.
+	startWebhook(t, framework.WebhookOptions{Selector: webhookLabel, Args: []string{"--distribution-max-namespace-reviews=5000"}})
 	startDistribution(t, framework.DistributionOptions{Args: []string{fmt.Sprintf("--distribution-status-max-copies=%d", bound)}})
 	rc, err := cluster.Resclass()
 	if err != nil {
