@@ -233,7 +233,8 @@ func distribute(ctx context.Context, p *printer, c *framework.Cluster) error {
 	if err != nil {
 		return err
 	}
-	p.line("    its author, recorded by the webhook (%s): %s", v1alpha1.AnnotationAuthorUser, created.Annotations[v1alpha1.AnnotationAuthorUser])
+	p.line("    its author, recorded by the webhook and bound to the requester by the policy resclass-spec-author (%s): %s",
+		v1alpha1.AnnotationAuthorUser, created.Annotations[v1alpha1.AnnotationAuthorUser])
 	if err := waitDistributed(ctx, c, rd.Name, 2); err != nil {
 		return err
 	}
