@@ -417,6 +417,15 @@ func TestInstallPodSecurity(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
+		// Their ServiceAccounts too (scheduler.dra.enabled has its own),
+		// so that the test does not depend on another having made them.
+		for _, obj := range objs {
+			if obj.GetKind() == "ServiceAccount" {
+				if err := apply(ctx, obj); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 		add(name, objs)
 	}
 	var workloads []string
