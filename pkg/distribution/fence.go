@@ -1,7 +1,6 @@
 package distribution
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	sigsjson "sigs.k8s.io/json"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
@@ -137,7 +137,8 @@ func KindOf(raw runtime.RawExtension) string {
 	var top struct {
 		Kind string `json:"kind"`
 	}
-	if json.Unmarshal(data, &top) != nil || (top.Kind != KindSecret && top.Kind != KindConfigMap) {
+	// Case-sensitive, as ParseResource reads it.
+	if sigsjson.UnmarshalCaseSensitivePreserveInts(data, &top) != nil || (top.Kind != KindSecret && top.Kind != KindConfigMap) {
 		return ""
 	}
 	return top.Kind

@@ -59,6 +59,14 @@ func FuzzParseResource(f *testing.F) {
 			if r.Kind != KindSecret && r.Kind != KindConfigMap || r.APIVersion != "v1" {
 				t.Fatalf("accepted %s %s", r.APIVersion, r.Kind)
 			}
+			// The delete check of a distribution that no longer parses
+			// reads the kind alone: the same kind.
+			if k := KindOf(runtime.RawExtension{Raw: data}); k != r.Kind {
+				t.Fatalf("KindOf says %q, ParseResource %q", k, r.Kind)
+			}
+			if s, ok := r.obj.(*corev1.Secret); ok && !secretTypeAllowed(s.Type) {
+				t.Fatalf("accepted a Secret of type %q", s.Type)
+			}
 			if msgs := validation.IsDNS1123Subdomain(r.Name); len(msgs) > 0 {
 				t.Fatalf("accepted name %q: %v", r.Name, msgs)
 			}
