@@ -11,8 +11,9 @@ import _ "embed"
 //go:embed rbac.yaml
 var RBAC []byte
 
-// Policy is policy.yaml: the admission policy that lets the controller write
-// only ResourceDistribution copies.
+// Policy is policy.yaml: the admission policies that let the controller write
+// only ResourceDistribution copies, and an ownerReference be added to a
+// distribution only by who may delete it and its copies.
 //
 //go:embed policy.yaml
 var Policy []byte
