@@ -31,9 +31,10 @@ const (
 // its admission policy on the real apiserver (dry runs, impersonated) every
 // change that would hand it admission: another URL or Service, rules widened
 // to Secrets, failurePolicy Ignore, an emptied selector, a webhook removed or
-// reordered, metadata; and creating or deleting a configuration even where
-// RBAC would allow it. A caBundle change is admitted, and the rotator, under
-// the policy, still rotates: a new CA reaches both configurations.
+// reordered, metadata; and creating or deleting a configuration, or writing
+// another one, even where RBAC would allow it. A caBundle change is
+// admitted, and the rotator, under the policy, still rotates: a new CA
+// reaches both configurations.
 func TestCertRotatorMayChangeOnlyTheCABundle(t *testing.T) {
 	diagnoseOnFailure(t, cluster)
 	ctx := context.Background()
@@ -138,10 +139,31 @@ func TestCertRotatorMayChangeOnlyTheCABundle(t *testing.T) {
 		t.Errorf("the cert rotator changing the mutating webhook's caBundle: %v", err)
 	}
 
-	// Create and delete: its RBAC has neither; granted them, the policy
-	// still refuses.
+	// Create, delete, and another configuration than its own: its RBAC
+	// grants none of them; granted them, the policy still refuses.
 	grant(t, ctx, framework.CertRotatorUser, "", rbacv1.PolicyRule{APIGroups: []string{admissionregistrationv1.GroupName},
-		Resources: []string{"validatingwebhookconfigurations"}, Verbs: []string{"create", "delete"}})
+		Resources: []string{"validatingwebhookconfigurations"}, Verbs: []string{"create", "delete", "update"}})
+	// A configuration that matches nothing the cluster serves.
+	other, err := cluster.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "e2e-not-the-rotators"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "nothing.e2e.example.com",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptrTo("https://127.0.0.1:1/nothing")},
+			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, Rule: admissionregistrationv1.Rule{APIGroups: []string{"e2e.example.com"}, APIVersions: []string{"v1"}, Resources: []string{"nothings"}}}},
+			SideEffects:             ptrTo(admissionregistrationv1.SideEffectClassNone),
+			AdmissionReviewVersions: []string{"v1"},
+			FailurePolicy:           ptrTo(admissionregistrationv1.Ignore),
+		}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(context.Background(), other.Name, metav1.DeleteOptions{})
+	})
+	other.Webhooks[0].ClientConfig.CABundle = bundle
+	_, err = vwcs.Update(ctx, other, dryRun)
+	wantForbiddenSaying(t, "the cert rotator changing another configuration's caBundle", err, "the cert rotator may write only the resclass-webhook configurations")
 	made := wh.Config.DeepCopy()
 	made.ObjectMeta = metav1.ObjectMeta{Name: "e2e-made-by-the-rotator"}
 	_, err = vwcs.Create(ctx, made, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
