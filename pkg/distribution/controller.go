@@ -50,6 +50,10 @@ const (
 	// ReasonForbidden: the author may not make some writes (a Warning Event
 	// with this reason names them too).
 	ReasonForbidden = "Forbidden"
+	// ReasonAuthorExpired: the author record is older than the controller's
+	// --distribution-author-max-age, so nothing is written until the spec
+	// is written again.
+	ReasonAuthorExpired = "AuthorExpired"
 	// ReasonNoAuthor: the distribution carries no valid author record
 	// (v1alpha1.AnnotationAuthorPrefix), so nothing is written.
 	ReasonNoAuthor = "NoAuthor"
@@ -102,6 +106,11 @@ type Reconciler struct {
 	// MaxStatusCopies bounds status.distributedResources; default
 	// DefaultMaxStatusCopies, at most MaxStatusCopiesLimit.
 	MaxStatusCopies int
+	// AuthorMaxAge, when positive, is how long an author record is replayed:
+	// the groups it carries are those of the request that wrote the spec, and
+	// no API tells the controller the author's groups now. Older, nothing is
+	// written until the spec is written again (status.authorSince).
+	AuthorMaxAge time.Duration
 
 	// targets caches each distribution's compiled targets by UID and
 	// generation, for mapping namespace events to the distributions they
@@ -264,6 +273,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonNoAuthor, msg)
 		return reconcile.Result{}, r.writeStatus(ctx, rd, status)
 	}
+	expired, authorLeft := authorAge(status, rd.Generation, r.Clock.Now(), r.AuthorMaxAge)
+	if expired {
+		msg := fmt.Sprintf("the author record (%s, seen since %s) is older than the controller's --distribution-author-max-age=%s: the groups it carries may no longer be the author's. "+
+			"No copy is created, updated or deleted for it until someone allowed to write its copies writes its spec again, which records them afresh (docs/distribution.md, \"The author's groups, and when they are refreshed\")",
+			author, status.AuthorSince.UTC().Format(time.RFC3339), r.AuthorMaxAge)
+		if c := meta.FindStatusCondition(status.Conditions, ConditionAuthorized); c == nil || c.Message != msg {
+			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonAuthorExpired, "Authorize", "%s", msg)
+		}
+		status.Description = "Resource distribution failed: " + msg
+		setCondition(status, ConditionAuthorized, rd.Generation, metav1.ConditionFalse, ReasonAuthorExpired, msg)
+		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonAuthorExpired, msg)
+		return reconcile.Result{}, r.writeStatus(ctx, rd, status)
+	}
 
 	// Read the cache's namespaces as they are (nothing here changes them)
 	// rather than copying every namespace each time.
@@ -423,12 +445,34 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if len(writeErrs) > 0 {
 		return reconcile.Result{}, errors.Join(writeErrs...)
 	}
+	var result reconcile.Result
 	if len(conflicts) > 0 {
 		// Foreign objects are not watched: look again soon, so that a copy
 		// appears within seconds of the conflict clearing.
-		return reconcile.Result{RequeueAfter: r.ConflictRetry}, nil
+		result.RequeueAfter = r.ConflictRetry
 	}
-	return reconcile.Result{}, nil
+	if r.AuthorMaxAge > 0 && (result.RequeueAfter == 0 || authorLeft < result.RequeueAfter) {
+		// Again when the author record expires, to stop writing then.
+		result.RequeueAfter = authorLeft
+	}
+	return result, nil
+}
+
+// authorAge keeps status.authorSince: the time the controller first saw
+// the spec of this generation (and so its author record), which only it
+// writes. It reports whether the record is older than maxAge (never when
+// maxAge is 0) and how long it has left.
+func authorAge(status *v1alpha1.ResourceDistributionStatus, generation int64, now time.Time, maxAge time.Duration) (expired bool, left time.Duration) {
+	if status.AuthorSince == nil || status.AuthorGeneration != generation {
+		// Stored with second precision: keep what a read gives back.
+		since := metav1.NewTime(now).Rfc3339Copy()
+		status.AuthorSince, status.AuthorGeneration = &since, generation
+	}
+	if maxAge <= 0 {
+		return false, 0
+	}
+	left = status.AuthorSince.Add(maxAge).Sub(now)
+	return left <= 0, left
 }
 
 // forbiddenMessage names, per verb, the namespaces where the author may not
@@ -654,7 +698,8 @@ func statusEqual(a, b *v1alpha1.ResourceDistributionStatus) bool {
 		a.Desired == b.Desired && a.Succeeded == b.Succeeded && a.Distributed == b.Distributed &&
 		maps.Equal(a.DistributedResources, b.DistributedResources) &&
 		a.Conflicting == b.Conflicting && slices.Equal(a.ConflictingNamespaces, b.ConflictingNamespaces) &&
-		a.Unauthorized == b.Unauthorized && slices.Equal(a.UnauthorizedNamespaces, b.UnauthorizedNamespaces)
+		a.Unauthorized == b.Unauthorized && slices.Equal(a.UnauthorizedNamespaces, b.UnauthorizedNamespaces) &&
+		a.AuthorSince.Equal(b.AuthorSince) && a.AuthorGeneration == b.AuthorGeneration
 }
 
 func setCondition(status *v1alpha1.ResourceDistributionStatus, typ string, generation int64, s metav1.ConditionStatus, reason, msg string) {

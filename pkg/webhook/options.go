@@ -71,6 +71,9 @@ type Options struct {
 	DistributionWorkers          int
 	DistributionAuthorizationTTL time.Duration
 	DistributionStatusMaxCopies  int
+	// DistributionAuthorMaxAge, when positive, is how long the controller
+	// replays a distribution's author record before it needs writing again.
+	DistributionAuthorMaxAge time.Duration
 	// DistributionMaxNamespaceReviews bounds the SubjectAccessReviews one
 	// ResourceDistribution admission asks per verb beyond the cluster-wide one.
 	DistributionMaxNamespaceReviews int
@@ -177,6 +180,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Copies one ResourceDistribution reconcile writes at once (--mode=distribution-controller).")
 	fs.DurationVar(&o.DistributionAuthorizationTTL, "distribution-authorization-ttl", o.DistributionAuthorizationTTL,
 		"How long the ResourceDistribution controller reuses a SubjectAccessReview answer (may the author create/update/delete the copy in this namespace?): a revoked permission stops writes within this time. 0 asks before every write. At most 5m.")
+	fs.DurationVar(&o.DistributionAuthorMaxAge, "distribution-author-max-age", o.DistributionAuthorMaxAge,
+		"(--mode=distribution-controller) How long a ResourceDistribution's author record is replayed: its groups are those of the request that wrote the spec, and a group removed at the identity provider is not seen. Older (counted from when the controller first saw the spec, status.authorSince), no copy is created, updated or deleted until someone writes the spec again (Authorized False, reason AuthorExpired). 0 (the default): no limit.")
 	fs.IntVar(&o.DistributionMaxNamespaceReviews, "distribution-max-namespace-reviews", o.DistributionMaxNamespaceReviews,
 		"(--mode=webhook) How many namespaces one ResourceDistribution admission asks a SubjectAccessReview about, per verb, when the requester may not write the kind cluster-wide (one cluster-wide review is asked first). A request that needs more is refused without asking (an update's content change only warns): the webhook answers any caller that reaches it, and this bounds what one request costs the apiserver. The default, 200, is the client's burst (--kube-api-burst).")
 	fs.IntVar(&o.DistributionStatusMaxCopies, "distribution-status-max-copies", o.DistributionStatusMaxCopies,
@@ -217,6 +222,9 @@ func (o *Options) Validate() error {
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 || o.DistributionWorkers <= 0 {
 		errs = append(errs, "--kube-api-qps, --kube-api-burst and --distribution-workers must be positive")
+	}
+	if o.DistributionAuthorMaxAge < 0 {
+		errs = append(errs, "--distribution-author-max-age must not be negative")
 	}
 	if o.DistributionMaxNamespaceReviews < 1 {
 		errs = append(errs, "--distribution-max-namespace-reviews must be at least 1")

@@ -299,6 +299,7 @@ func runDistributionController(ctx context.Context, o *Options, cfg *rest.Config
 		// The webhook needs no such flag: status.distributed says when
 		// the map is incomplete.
 		MaxStatusCopies: o.DistributionStatusMaxCopies,
+		AuthorMaxAge:    o.DistributionAuthorMaxAge,
 		Authorizer: &distribution.Authorizer{
 			SAR: clientset.AuthorizationV1().SubjectAccessReviews(),
 			TTL: o.DistributionAuthorizationTTL,

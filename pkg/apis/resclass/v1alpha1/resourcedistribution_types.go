@@ -189,6 +189,19 @@ type ResourceDistributionStatus struct {
 	// +kubebuilder:validation:MaxItems=100
 	UnauthorizedNamespaces []ResourceDistributionUnauthorizedNamespace `json:"unauthorizedNamespaces,omitempty"`
 
+	// AuthorSince is when the controller first saw the spec of
+	// AuthorGeneration, and so its author record: the controller's
+	// --distribution-author-max-age counts from it. Only the controller
+	// writes the status, so no requester chooses it (docs/distribution.md,
+	// "The author's groups, and when they are refreshed").
+	// +optional
+	AuthorSince *metav1.Time `json:"authorSince,omitempty"`
+
+	// AuthorGeneration is the generation AuthorSince belongs to; a spec
+	// written since (a new author record) starts a new AuthorSince.
+	// +optional
+	AuthorGeneration int64 `json:"authorGeneration,omitempty"`
+
 	// Conditions of the distribution.
 	// +optional
 	// +listType=map

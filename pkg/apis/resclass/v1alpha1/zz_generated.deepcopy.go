@@ -396,6 +396,10 @@ func (in *ResourceDistributionStatus) DeepCopyInto(out *ResourceDistributionStat
 		*out = make([]ResourceDistributionUnauthorizedNamespace, len(*in))
 		copy(*out, *in)
 	}
+	if in.AuthorSince != nil {
+		in, out := &in.AuthorSince, &out.AuthorSince
+		*out = (*in).DeepCopy()
+	}
 	if in.Conditions != nil {
 		in, out := &in.Conditions, &out.Conditions
 		*out = make([]v1.Condition, len(*in))

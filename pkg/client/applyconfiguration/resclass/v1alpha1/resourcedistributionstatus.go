@@ -3,7 +3,8 @@
 package v1alpha1
 
 import (
-	v1 "k8s.io/client-go/applyconfigurations/meta/v1"
+	v1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1 "k8s.io/client-go/applyconfigurations/meta/v1"
 )
 
 // ResourceDistributionStatusApplyConfiguration represents a declarative configuration of the ResourceDistributionStatus type for use
@@ -46,8 +47,17 @@ type ResourceDistributionStatusApplyConfiguration struct {
 	// were left out, so that the status stays small however many namespaces
 	// a distribution targets.
 	UnauthorizedNamespaces []ResourceDistributionUnauthorizedNamespaceApplyConfiguration `json:"unauthorizedNamespaces,omitempty"`
+	// AuthorSince is when the controller first saw the spec of
+	// AuthorGeneration, and so its author record: the controller's
+	// --distribution-author-max-age counts from it. Only the controller
+	// writes the status, so no requester chooses it (docs/distribution.md,
+	// "The author's groups, and when they are refreshed").
+	AuthorSince *v1.Time `json:"authorSince,omitempty"`
+	// AuthorGeneration is the generation AuthorSince belongs to; a spec
+	// written since (a new author record) starts a new AuthorSince.
+	AuthorGeneration *int64 `json:"authorGeneration,omitempty"`
 	// Conditions of the distribution.
-	Conditions []v1.ConditionApplyConfiguration `json:"conditions,omitempty"`
+	Conditions []metav1.ConditionApplyConfiguration `json:"conditions,omitempty"`
 }
 
 // ResourceDistributionStatusApplyConfiguration constructs a declarative configuration of the ResourceDistributionStatus type for use with
@@ -152,10 +162,26 @@ func (b *ResourceDistributionStatusApplyConfiguration) WithUnauthorizedNamespace
 	return b
 }
 
+// WithAuthorSince sets the AuthorSince field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the AuthorSince field is set to the value of the last call.
+func (b *ResourceDistributionStatusApplyConfiguration) WithAuthorSince(value v1.Time) *ResourceDistributionStatusApplyConfiguration {
+	b.AuthorSince = &value
+	return b
+}
+
+// WithAuthorGeneration sets the AuthorGeneration field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the AuthorGeneration field is set to the value of the last call.
+func (b *ResourceDistributionStatusApplyConfiguration) WithAuthorGeneration(value int64) *ResourceDistributionStatusApplyConfiguration {
+	b.AuthorGeneration = &value
+	return b
+}
+
 // WithConditions adds the given value to the Conditions field in the declarative configuration
 // and returns the receiver, so that objects can be build by chaining "With" function invocations.
 // If called multiple times, values provided by each call will be appended to the Conditions field.
-func (b *ResourceDistributionStatusApplyConfiguration) WithConditions(values ...*v1.ConditionApplyConfiguration) *ResourceDistributionStatusApplyConfiguration {
+func (b *ResourceDistributionStatusApplyConfiguration) WithConditions(values ...*metav1.ConditionApplyConfiguration) *ResourceDistributionStatusApplyConfiguration {
 	for i := range values {
 		if values[i] == nil {
 			panic("nil value passed to WithConditions")
