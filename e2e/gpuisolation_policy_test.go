@@ -82,7 +82,9 @@ func TestGPUIsolationPolicy(t *testing.T) {
 	// The policy as shipped is what the harness installed.
 	all := plainPod(ns, "all", node)
 	all.Spec.Containers[0].Env = []corev1.EnvVar{env("NVIDIA_VISIBLE_DEVICES", "all")}
-	wantGPUIsolationDenial(t, "a tenant's pod with NVIDIA_VISIBLE_DEVICES=all", create(tc, all), "container c sets NVIDIA_VISIBLE_DEVICES")
+	err := create(tc, all)
+	wantGPUIsolationDenial(t, "a tenant's pod with NVIDIA_VISIBLE_DEVICES=all", err, "container c sets NVIDIA_VISIBLE_DEVICES")
+	t.Logf("the refusal: %v", err)
 
 	// Each variable, in each kind of container, and each way of setting it.
 	for what, mutate := range map[string]func(p *corev1.Pod){
