@@ -21,8 +21,20 @@ var (
 		Namespace: "resclass", Subsystem: "webhook", Name: "quota_config_last_load_valid",
 		Help: "1 when the last attempt to load --quota-config succeeded, 0 when the file in place is invalid and an older config is in force.",
 	})
+	quotaConfigUncovered = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "resclass", Subsystem: "webhook", Name: "quota_config_uncovered_rules",
+		Help: "Rules in force (limited scopes, matchContains, the empty-namespaceSelector refusal) that concern pods the webhook configuration's matchConditions never send (--match-conditions-cover): not enforced. Alert when above 0; re-render the configuration.",
+	})
+	shedRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "resclass", Subsystem: "webhook", Name: "shed_requests_total",
+		Help: "Admission requests answered at once with HTTP 429 (overloaded) because --max-in-flight requests were already being worked on, by webhook path. The webhook's failurePolicy decides what the apiserver does with them: Fail refuses, Ignore admits.",
+	}, []string{"webhook"})
+	inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "resclass", Subsystem: "webhook", Name: "in_flight_requests",
+		Help: "Admission requests being worked on now; at --max-in-flight, more are shed.",
+	})
 )
 
 func init() {
-	metrics.Registry.MustRegister(denials, quotaConfigLoads, quotaConfigValid)
+	metrics.Registry.MustRegister(denials, quotaConfigLoads, quotaConfigValid, quotaConfigUncovered, shedRequests, inFlight)
 }

@@ -30,6 +30,14 @@ const (
 	ModeDistributionController = "distribution-controller"
 )
 
+// DefaultMaxInFlight is --max-in-flight's default. A pod admission takes
+// about a millisecond of CPU (BenchmarkAdmission: p99 2.5 ms at 2000 a
+// second, with a few requests in flight); 200 at once on the two cores a
+// replica may get is already about 100 ms of queue for the last, and the
+// pod webhook's timeout is 3 s. A ResourceDistribution admission may wait
+// seconds on SubjectAccessReviews, which the bound leaves room for.
+const DefaultMaxInFlight = 200
+
 // Options are the webhook binary's flags.
 type Options struct {
 	Mode string
@@ -52,7 +60,22 @@ type Options struct {
 	QuotaConfig         string
 	QuotaReloadInterval time.Duration
 
+	// AllowEmptyNamespaceSelector is the old flag, now the default.
 	AllowEmptyNamespaceSelector bool
+	// RefuseEmptyNamespaceSelector refuses affinity terms with
+	// namespaceSelector {}; off unless the install turns the policy on.
+	RefuseEmptyNamespaceSelector bool
+	// MatchConditionsCover says what the rendered matchConditions send the
+	// pods webhook (--match-conditions-cover), so that a rule in force that
+	// they leave out is reported.
+	MatchConditionsCover []string
+	// QuotaConfigMap names the ConfigMap that holds --quota-config, for the
+	// Event that reports an uncovered rule.
+	QuotaConfigMap string
+
+	// MaxInFlight bounds the admission requests served at once; beyond it
+	// they are shed with HTTP 429. 0: no bound.
+	MaxInFlight int
 
 	MetricsAddr   string
 	MetricsSecure bool
@@ -109,6 +132,9 @@ func NewOptions() *Options {
 		ServiceName:                     "resclass-webhook",
 		WebhookConfigName:               "resclass-webhook",
 		QuotaReloadInterval:             10 * time.Second,
+		MaxInFlight:                     DefaultMaxInFlight,
+		MatchConditionsCover:            []string{coverAll},
+		QuotaConfigMap:                  "resclass-webhook-quota",
 		MetricsAddr:                     ":8443",
 		MetricsSecure:                   true,
 		HealthAddr:                      ":8081",
@@ -157,9 +183,20 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.QuotaReloadInterval, "quota-config-reload-interval", o.QuotaReloadInterval,
 		"How often --quota-config is checked for changes.")
 
+	fs.BoolVar(&o.RefuseEmptyNamespaceSelector, "refuse-empty-namespace-selector", o.RefuseEmptyNamespaceSelector,
+		"(--mode=webhook) Refuse pod (anti-)affinity terms with namespaceSelector: {}, which upstream Kubernetes reads as all namespaces, as the namespaceSelector proposal asks. Off by default: the install turns it on (Helm webhook.policies.emptyNamespaceSelector, the kustomize component deploy/webhook/policies), with the matchConditions that send such pods here.")
 	fs.BoolVar(&o.AllowEmptyNamespaceSelector, "allow-empty-namespace-selector", o.AllowEmptyNamespaceSelector,
-		"Admit pod (anti-)affinity terms with namespaceSelector: {} (upstream Kubernetes reads it as all namespaces). By default they are rejected, as the namespaceSelector proposal asks.")
+		"Deprecated: admitting namespaceSelector: {} is now the default (see --refuse-empty-namespace-selector).")
+	_ = fs.MarkDeprecated("allow-empty-namespace-selector", "it is the default now; --refuse-empty-namespace-selector turns the refusal on")
+	fs.StringSliceVar(&o.MatchConditionsCover, "match-conditions-cover", o.MatchConditionsCover,
+		"(--mode=webhook) What the webhook configuration's matchConditions send to the pods and workloads webhooks, as the install rendered them (Helm webhook.policies, the kustomize component deploy/webhook/policies): "+
+			"EmptyNamespaceSelector, CrossNamespacePodAffinity (affinity terms reaching other namespaces), PriorityClass (any priority class), PriorityClass=<name>, Contains=<substring> (a requests.<name> or limits.<name> containing it), None, or All (no matchConditions). "+
+			"A rule in force that concerns pods they leave out (a --quota-config edited at run time, --refuse-empty-namespace-selector) is never enforced, as the apiserver never sends those pods: the webhook reports each such rule in its log, in a Warning Event on --quota-config-map and in resclass_webhook_quota_config_uncovered_rules; re-render the configuration with the rule. Default All: nothing is reported.")
+	fs.StringVar(&o.QuotaConfigMap, "quota-config-map", o.QuotaConfigMap,
+		"(--mode=webhook) The ConfigMap in --namespace that holds --quota-config: the Event reporting a rule the matchConditions do not cover is recorded on it.")
 
+	fs.IntVar(&o.MaxInFlight, "max-in-flight", o.MaxInFlight,
+		"(--mode=webhook) Admission requests served at once, all webhooks together. Beyond it a request is answered at once with HTTP 429 and a message that the webhook is overloaded and to retry (resclass_webhook_shed_requests_total), rather than queued and answered after the apiserver's timeout: the webhook's failurePolicy then decides (pods, ResourceClasses, ResourceDistributions: refused; workloads: admitted). 0: no bound. docs/webhook.md, \"Load shedding\".")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, `Address of the Prometheus /metrics endpoint; "0" turns it off.`)
 	fs.BoolVar(&o.MetricsSecure, "metrics-secure", o.MetricsSecure,
 		"Serve /metrics over HTTPS and let only callers authorized to GET the non-resource URL /metrics in (TokenReview and SubjectAccessReview).")
@@ -199,6 +236,15 @@ func (o *Options) Validate() error {
 	}
 	if o.DistributionStatusMaxCopies < 1 || o.DistributionStatusMaxCopies > distribution.MaxStatusCopiesLimit {
 		errs = append(errs, fmt.Sprintf("--distribution-status-max-copies=%d: want 1 to %d", o.DistributionStatusMaxCopies, distribution.MaxStatusCopiesLimit))
+	}
+	if o.AllowEmptyNamespaceSelector && o.RefuseEmptyNamespaceSelector {
+		errs = append(errs, "--allow-empty-namespace-selector and --refuse-empty-namespace-selector contradict each other")
+	}
+	if _, err := parseCoverage(o.MatchConditionsCover); err != nil {
+		errs = append(errs, err.Error())
+	}
+	if o.MaxInFlight < 0 {
+		errs = append(errs, fmt.Sprintf("--max-in-flight=%d: want 0 (no bound) or more", o.MaxInFlight))
 	}
 	if o.Port <= 0 || o.Port > 65535 {
 		errs = append(errs, fmt.Sprintf("--webhook-port=%d: want 1-65535", o.Port))

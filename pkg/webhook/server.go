@@ -16,11 +16,14 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
@@ -74,8 +77,8 @@ func NewCommand() *cobra.Command {
                              resclass.io/spec-author), which the controller asks
                              about before each write of a copy.
   /validate-pods             pod (anti-)affinity terms may not use an empty
-                             namespaceSelector {} (--allow-empty-namespace-selector
-                             lifts that); a pod matching a limited scope of
+                             namespaceSelector {} (with
+                             --refuse-empty-namespace-selector); a pod matching a limited scope of
                              --quota-config (PriorityClass, CrossNamespacePodAffinity,
                              ...) or consuming a limited resource needs a covering
                              ResourceQuota in its namespace.
@@ -142,6 +145,25 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return fmt.Errorf("--quota-config: %w", err)
 	}
+	cover, err := parseCoverage(o.MatchConditionsCover)
+	if err != nil {
+		return err
+	}
+	// report is set once the manager's event recorder exists; loads before
+	// that are logged and counted only.
+	var report atomic.Pointer[func(uncovered []string)]
+	checkCoverage := func(cfg *quota.Config) {
+		uncovered := cover.uncovered(o.RefuseEmptyNamespaceSelector, cfg)
+		quotaConfigUncovered.Set(float64(len(uncovered)))
+		if len(uncovered) == 0 {
+			return
+		}
+		log.Error(nil, "rules in force concern pods that the webhook configuration's matchConditions never send here, so they are not enforced: re-render the configuration with them (Helm webhook.policies, or the kustomize component's expression and --match-conditions-cover), or take them out of --quota-config",
+			"uncovered", uncovered, "matchConditionsCover", o.MatchConditionsCover)
+		if r := report.Load(); r != nil {
+			(*r)(uncovered)
+		}
+	}
 	quotaFile.OnLoad = func(cfg *quota.Config, err error) {
 		if err != nil {
 			quotaConfigLoads.WithLabelValues("invalid").Inc()
@@ -151,6 +173,7 @@ func Run(ctx context.Context, o *Options) error {
 		quotaConfigLoads.WithLabelValues("loaded").Inc()
 		quotaConfigValid.Set(1)
 		logQuotaConfig(log, cfg)
+		checkCoverage(cfg)
 	}
 	quotaConfigValid.Set(1)
 	logQuotaConfig(log, quotaFile.Current())
@@ -222,20 +245,41 @@ func Run(ctx context.Context, o *Options) error {
 	if i, ok := quotaInformer.(toolscache.SharedIndexInformer); ok {
 		quotas = informerQuotas{i.GetIndexer()}
 	}
-	server.Register(ResourceClassesPath, &webhook.Admission{Handler: &resourceClasses{}})
-	server.Register(ResourceDistributionsPath, &webhook.Admission{Handler: &resourceDistributions{
+	// Every path shares one bound: it is the replica's CPU and memory that
+	// a burst exhausts, whichever webhook it comes through.
+	limit := newInFlightLimit(o.MaxInFlight)
+	register := func(path string, h http.Handler) { server.Register(path, limit.wrap(path, h)) }
+	register(ResourceClassesPath, &webhook.Admission{Handler: &resourceClasses{}})
+	register(ResourceDistributionsPath, &webhook.Admission{Handler: &resourceDistributions{
 		namespaces: mgr.GetCache(),
 		authorizer: &distribution.Authorizer{SAR: clientset.AuthorizationV1().SubjectAccessReviews(), MaxReviews: o.DistributionMaxNamespaceReviews},
 		protected:  o.protectedNamespaces(),
 	}})
-	server.Register(ResourceDistributionAuthorPath, &webhook.Admission{Handler: resourceDistributionAuthor{}})
+	register(ResourceDistributionAuthorPath, &webhook.Admission{Handler: resourceDistributionAuthor{}})
+	// A Warning Event on the rule's ConfigMap, where the operator who edited
+	// it looks (kubectl describe configmap), for each rule the matchConditions
+	// leave out; checked again now that it can be recorded.
+	recorder := mgr.GetEventRecorder("resclass-webhook")
+	quotaConfigMap := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: o.QuotaConfigMap, Namespace: o.Namespace}}
+	reportFn := func(uncovered []string) {
+		recorder.Eventf(quotaConfigMap, nil, corev1.EventTypeWarning, "RuleNotCovered", "LoadQuotaConfig",
+			"not enforced: the webhook configuration's matchConditions (--match-conditions-cover=%s) never send the pods these rules concern: %s; re-render the webhook configuration with them (docs/webhook.md)",
+			strings.Join(o.MatchConditionsCover, ","), strings.Join(uncovered, "; "))
+	}
+	report.Store(&reportFn)
+	if err := mgr.Add(everyReplica{manager.RunnableFunc(func(ctx context.Context) error {
+		checkCoverage(quotaFile.Current())
+		return nil
+	})}); err != nil {
+		return err
+	}
 	pods := &podPolicies{
-		allowEmptyNamespaceSelector: o.AllowEmptyNamespaceSelector,
+		allowEmptyNamespaceSelector: !o.RefuseEmptyNamespaceSelector,
 		config:                      quotaFile.Current,
 		quotas:                      quotas,
 	}
-	server.Register(PodsPath, &webhook.Admission{Handler: pods})
-	server.Register(WorkloadsPath, &webhook.Admission{Handler: &workloadPolicies{pods: pods}})
+	register(PodsPath, &webhook.Admission{Handler: pods})
+	register(WorkloadsPath, &webhook.Admission{Handler: &workloadPolicies{pods: pods}})
 
 	if err := mgr.Add(everyReplica{quotaFile}); err != nil {
 		return err
@@ -267,7 +311,7 @@ func Run(ctx context.Context, o *Options) error {
 	// GOGC and GOMEMLIMIT, docs/webhook.md "Performance"); said here because
 	// they decide the pod webhook's tail. debug.SetMemoryLimit(-1) only reads.
 	log.Info("starting", "namespace", o.Namespace, "certDir", o.CertDir,
-		"allowEmptyNamespaceSelector", o.AllowEmptyNamespaceSelector, "quotaConfig", o.QuotaConfig,
+		"refuseEmptyNamespaceSelector", o.RefuseEmptyNamespaceSelector, "matchConditionsCover", o.MatchConditionsCover, "quotaConfig", o.QuotaConfig, "maxInFlight", o.MaxInFlight,
 		"quotaReads", fmt.Sprintf("%T", quotas), "GOGC", os.Getenv("GOGC"), "memoryLimitBytes", debug.SetMemoryLimit(-1))
 	return mgr.Start(ctx)
 }
@@ -385,14 +429,6 @@ func logQuotaConfig(log logr.Logger, cfg *quota.Config) {
 	log.Info("covering-quota rule in force", "limitedScopes", fmt.Sprint(cfg.Scopes()), "matchContains", cfg.MatchContains())
 	for _, w := range cfg.Warnings() {
 		log.Info("covering-quota rule: "+w, "warning", true)
-	}
-	for _, s := range cfg.Scopes() {
-		guarded := s.ScopeName == corev1.ResourceQuotaScopeCrossNamespacePodAffinity ||
-			(s.ScopeName == corev1.ResourceQuotaScopePriorityClass && (s.Operator == corev1.ScopeSelectorOpIn || s.Operator == corev1.ScopeSelectorOpExists))
-		if !guarded {
-			log.Info("covering-quota rule: this scope also concerns pods that deploy/webhook's matchConditions skip (no priority class, no cross-namespace affinity, no extended resource); remove the matchCondition from the ValidatingWebhookConfiguration",
-				"scope", fmt.Sprint(s), "warning", true)
-		}
 	}
 }
 
