@@ -169,6 +169,12 @@ func checkAgent(t *testing.T, ds *appsv1.DaemonSet, privileged bool, strategy st
 			t.Errorf("node agent: probe %+v, want HTTPS (--metrics-secure)", p)
 		}
 	}
+	// Stopping drains the endpoints (5 s with the default --pod-wait and
+	// --pod-resources-timeout) and writes the Events (--shutdown-timeout,
+	// 10 s): the kubelet must not kill the agent before.
+	if g := pod.TerminationGracePeriodSeconds; g == nil || *g < 5+10+5 {
+		t.Errorf("node agent: terminationGracePeriodSeconds %v, want at least 20 (drain 5 s, Events 10 s, 5 s to spare)", g)
+	}
 	for _, a := range c.Args {
 		if strings.HasPrefix(a, "--metrics-secure") {
 			t.Errorf("node agent: default args carry %s", a)
@@ -352,10 +358,14 @@ func TestHelmChart(t *testing.T) {
 				}
 			}
 		}
-		// The webhook serves the Secret the kubelet mounts: no Role in its
-		// namespace at all (no Secret, no Lease).
-		if set.find("Role", ns, "resclass-webhook") != nil {
-			t.Errorf("the webhook has a Role in %s; it needs none", ns)
+		// The webhook serves the Secret the kubelet mounts: its Role in its
+		// namespace grants Events and nothing else (no Secret, no Lease).
+		if o := set.find("Role", ns, "resclass-webhook"); o != nil {
+			for _, r := range typed[rbacv1.Role](t, o).Rules {
+				if !slices.Equal(r.Resources, []string{"events"}) || len(r.ResourceNames) > 0 || slices.ContainsFunc(r.Verbs, func(v string) bool { return v != "create" && v != "patch" }) {
+					t.Errorf("the webhook's Role in %s grants %v on %v; it needs to create Events only", ns, r.Verbs, r.Resources)
+				}
+			}
 		}
 		for _, o := range set.kind("Role") {
 			role := typed[rbacv1.Role](t, o)
@@ -447,23 +457,123 @@ func TestHelmChart(t *testing.T) {
 	})
 
 	t.Run("webhook options", func(t *testing.T) {
-		set := check(t, helmTemplate(t, map[string]any{"webhook": map[string]any{
-			"allowEmptyNamespaceSelector": true, "quotaConfig": "", "replicas": 3,
-		}}))
-		args := containerArgs(t, set, "Deployment", "resclass-webhook")
-		if !slices.Contains(args, "--allow-empty-namespace-selector") {
-			t.Errorf("args %v lack --allow-empty-namespace-selector", args)
-		}
-		for _, a := range args {
-			if strings.HasPrefix(a, "--quota-config") {
-				t.Errorf("quotaConfig \"\" still passes %s", a)
-			}
-		}
-		if set.find("ConfigMap", ns, "resclass-webhook-quota") != nil {
-			t.Errorf("quotaConfig \"\" still renders the ConfigMap")
-		}
+		set := check(t, helmTemplate(t, map[string]any{"webhook": map[string]any{"replicas": 3}}))
 		if d := typed[appsv1.Deployment](t, set.get(t, "Deployment", ns, "resclass-webhook")); *d.Spec.Replicas != 3 {
 			t.Errorf("replicas %d", *d.Spec.Replicas)
+		}
+		for _, old := range []string{"quotaConfig", "allowEmptyNamespaceSelector"} {
+			if _, err := install.HelmTemplate(ctx, map[string]any{"webhook": map[string]any{old: ""}}); err == nil {
+				t.Errorf("webhook.%s, replaced by webhook.policies, still renders: an upgrade must not silently drop it", old)
+			}
+		}
+	})
+
+	// The pod policies are opt-in: the defaults render no pods or workloads
+	// webhook, no rule and no refusal.
+	t.Run("webhook.policies off: no pod policy is enforced", func(t *testing.T) {
+		for name, set := range map[string]*objects{"helm": check(t, helmTemplate(t, nil)), "kustomize": check(t, kustomizeBase(t))} {
+			vwc := typed[admissionregistrationv1.ValidatingWebhookConfiguration](t, set.get(t, "ValidatingWebhookConfiguration", "", "resclass-webhook"))
+			for _, wh := range vwc.Webhooks {
+				if wh.Name == "pods.resclass.io" || wh.Name == "workloads.resclass.io" {
+					t.Errorf("%s: the default install renders %s", name, wh.Name)
+				}
+			}
+			args := containerArgs(t, set, "Deployment", "resclass-webhook")
+			for _, a := range args {
+				if strings.HasPrefix(a, "--quota-config") || a == "--refuse-empty-namespace-selector" {
+					t.Errorf("%s: the default install passes %s", name, a)
+				}
+			}
+			if !slices.Contains(args, "--match-conditions-cover=None") {
+				t.Errorf("%s: args %v lack --match-conditions-cover=None", name, args)
+			}
+			if set.find("ConfigMap", ns, "resclass-webhook-quota") != nil {
+				t.Errorf("%s: the default install renders the covering-quota rule", name)
+			}
+		}
+	})
+
+	t.Run("webhook.policies of the component deploy/webhook/policies are that component", func(t *testing.T) {
+		helmObjs := helmTemplate(t, map[string]any{"webhook": map[string]any{"policies": map[string]any{
+			"emptyNamespaceSelector": true, "crossNamespaceAffinityQuota": true, "priorityClassQuota": []any{"cluster-services"},
+		}}})
+		check(t, helmObjs)
+		sameObjects(t, kustomizeWithComponent(t, "webhook", "policies"), helmObjs)
+	})
+
+	// The matchConditions, the rule and the flags follow the values: each
+	// policy's pods are sent and others not, checked by evaluating the
+	// rendered CEL on pods.
+	t.Run("webhook.policies render the matchConditions, the rule and the flags together", func(t *testing.T) {
+		for _, tc := range []struct {
+			name     string
+			policies map[string]any
+			cover    string
+			scopes   []string // the rule's scopes, as quota.Config prints them
+			contains []string
+			sent     []string // pods (of policyPods) the pods webhook is called for
+		}{
+			{name: "emptyNamespaceSelector", policies: map[string]any{"emptyNamespaceSelector": true},
+				cover: "EmptyNamespaceSelector", sent: []string{"empty-selector"}},
+			{name: "crossNamespaceAffinityQuota", policies: map[string]any{"crossNamespaceAffinityQuota": true},
+				cover: "CrossNamespacePodAffinity", scopes: []string{"{CrossNamespacePodAffinity Exists []}"},
+				sent: []string{"empty-selector", "cross-namespace", "cross-namespace-preferred"}},
+			{name: "priorityClassQuota", policies: map[string]any{"priorityClassQuota": []any{"cluster-services", "high"}},
+				cover: "PriorityClass=cluster-services,PriorityClass=high", scopes: []string{"{PriorityClass In [cluster-services high]}"},
+				sent: []string{"cluster-services", "high"}},
+			{name: "priorityClassQuota *", policies: map[string]any{"priorityClassQuota": []any{"*"}},
+				cover: "PriorityClass", scopes: []string{"{PriorityClass Exists []}"},
+				sent: []string{"cluster-services", "high", "system-node-critical"}},
+			{name: "resourceQuota", policies: map[string]any{"resourceQuota": []any{"class.resclass.io/"}},
+				cover: "Contains=class.resclass.io/", contains: []string{"class.resclass.io/"},
+				sent: []string{"class-limit", "class-request-init"}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				set := check(t, helmTemplate(t, map[string]any{"webhook": map[string]any{"policies": tc.policies}}))
+				args := containerArgs(t, set, "Deployment", "resclass-webhook")
+				if !slices.Contains(args, "--match-conditions-cover="+tc.cover) {
+					t.Errorf("args %v, want --match-conditions-cover=%s", args, tc.cover)
+				}
+				if got := slices.Contains(args, "--refuse-empty-namespace-selector"); got != (tc.policies["emptyNamespaceSelector"] == true) {
+					t.Errorf("--refuse-empty-namespace-selector passed: %v, with %v", got, tc.policies)
+				}
+				file, ok := arg(args, "quota-config")
+				if ok != (tc.scopes != nil || tc.contains != nil) {
+					t.Fatalf("--quota-config passed: %v, with %v", ok, tc.policies)
+				}
+				if ok {
+					cfg, err := quota.Parse([]byte(configMapFile(t, set, podSpec(t, set, "Deployment", "resclass-webhook"), file)))
+					if err != nil {
+						t.Fatal(err)
+					}
+					var scopes []string
+					for _, s := range cfg.Scopes() {
+						scopes = append(scopes, fmt.Sprint(s))
+					}
+					if !slices.Equal(scopes, tc.scopes) || !slices.Equal(cfg.MatchContains(), tc.contains) {
+						t.Errorf("the rule limits %v and %v, want %v and %v", scopes, cfg.MatchContains(), tc.scopes, tc.contains)
+					}
+				}
+				vwc := typed[admissionregistrationv1.ValidatingWebhookConfiguration](t, set.get(t, "ValidatingWebhookConfiguration", "", "resclass-webhook"))
+				for _, wh := range vwc.Webhooks {
+					if wh.Name != "pods.resclass.io" && wh.Name != "workloads.resclass.io" {
+						continue
+					}
+					for name, pod := range policyPods() {
+						obj := map[string]any{"apiVersion": "v1", "kind": "Pod", "spec": pod}
+						if wh.Name == "workloads.resclass.io" {
+							obj = map[string]any{"apiVersion": "batch/v1", "kind": "CronJob", "spec": map[string]any{
+								"jobTemplate": map[string]any{"spec": map[string]any{"template": map[string]any{"spec": pod}}}}}
+						}
+						if got, want := matches(t, wh.MatchConditions, obj), slices.Contains(tc.sent, name); got != want {
+							t.Errorf("%s sends pod %s: %v, want %v", wh.Name, name, got, want)
+						}
+					}
+				}
+			})
+		}
+		if _, err := install.HelmTemplate(ctx, map[string]any{"webhook": map[string]any{"policies": map[string]any{"resourceQuota": []any{"pods"}}}}); err == nil {
+			t.Errorf("webhook.policies.resourceQuota [pods] rendered: every pod consumes pods, no matchCondition narrows it")
 		}
 	})
 
@@ -1395,10 +1505,14 @@ func checkScheduler(t *testing.T, set *objects) {
 			t.Errorf("ValidatingAdmissionPolicyBinding %s: %+v, want policy %s with Deny", name, b.Spec, name)
 		}
 	}
-	for _, p := range []*corev1.Probe{spec.Containers[0].LivenessProbe, spec.Containers[0].ReadinessProbe} {
-		if p.HTTPGet.Scheme != corev1.URISchemeHTTPS || containerPort(spec, p.HTTPGet.Port) != 10259 {
-			t.Errorf("scheduler: probe %s, want HTTPS on the secure port 10259", p.HTTPGet.Path)
-		}
+	if p := spec.Containers[0].LivenessProbe; p.HTTPGet.Path != "/healthz" || p.HTTPGet.Scheme != corev1.URISchemeHTTPS || containerPort(spec, p.HTTPGet.Port) != 10259 {
+		t.Errorf("scheduler: liveness probe %s, want /healthz over HTTPS on the secure port 10259", p.HTTPGet.Path)
+	}
+	// Readiness knows the device cache (pkg/scheduler/readiness), which a
+	// restart cannot fix: never the liveness probe.
+	addr, _ := arg(spec.Containers[0].Args, "resclass-readiness-bind-address")
+	if p := spec.Containers[0].ReadinessProbe; p.HTTPGet.Path != "/readyz" || p.HTTPGet.Scheme == corev1.URISchemeHTTPS || addr == "" || fmt.Sprint(":", containerPort(spec, p.HTTPGet.Port)) != addr {
+		t.Errorf("scheduler: readiness probe %s on port %s, want /readyz over HTTP on --resclass-readiness-bind-address (%q)", p.HTTPGet.Path, p.HTTPGet.Port.String(), addr)
 	}
 }
 
@@ -1562,6 +1676,32 @@ func checkWebhook(t *testing.T, set *objects) {
 	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
 		if containerPort(spec, p.HTTPGet.Port) != 8081 {
 			t.Errorf("webhook: probe %s not on --health-probe-bind-address :8081", p.HTTPGet.Path)
+		}
+	}
+	// The pod webhook fails closed: more than one replica must mean more
+	// than one node (a required spread or anti-affinity by hostname), and a
+	// PodDisruptionBudget keeps a drain from taking them all.
+	d := typed[appsv1.Deployment](t, set.get(t, "Deployment", ns, "resclass-webhook"))
+	podLabels := d.Spec.Template.Labels
+	if d.Spec.Replicas != nil && *d.Spec.Replicas > 1 {
+		spread := slices.ContainsFunc(spec.TopologySpreadConstraints, func(c corev1.TopologySpreadConstraint) bool {
+			return c.TopologyKey == corev1.LabelHostname && c.WhenUnsatisfiable == corev1.DoNotSchedule && c.MaxSkew == 1 &&
+				c.LabelSelector != nil && len(c.LabelSelector.MatchLabels) > 0 && labelsMatch(c.LabelSelector.MatchLabels, podLabels)
+		})
+		if a := spec.Affinity; !spread && a != nil && a.PodAntiAffinity != nil {
+			spread = slices.ContainsFunc(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution, func(term corev1.PodAffinityTerm) bool {
+				return term.TopologyKey == corev1.LabelHostname && term.LabelSelector != nil && len(term.LabelSelector.MatchLabels) > 0 &&
+					labelsMatch(term.LabelSelector.MatchLabels, podLabels)
+			})
+		}
+		if !spread {
+			t.Errorf("webhook: %d replicas with no required spread over nodes (topologySpreadConstraints DoNotSchedule or required anti-affinity by %s)", *d.Spec.Replicas, corev1.LabelHostname)
+		}
+		if !slices.ContainsFunc(set.kind("PodDisruptionBudget"), func(o *unstructured.Unstructured) bool {
+			sel, _, _ := unstructured.NestedStringMap(o.Object, "spec", "selector", "matchLabels")
+			return o.GetNamespace() == ns && len(sel) > 0 && labelsMatch(sel, podLabels)
+		}) {
+			t.Errorf("webhook: no PodDisruptionBudget selects its pods")
 		}
 	}
 }

@@ -60,13 +60,30 @@ plugins:
 `
 )
 
+// The pod policies are off in a default install; the tests turn them on, as
+// an operator does, through the chart's webhook.policies.
+var (
+	// componentPolicies are the three policies of the kustomize component
+	// deploy/webhook/policies.
+	componentPolicies = map[string]any{
+		"emptyNamespaceSelector": true, "crossNamespaceAffinityQuota": true, "priorityClassQuota": []any{"cluster-services"},
+	}
+	// seedPolicies render matchConditions that cover the seeds' rules
+	// (quotaSeed000And001Story1 and the story-2 rule it is changed to): every
+	// priority class and the class resources too.
+	seedPolicies = map[string]any{
+		"emptyNamespaceSelector": true, "crossNamespaceAffinityQuota": true,
+		"priorityClassQuota": []any{"*"}, "resourceQuota": []any{"class.resclass.io/"},
+	}
+)
+
 // TestWebhookPolicies: the webhook binary, bootstrapping its own certificate
 // and called by the real apiserver over TLS, enforces the policies of seeds
 // 000 and 001 beside the apiserver's own ResourceQuota admission.
 func TestWebhookPolicies(t *testing.T) {
 	diagnoseOnFailure(t, cluster)
 	ctx := context.Background()
-	wh := startWebhook(t, framework.WebhookOptions{QuotaConfig: []byte(quotaSeed000And001Story1), Selector: webhookLabel})
+	wh := startWebhook(t, framework.WebhookOptions{Policies: seedPolicies, QuotaConfig: []byte(quotaSeed000And001Story1), Selector: webhookLabel})
 	for _, pc := range []string{"cluster-services", "high"} {
 		priorityClass(t, ctx, pc)
 	}

@@ -18,6 +18,7 @@ import (
 	"k8s.io/kubernetes/pkg/features"
 
 	"github.com/resclass/resclass/pkg/scheduler/nodefit"
+	"github.com/resclass/resclass/pkg/scheduler/readiness"
 	"github.com/resclass/resclass/pkg/scheduler/resourceclasses"
 )
 
@@ -41,5 +42,5 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	os.Exit(cli.Run(app.NewSchedulerCommand(plugins...)))
+	os.Exit(cli.Run(readiness.Command(app.NewSchedulerCommand(plugins...))))
 }

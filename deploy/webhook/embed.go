@@ -39,10 +39,18 @@ var CertRotatorPolicy []byte
 //go:embed secret.yaml
 var Secret []byte
 
-// QuotaConfig is quota-config.yaml: the example covering-quota ConfigMap.
+// QuotaConfig is policies/quota-config.yaml: the covering-quota ConfigMap of
+// the kustomize component that turns the pod policies on.
 //
-//go:embed quota-config.yaml
+//go:embed policies/quota-config.yaml
 var QuotaConfig []byte
+
+// PolicyWebhooks is policies/webhooks.yaml: the component's JSON patch of
+// the ValidatingWebhookConfiguration, which adds the pods and workloads
+// webhooks.
+//
+//go:embed policies/webhooks.yaml
+var PolicyWebhooks []byte
 
 // AuthorPolicy is author-policy.yaml: the admission policy that binds a
 // ResourceDistribution's recorded author to the requester.

@@ -10,16 +10,23 @@ import (
 
 // The workloads webhook's condition is the pods webhook's on the pod
 // template's spec: written out (matchConditions have no variables), so this
-// keeps the two the same.
+// keeps the two the same in the kustomize component (the Helm chart derives
+// one from the other).
 func TestWorkloadConditionIsThePodsOnTheTemplate(t *testing.T) {
-	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	if err := yaml.UnmarshalStrict(Webhooks, cfg); err != nil {
+	// The component's JSON patch: one add of a webhook per entry.
+	var ops []struct {
+		Op    string                                    `json:"op"`
+		Path  string                                    `json:"path"`
+		Value admissionregistrationv1.ValidatingWebhook `json:"value"`
+	}
+	if err := yaml.UnmarshalStrict(PolicyWebhooks, &ops); err != nil {
 		t.Fatal(err)
 	}
 	conditions := map[string]string{}
-	for _, wh := range cfg.Webhooks {
+	for _, op := range ops {
+		wh := op.Value
 		for _, c := range wh.MatchConditions {
-			if c.Name == "uses-a-guarded-feature" {
+			if c.Name == "concerned-by-a-policy" {
 				conditions[wh.Name] = c.Expression
 			}
 		}

@@ -28,28 +28,39 @@ import (
 )
 
 // startWebhook runs the webhook binary with deploy/webhook's configuration and
-// its example covering-quota rule (deploy/webhook/quota-config.yaml).
+// the pod policies turned on as the kustomize component deploy/webhook/policies
+// turns them on (a default install enforces none), its covering-quota rule
+// included (deploy/webhook/policies/quota-config.yaml).
 func startWebhook(ctx context.Context, p *printer, c *framework.Cluster, root string) (*framework.Webhook, error) {
-	data, err := os.ReadFile(filepath.Join(root, "deploy/webhook/quota-config.yaml"))
+	const file = "deploy/webhook/policies/quota-config.yaml"
+	data, err := os.ReadFile(filepath.Join(root, file))
 	if err != nil {
 		return nil, err
 	}
 	var cm corev1.ConfigMap
 	if err := yaml.UnmarshalStrict(data, &cm); err != nil {
-		return nil, fmt.Errorf("deploy/webhook/quota-config.yaml: %w", err)
+		return nil, fmt.Errorf("%s: %w", file, err)
 	}
 	rule := cm.Data["quota-config.yaml"]
 	if rule == "" {
-		return nil, errors.New("deploy/webhook/quota-config.yaml has no quota-config.yaml key")
+		return nil, errors.New(file + " has no quota-config.yaml key")
 	}
-	wh, err := c.StartWebhook(ctx, framework.WebhookOptions{QuotaConfig: []byte(rule)})
+	// The component's three policies, as Helm values: the chart renders
+	// their webhooks and matchConditions, the same as the component's.
+	wh, err := c.StartWebhook(ctx, framework.WebhookOptions{
+		Policies: map[string]any{
+			"emptyNamespaceSelector": true, "crossNamespaceAffinityQuota": true, "priorityClassQuota": []any{"cluster-services"},
+		},
+		QuotaConfig: []byte(rule),
+	})
 	if err != nil {
 		return nil, err
 	}
 	p.line("  The cert rotator (its own ServiceAccount) issued the webhook's certificate into the Secret")
 	p.line("  resclass-webhook-tls and its CA into the webhook configurations; the webhook, which may read")
 	p.line("  no Secret, serves it from its volume, and the apiserver calls it over TLS.")
-	p.line("  Its covering-quota rule (deploy/webhook/quota-config.yaml):")
+	p.line("  The pod policies are opt-in; turned on here as deploy/webhook/policies turns them on.")
+	p.line("  Its covering-quota rule (%s):", file)
 	for _, l := range strings.Split(strings.TrimSpace(rule), "\n") {
 		p.line("    %s", l)
 	}

@@ -15,21 +15,34 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	volumeutil "k8s.io/kubernetes/pkg/volume/util"
 	"sigs.k8s.io/yaml"
 
+	"github.com/resclass/resclass/deploy/install"
 	deploywebhook "github.com/resclass/resclass/deploy/webhook"
 )
 
 // WebhookOptions configure the webhook the cluster runs.
 type WebhookOptions struct {
-	// QuotaConfig is the covering-quota rule file's content; nil: none.
+	// Policies turns pod policies on: the Helm chart's webhook.policies
+	// values (emptyNamespaceSelector, crossNamespaceAffinityQuota,
+	// priorityClassQuota, resourceQuota). The chart renders them, as for an
+	// install, and the webhook runs with what it rendered: the pods and
+	// workloads webhooks with their matchConditions, the webhook's flags and
+	// the covering-quota rule. nil: none, as a default install (no pods or
+	// workloads webhook at all).
+	Policies map[string]any
+	// QuotaConfig is the covering-quota rule file's content, in place of the
+	// one Policies render; nil: the rendered one, if any.
 	QuotaConfig []byte
 	// Args are more flags for the binary.
 	Args []string
@@ -135,15 +148,26 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 		"--quota-config-reload-interval=500ms",
 		"--v=2",
 	}
-	if opts.QuotaConfig != nil {
-		if err := os.WriteFile(w.QuotaConfigPath, opts.QuotaConfig, 0o644); err != nil {
+	var policies renderedPolicies
+	if opts.Policies != nil {
+		if policies, err = renderPolicies(ctx, opts.Policies); err != nil {
+			return nil, err
+		}
+		args = append(args, policies.args...)
+	}
+	quotaConfig := opts.QuotaConfig
+	if quotaConfig == nil {
+		quotaConfig = policies.quotaConfig
+	}
+	if quotaConfig != nil {
+		if err := os.WriteFile(w.QuotaConfigPath, quotaConfig, 0o644); err != nil {
 			return nil, err
 		}
 		args = append(args, "--quota-config="+w.QuotaConfigPath)
 	}
 	args = append(args, opts.Args...)
 
-	if w.Config, err = webhookConfig(port, opts.Selector); err != nil {
+	if w.Config, err = webhookConfig(port, opts.Selector, policies.webhooks); err != nil {
 		return nil, err
 	}
 	vwcs := c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
@@ -214,13 +238,63 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 	}
 }
 
-// webhookConfig is deploy/webhook/webhooks.yaml reached at
+// renderedPolicies is what the Helm chart renders for webhook.policies: the
+// pods and workloads webhooks, the webhook's flags that go with them, and
+// the covering-quota rule (nil: none).
+type renderedPolicies struct {
+	webhooks    []admissionregistrationv1.ValidatingWebhook
+	args        []string
+	quotaConfig []byte
+}
+
+// renderPolicies renders the chart with policies as webhook.policies (the
+// helm binary of `make e2e-binaries`) and takes out what the pod policies
+// add, so that the tests run what an install with these values runs.
+func renderPolicies(ctx context.Context, policies map[string]any) (renderedPolicies, error) {
+	var r renderedPolicies
+	objs, err := install.HelmTemplate(ctx, map[string]any{"webhook": map[string]any{"policies": policies}})
+	if err != nil {
+		return r, fmt.Errorf("rendering webhook.policies %v: %w", policies, err)
+	}
+	for _, o := range objs {
+		switch {
+		case o.GetKind() == "ValidatingWebhookConfiguration" && o.GetName() == "resclass-webhook":
+			var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &vwc); err != nil {
+				return r, err
+			}
+			for _, wh := range vwc.Webhooks {
+				if wh.Name == "pods.resclass.io" || wh.Name == "workloads.resclass.io" {
+					r.webhooks = append(r.webhooks, wh)
+				}
+			}
+		case o.GetKind() == "Deployment" && o.GetName() == "resclass-webhook":
+			var d appsv1.Deployment
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &d); err != nil {
+				return r, err
+			}
+			for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+				if a == "--refuse-empty-namespace-selector" || strings.HasPrefix(a, "--match-conditions-cover=") {
+					r.args = append(r.args, a)
+				}
+			}
+		case o.GetKind() == "ConfigMap" && o.GetName() == "resclass-webhook-quota":
+			data, _, _ := unstructured.NestedString(o.Object, "data", "quota-config.yaml")
+			r.quotaConfig = []byte(data)
+		}
+	}
+	return r, nil
+}
+
+// webhookConfig is deploy/webhook/webhooks.yaml with the pod policies'
+// webhooks added (none: a default install), reached at
 // https://localhost:port, narrowed by selector.
-func webhookConfig(port int, selector map[string]string) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+func webhookConfig(port int, selector map[string]string, policies []admissionregistrationv1.ValidatingWebhook) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	if err := yaml.UnmarshalStrict(deploywebhook.Webhooks, cfg); err != nil {
 		return nil, fmt.Errorf("deploy/webhook/webhooks.yaml: %w", err)
 	}
+	cfg.Webhooks = append(cfg.Webhooks, policies...)
 	for i := range cfg.Webhooks {
 		wh := &cfg.Webhooks[i]
 		url := fmt.Sprintf("https://localhost:%d%s", port, *wh.ClientConfig.Service.Path)

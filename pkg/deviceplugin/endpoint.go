@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -54,6 +55,77 @@ type endpoint struct {
 	changed chan struct{}
 	// stopped is closed when the endpoint is removed for good.
 	stopped chan struct{}
+	// calls counts the unary calls running, which a stopping endpoint lets
+	// finish before it ends its streams.
+	calls inFlight
+}
+
+// inFlight counts calls running and tells when none is.
+type inFlight struct {
+	mu    sync.Mutex
+	n     int
+	empty chan struct{} // closed when n drops to 0; nil until asked for
+}
+
+func (f *inFlight) begin() {
+	f.mu.Lock()
+	f.n++
+	f.mu.Unlock()
+}
+
+func (f *inFlight) end() {
+	f.mu.Lock()
+	f.n--
+	if f.n == 0 && f.empty != nil {
+		close(f.empty)
+		f.empty = nil
+	}
+	f.mu.Unlock()
+}
+
+// callCounter counts the unary calls in inFlight from their start until
+// their answer is written to the connection (stats.End comes after the
+// status): a drain that ends the ListAndWatch stream once none runs cannot
+// make the kubelet close its connection before it has an answer.
+type callCounter struct{ calls *inFlight }
+
+type countedKey struct{}
+
+func (c callCounter) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	if strings.HasSuffix(info.FullMethodName, "/ListAndWatch") {
+		return ctx
+	}
+	return context.WithValue(ctx, countedKey{}, true)
+}
+
+func (c callCounter) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	if ctx.Value(countedKey{}) == nil {
+		return
+	}
+	switch s.(type) {
+	case *stats.Begin:
+		c.calls.begin()
+	case *stats.End:
+		c.calls.end()
+	}
+}
+
+func (callCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (callCounter) HandleConn(context.Context, stats.ConnStats)                       {}
+
+// idle is closed when no call is running.
+func (f *inFlight) idle() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == 0 {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	if f.empty == nil {
+		f.empty = make(chan struct{})
+	}
+	return f.empty
 }
 
 func newEndpoint(resource, socket string, handler Handler) *endpoint {
@@ -104,7 +176,7 @@ func (e *endpoint) newServer(logger klog.Logger) *grpc.Server {
 	logger = logger.WithValues("resource", e.resource)
 	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		return handler(klog.NewContext(ctx, logger), req)
-	}))
+	}), grpc.StatsHandler(callCounter{&e.calls}))
 	pluginapi.RegisterDevicePluginServer(srv, e)
 	return srv
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,6 +33,10 @@ const (
 	maxBackoff      = 30 * time.Second
 )
 
+// DefaultDrainTimeout is how long a stopping endpoint gives the calls in
+// flight to finish, unless SetDrainTimeout says otherwise.
+const DefaultDrainTimeout = 5 * time.Second
+
 // Observer is told about the lifecycle, for metrics. Any method may be nil.
 type Observer struct {
 	Registered func(resource string, err error)
@@ -53,13 +58,22 @@ type Manager struct {
 	handler  Handler
 	observer Observer
 
+	// drainTimeout bounds how long a stopping endpoint waits for its calls
+	// in flight; draining counts the endpoints still draining.
+	drainTimeout time.Duration
+	draining     sync.WaitGroup
+
 	mu      sync.Mutex
 	desired map[string]*endpoint // by resource
 	kick    chan struct{}
 
-	// Owned by Run's goroutine: the running endpoints and the kubelet.sock last seen.
+	// Owned by Run's goroutine: the running endpoints, the kubelet.sock last
+	// seen and the directory watched (dir.go).
 	running map[string]*server
 	kubelet fileID
+	watched *watchedDir
+	// orphaned is set while the directory is orphaned (dir.go).
+	orphaned atomic.Bool
 }
 
 // server is a running endpoint.
@@ -80,7 +94,18 @@ func NewManager(dir string, handler Handler, observer Observer) *Manager {
 	return &Manager{
 		dir: dir, handler: handler, observer: observer,
 		desired: map[string]*endpoint{}, kick: make(chan struct{}, 1),
-		running: map[string]*server{},
+		running: map[string]*server{}, drainTimeout: DefaultDrainTimeout,
+	}
+}
+
+// SetDrainTimeout sets how long an endpoint that stops (its resource is no
+// longer Set, or Run's context ended) lets the kubelet's calls in flight
+// finish before it cancels them. An Allocate may be waiting for its pod to
+// reach the handler's cache: cancelled, it fails that pod's admission, so the
+// bound should cover the handler's longest wait. Call it before Run.
+func (m *Manager) SetDrainTimeout(d time.Duration) {
+	if d > 0 {
+		m.drainTimeout = d
 	}
 }
 
@@ -126,8 +151,9 @@ func (m *Manager) trigger() {
 	}
 }
 
-// Run keeps the endpoints served and registered until ctx ends, then stops them
-// and removes their sockets.
+// Run keeps the endpoints served and registered until ctx ends, then drains
+// them (see drain) and returns once every call in flight has finished or the
+// drain timeout has passed.
 func (m *Manager) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithName("deviceplugin")
 	ctx = klog.NewContext(ctx, logger)
@@ -142,7 +168,11 @@ func (m *Manager) Run(ctx context.Context) error {
 	if err := watcher.Add(m.dir); err != nil {
 		return fmt.Errorf("watching %s: %w", m.dir, err)
 	}
-	defer m.stopAll()
+	if m.watched, err = openDir(m.dir); err != nil {
+		return err
+	}
+	defer func() { m.watched.close() }()
+	defer m.stopAll(logger)
 
 	ticker := time.NewTicker(recheckInterval)
 	defer ticker.Stop()
@@ -166,8 +196,62 @@ func (m *Manager) Run(ctx context.Context) error {
 		case <-ticker.C:
 		case <-retry.C:
 		}
+		m.followDir(logger, watcher)
 		if next := m.reconcile(ctx); !next.IsZero() {
 			retry.Reset(time.Until(next))
+		}
+	}
+}
+
+// Orphaned returns an error while the plugin directory is orphaned: deleted,
+// and still what this process sees at its path, as a container whose
+// hostPath mount is that directory does; the kubelet never looks there, and
+// only a restart of the container, which mounts the new one, helps.
+func (m *Manager) Orphaned() error {
+	if m.orphaned.Load() {
+		return fmt.Errorf("the device-plugin directory %s was deleted and this container still sees the deleted one (its mount), where the kubelet never looks: a restart mounts the new one", m.dir)
+	}
+	return nil
+}
+
+// followDir notices the directory replaced (watch the new one: its endpoints
+// are served and registered there by the reconcile that follows, their old
+// sockets being gone with the old directory), removed (wait for it: the
+// recheck ticker looks again) or orphaned (Orphaned).
+func (m *Manager) followDir(logger klog.Logger, watcher *fsnotify.Watcher) {
+	change, err := m.watched.change()
+	if err != nil {
+		logger.Error(err, "checking the plugin directory")
+		return
+	}
+	switch change {
+	case dirSame:
+		m.orphaned.Store(false)
+	case dirRemoved:
+		logger.V(2).Info("the plugin directory is gone; waiting for it to be made again", "dir", m.dir)
+	case dirOrphaned:
+		if !m.orphaned.Swap(true) {
+			logger.Error(m.Orphaned(), "endpoints unreachable")
+		}
+	case dirReplaced:
+		next, err := openDir(m.dir)
+		if err != nil {
+			logger.Error(err, "opening the new plugin directory")
+			return
+		}
+		_ = watcher.Remove(m.dir) // the old watch ended with its directory
+		if err := watcher.Add(m.dir); err != nil {
+			next.close()
+			logger.Error(err, "watching the new plugin directory")
+			return
+		}
+		m.watched.close()
+		m.watched = next
+		m.orphaned.Store(false)
+		logger.Info("the plugin directory was replaced; serving and registering there", "dir", m.dir, "endpoints", len(m.running))
+		for _, s := range m.running {
+			s.stop()
+			s.retryAt = time.Time{}
 		}
 	}
 }
@@ -182,9 +266,8 @@ func (m *Manager) reconcile(ctx context.Context) time.Time {
 
 	for name, s := range m.running {
 		if desired[name] != s.ep {
-			logger.Info("stopping endpoint", "resource", name)
-			s.stop()
-			s.ep.stop()
+			logger.Info("stopping endpoint; calls in flight may finish", "resource", name, "drainTimeout", m.drainTimeout)
+			m.drain(logger, s)
 			delete(m.running, name)
 		}
 	}
@@ -258,12 +341,62 @@ func (m *Manager) ensure(ctx context.Context, s *server, kubelet fileID) error {
 	return nil
 }
 
-func (m *Manager) stopAll() {
+// stopAll drains every running endpoint at once and waits for them, and for
+// those removed earlier that are still draining.
+func (m *Manager) stopAll(logger klog.Logger) {
+	if len(m.running) > 0 {
+		logger.Info("stopping every endpoint; calls in flight may finish", "endpoints", len(m.running), "drainTimeout", m.drainTimeout)
+	}
 	for name, s := range m.running {
-		s.stop()
-		s.ep.stop()
+		m.drain(logger, s)
 		delete(m.running, name)
 	}
+	m.draining.Wait()
+}
+
+// drain stops s for good without failing the kubelet's calls in flight. At
+// once, in the caller's goroutine (the only one that creates sockets), it
+// removes s's socket, so that no new connection reaches it. Then, in the
+// background, the gRPC server refuses new calls on the connections it has
+// (GOAWAY) and lets the unary calls running (an Allocate waiting for its pod)
+// finish, up to the drain timeout; only then do its ListAndWatch streams end:
+// the kubelet closes its connection to a plugin whose stream ended, which
+// would cancel those calls. Calls still running at the timeout are
+// cancelled. m.draining counts the drain until it is over.
+func (m *Manager) drain(logger klog.Logger, s *server) {
+	if s.grpc == nil {
+		s.ep.stop()
+		return
+	}
+	if inode(s.ep.socket) == s.ino {
+		_ = os.Remove(s.ep.socket)
+	}
+	srv, done, ep := s.grpc, s.done, s.ep
+	s.grpc, s.kubelet = nil, fileID{}
+	m.draining.Add(1)
+	go func() {
+		defer m.draining.Done()
+		timer := time.NewTimer(m.drainTimeout)
+		defer timer.Stop()
+		graceful := make(chan struct{})
+		go func() { srv.GracefulStop(); close(graceful) }()
+		select {
+		case <-ep.calls.idle():
+			ep.stop()
+			select {
+			case <-graceful:
+				logger.V(2).Info("endpoint stopped; no call was cut short", "resource", ep.resource)
+			case <-timer.C:
+				srv.Stop()
+			}
+		case <-timer.C:
+			logger.Info("endpoint stopped; calls still running after the drain timeout were cancelled", "resource", ep.resource, "drainTimeout", m.drainTimeout)
+			ep.stop()
+			srv.Stop()
+		}
+		<-graceful
+		<-done
+	}()
 }
 
 // serving: the server runs and its socket file is the one it listens on.
@@ -287,6 +420,11 @@ func (s *server) start(logger klog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// The socket is removed by stop and drain, and only while it is still
+	// this server's: a server draining in the background must not unlink the
+	// socket of its successor at the same path, as closing the listener
+	// would by default.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	s.ino = inode(s.ep.socket)
 	s.grpc = s.ep.newServer(logger)
 	s.done = make(chan struct{})

@@ -187,15 +187,10 @@ func checkString(what, s string) error {
 // LoadCheckpoint reads the checkpoint at path; a missing file is an empty
 // checkpoint (a node's first start).
 func LoadCheckpoint(path string) (*Checkpoint, error) {
-	f, err := os.Open(path)
+	blob, err := readCheckpoint(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return &Checkpoint{Claims: map[types.UID]PreparedClaim{}}, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = f.Close() }()
-	blob, err := io.ReadAll(io.LimitReader(f, maxCheckpointBytes+1))
 	if err != nil {
 		return nil, err
 	}

@@ -46,6 +46,9 @@ import (
 // Event reasons, on the ResourceClaim and the pods it is reserved for.
 const (
 	ReasonPrepareFailed = "DevicePrepareFailed"
+	// ReasonCheckpointSetAside is on the Node: the checkpoint could not be
+	// believed and was set aside.
+	ReasonCheckpointSetAside = "DRACheckpointSetAside"
 )
 
 // CDI kind of the per-claim devices: resclass.io/claim=<claim uid>-<request>.
@@ -112,8 +115,13 @@ type Plugin struct {
 }
 
 // New returns a plugin with the checkpoint read from cfg.PluginDataDir; Start
-// serves it to the kubelet. A checkpoint that does not parse is an error:
-// starting empty would prepare devices that running containers hold.
+// serves it to the kubelet. A checkpoint that cannot be believed is set
+// aside (setaside.go), reported in the log and as a Warning Event on the
+// Node, and the plugin starts with no claims prepared: the kubelet's
+// unprepare of a claim prepared before still removes its CDI spec, but until
+// then a device of such a claim is not refused to another one (the
+// scheduler's allocation, which never gives a device twice, still holds).
+// An error means the directory or the CDI spec directory cannot be used.
 func New(cfg Config) (*Plugin, error) {
 	if cfg.Kinds == nil {
 		cfg.Kinds = kinds.Builtin
@@ -144,9 +152,16 @@ func New(cfg Config) (*Plugin, error) {
 			return nil, err
 		}
 	}
-	cp, err := LoadCheckpoint(filepath.Join(cfg.PluginDataDir, CheckpointFile))
+	cp, aside, err := loadOrSetAside(filepath.Join(cfg.PluginDataDir, CheckpointFile), time.Now())
 	if err != nil {
 		return nil, err
+	}
+	if aside != nil {
+		klog.Background().Error(aside.Err, "DRA checkpoint set aside; started with no claims prepared", "path", aside.Path, "setAsideAs", aside.As)
+		if cfg.Recorder != nil {
+			node := &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: cfg.NodeName, UID: types.UID(cfg.NodeName)}
+			cfg.Recorder.Eventf(node, corev1.EventTypeWarning, ReasonCheckpointSetAside, "%s", aside.Error())
+		}
 	}
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(cfg.CDIDir), cdi.WithAutoRefresh(false))
 	if err != nil {

@@ -261,13 +261,60 @@ func mustMarshal(t *testing.T, c *Checkpoint) []byte {
 	return b
 }
 
-func TestNewRefusesABadCheckpoint(t *testing.T) {
+// A checkpoint that cannot be believed is set aside, reported, and the
+// plugin starts empty: never a crash loop. At most maxSetAside are kept.
+func TestNewSetsABadCheckpointAside(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, CheckpointFile), []byte("{not json"), 0o600); err != nil {
+	path := filepath.Join(dir, CheckpointFile)
+	for i := range maxSetAside + 2 {
+		bad := []byte("{not json")
+		if i%2 == 1 { // a torn file: the checksum does not match its data
+			bad = []byte(`{"version":"` + checkpointVersion + `","checksum":"00","data":{"claims":{}}}`)
+		}
+		if err := os.WriteFile(path, bad, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		recorder := record.NewFakeRecorder(4)
+		p, err := New(Config{NodeName: testNode, DriverName: testDriver, PluginDataDir: dir, CDIDir: t.TempDir(), Recorder: recorder})
+		if err != nil {
+			t.Fatalf("start %d: New with a broken checkpoint: %v, want it set aside", i, err)
+		}
+		if n := len(p.Prepared()); n != 0 {
+			t.Errorf("start %d: %d claims prepared, want none", i, n)
+		}
+		if _, err := os.Stat(path); !os.IsNotExist(err) {
+			t.Errorf("start %d: the broken checkpoint is still in place (%v)", i, err)
+		}
+		select {
+		case e := <-recorder.Events:
+			if !strings.Contains(e, "Warning "+ReasonCheckpointSetAside) || !strings.Contains(e, CheckpointFile+setAsideSuffix) {
+				t.Errorf("start %d: Event %q, want %s naming the file set aside", i, e, ReasonCheckpointSetAside)
+			}
+		default:
+			t.Errorf("start %d: no Event", i)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(Config{NodeName: testNode, DriverName: testDriver, PluginDataDir: dir, CDIDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), CheckpointFile) {
-		t.Fatalf("New with a broken checkpoint: %v", err)
+	var aside []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), CheckpointFile+setAsideSuffix) {
+			aside = append(aside, e.Name())
+		}
+	}
+	if len(aside) != maxSetAside {
+		t.Errorf("set aside: %v, want the newest %d", aside, maxSetAside)
+	}
+	// The plugin writes a good checkpoint again, which the next start reads.
+	good := &Checkpoint{Claims: map[types.UID]PreparedClaim{"uid-1": {Namespace: "ns", Name: "claim", Devices: []PreparedDevice{{Request: "gpu", Pool: testNode, Device: "gpu-0", ID: "GPU-0"}}}}}
+	if err := good.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{NodeName: testNode, DriverName: testDriver, PluginDataDir: dir, CDIDir: t.TempDir()})
+	if err != nil || len(p.Prepared()) != 1 {
+		t.Fatalf("New with a good checkpoint: %v, %v", p, err)
 	}
 }
 

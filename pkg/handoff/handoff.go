@@ -133,6 +133,9 @@ type allocKey struct {
 	class     string
 }
 
+// DefaultWaitForPod is Config.WaitForPod when unset.
+const DefaultWaitForPod = 3 * time.Second
+
 // maxRefusals kept for introspection.
 const maxRefusals = 64
 
@@ -169,7 +172,7 @@ func New(cfg Config, pods cache.SharedIndexInformer) *Allocator {
 		cfg.PoolSlots = 110
 	}
 	if cfg.WaitForPod <= 0 {
-		cfg.WaitForPod = 3 * time.Second
+		cfg.WaitForPod = DefaultWaitForPod
 	}
 	if cfg.HostRoot == "" {
 		cfg.HostRoot = "/"
@@ -222,8 +225,43 @@ func (a *Allocator) Run(ctx context.Context, checkpoint string) error {
 		}
 	}
 	a.ready.Store(true)
-	<-ctx.Done()
-	return nil
+	ticker := time.NewTicker(sweepInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+			if n := a.sweep(); n > 0 {
+				klog.FromContext(ctx).V(2).Info("forgot the allocations of pods gone", "records", n)
+			}
+		}
+	}
+}
+
+// sweepInterval is how often records of pods gone are swept.
+const sweepInterval = time.Minute
+
+// sweep drops the allocation records of pods the cache no longer has, or has
+// finished, and returns how many it dropped. The pod informer's handlers drop
+// them as pods go (forget), but an Allocate that found its pod just before
+// the pod's deletion was handled records it after: without the sweep that
+// record, and the container it names, would stay for the agent's life.
+func (a *Allocator) sweep() int {
+	live := func(uid types.UID) bool {
+		objs, _ := a.informer.GetIndexer().ByIndex(byUID, string(uid))
+		return len(objs) == 1 && !objs[0].(*podInfo).terminal()
+	}
+	a.recordsMu.Lock()
+	defer a.recordsMu.Unlock()
+	n := 0
+	for k := range a.allocated {
+		if !live(k.pod) {
+			delete(a.allocated, k)
+			n++
+		}
+	}
+	return n
 }
 
 // HasSynced reports whether the pod cache is filled and the kubelet's

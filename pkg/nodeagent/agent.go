@@ -28,6 +28,7 @@ import (
 	"github.com/resclass/resclass/pkg/client/informers/externalversions"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/deviceplugin"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
 	"github.com/resclass/resclass/pkg/inventory"
@@ -60,6 +61,10 @@ type Config struct {
 	// PluginDir is the kubelet's device-plugin directory, where the agent serves
 	// one endpoint per ResourceClass that selects a local device; "" serves
 	// none (the agent then only publishes the inventory).
+	// StallTimeout is how long the worker may go without finishing a pass
+	// before Live fails (/healthz). Default six poll intervals, at least two
+	// minutes (stallTimeout).
+	StallTimeout time.Duration
 	PluginDir string
 	// HugepagePoolSlots is how many slots a hugepage pool is to the kubelet
 	// (docs/hugepages.md).
@@ -122,6 +127,10 @@ type Agent struct {
 
 // New returns an agent; Run starts it.
 func New(config Config, resclass versioned.Interface, kube kubernetes.Interface) *Agent {
+	// worker is the worker's heartbeat, endpoints the device-plugin
+	// endpoints while they run (for /healthz).
+	worker    *heartbeat
+	endpoints atomic.Pointer[deviceplugin.Manager]
 	return newAgent(config, resclass, kube, nil)
 }
 
@@ -147,7 +156,10 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 	if m == nil {
 		m = newMetrics()
 	}
-	return &Agent{config: config, resclass: resclass, kube: kube, metrics: m}
+	if config.StallTimeout <= 0 {
+		config.StallTimeout = stallTimeout(config.PollInterval)
+	}
+	return &Agent{config: config, resclass: resclass, kube: kube, metrics: m, worker: newHeartbeat(config.StallTimeout, m.registry)}
 }
 
 // Run publishes the inventory until ctx ends. It waits for its Node to exist
@@ -171,8 +183,10 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 // it opens, with no restart.
 //
 // When ctx ends, Run shuts down in the reverse order of start: the work queue
-// and its triggers stop, the device-plugin endpoints and the introspection API
-// stop and their sockets are removed, the informers stop, the health watchers
+// and its triggers stop, the device-plugin endpoints drain (their sockets
+// removed at once, the kubelet's calls in flight let finish, with the pods
+// informer still running for them), the introspection API stops and its
+// socket is removed, the informers stop, the health watchers
 // stop, every Event recorded is written (ShutdownTimeout at most), the opened
 // sources are closed; then it returns nil.
 func (a *Agent) Run(ctx context.Context) error {
@@ -337,7 +351,11 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 		}
 		r.onStop(closeKubelet)
 		allocator := a.newAllocator(r.recorder, pf.Core().V1().Pods().Informer(), kubelet)
-		pf.Start(ctx.Done())
+		// The pods outlive ctx: a stopping agent drains its endpoints, and an
+		// Allocate in flight may be waiting for its pod to reach the cache.
+		// They stop after the endpoints (stops run last first).
+		podsCtx, stopPods := context.WithCancel(context.WithoutCancel(ctx))
+		pf.Start(podsCtx.Done())
 		r.onStop(pf.Shutdown)
 		spec, err := a.newCDISpec(logger)
 		if err != nil {
@@ -346,6 +364,7 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 		r.goroutine(func() {
 			if err := allocator.Run(ctx, filepath.Join(a.config.PluginDir, handoff.CheckpointFile)); err != nil && ctx.Err() == nil {
 				logger.Error(err, "allocator stopped")
+		r.onStop(stopPods)
 			}
 		})
 		if !cache.WaitForCacheSync(ctx.Done(), classes.Informer().HasSynced, allocator.HasSynced) {
@@ -359,6 +378,8 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 		})
 		r.plugins = &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.Kinds, a.config.HugepagePoolSlots), allocator: allocator, manager: manager, cdi: spec}
 	}
+		a.endpoints.Store(manager)
+		r.onStop(func() { a.endpoints.Store(nil) })
 
 	// The introspection API (node-agent status).
 	r.introspect = newIntrospectionSource()
@@ -423,7 +444,8 @@ func (r *running) every(ctx context.Context, interval time.Duration, passes ...s
 	}
 }
 
-// work drains the queue, one pass at a time, until ctx ends.
+// work drains the queue, one pass at a time, until ctx ends. It beats the
+// agent's heartbeat after every pass (/healthz).
 func (r *running) work(ctx context.Context) {
 	go func() { <-ctx.Done(); r.queue.ShutDown() }()
 	for {
@@ -433,6 +455,8 @@ func (r *running) work(ctx context.Context) {
 		}
 		for _, o := range r.src.opened {
 			if pass == o.pass {
+	r.a.worker.beat()
+	defer r.a.worker.stop()
 				r.redescribe(ctx, o)
 			}
 		}
@@ -445,6 +469,7 @@ func (r *running) work(ctx context.Context) {
 // triggers a pass.
 func (r *running) startWatch(ctx context.Context, o *opened) {
 	logger := klog.FromContext(ctx).WithValues("source", o.kind.SourceName())
+		r.a.worker.beat()
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	src := o.src

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -169,9 +170,10 @@ func (a *Agent) newCDISpec(logger klog.Logger) (*cdiSpec, error) {
 }
 
 // newManager serves the endpoints allocator answers for, counting
-// registrations and restarts.
+// registrations and restarts. An endpoint that stops lets the kubelet's calls
+// in flight finish (drainTimeout).
 func (a *Agent) newManager(allocator *handoff.Allocator) *deviceplugin.Manager {
-	return deviceplugin.NewManager(a.config.PluginDir, allocator, deviceplugin.Observer{
+	m := deviceplugin.NewManager(a.config.PluginDir, allocator, deviceplugin.Observer{
 		Registered: func(resource string, err error) {
 			result := "ok"
 			if err != nil {
@@ -181,6 +183,20 @@ func (a *Agent) newManager(allocator *handoff.Allocator) *deviceplugin.Manager {
 		},
 		Restarted: func(resource string) { a.metrics.restarts.WithLabelValues(resource).Inc() },
 	})
+	m.SetDrainTimeout(a.drainTimeout())
+	return m
+}
+
+// drainTimeout is how long a stopping endpoint waits for the kubelet's calls
+// in flight: the longest a call may take, waiting for its pod (WaitForPod)
+// and asking the kubelet which pod it admits (PodResourcesTimeout), with a
+// second to answer. 5 seconds with the defaults.
+func (a *Agent) drainTimeout() time.Duration {
+	wait := a.config.WaitForPod
+	if wait <= 0 {
+		wait = handoff.DefaultWaitForPod
+	}
+	return wait + a.config.PodResourcesTimeout + time.Second
 }
 
 // update serves the classes' endpoints for the current devices.

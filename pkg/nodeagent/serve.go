@@ -59,6 +59,7 @@ type serveOptions struct {
 	nvml            nvmldiscovery.Library
 	nvmlRetryMax    time.Duration
 	shutdownTimeout time.Duration
+	stallTimeout    time.Duration
 	// How containers get their GPUs, and the CDI spec (docs/node-agent.md,
 	// "Device list strategy").
 	deviceListStrategies handoff.Strategies
@@ -94,7 +95,8 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	// Robustness: a late or wrong NVML library, and shutdown.
 	addLibraryFlags(cmd, &o.nvml)
 	f.DurationVar(&o.nvmlRetryMax, "nvml-retry-max-interval", 30*time.Second, "NVML that does not open (no driver yet, a wrong library) or goes away is tried again with backoff from 1s, doubling up to this interval; the GPUs are published once it opens, without a restart")
-	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM the agent stops its device-plugin endpoints and removes their sockets, then waits at most this long for its Events to be written, and exits 0; keep it below the pod's terminationGracePeriodSeconds")
+	f.DurationVar(&o.stallTimeout, "stall-timeout", 0, "/healthz fails (and the kubelet's liveness probe restarts the agent) when its worker has finished no discovery and publish pass for this long: a call that does not return, such as a hung NVML call; 0 means six --poll-interval, at least 2m")
+	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM the agent drains its device-plugin endpoints (their sockets removed at once; calls in flight get --pod-wait plus --pod-resources-timeout plus 1s to finish), then waits at most this long for its Events to be written, and exits 0; keep the sum below the pod's terminationGracePeriodSeconds")
 	// Device list strategy, CDI and the metrics endpoint's access.
 	f.Var(&o.deviceListStrategies, "device-list-strategy", "how a container's GPUs are named to the container runtime, one or more of (comma-separated): envvar (NVIDIA_VISIBLE_DEVICES and the device nodes, for NVIDIA's container runtime), cdi-cri (CDI names in the CRI field, for containerd 1.7+/2.x and CRI-O with CDI), cdi-annotations (CDI names in a cdi.k8s.io/ container annotation); with a CDI strategy the agent writes the CDI spec of the node's GPUs into --cdi-spec-dir. envvar works only where NVIDIA's runtime takes the variable from unprivileged containers, which lets any container that sets it reach every GPU of the node: the agent reports it as unisolated (GPUIsolation condition)")
 	f.StringVar(&o.cdiSpecDir, "cdi-spec-dir", cdispec.DefaultDir, "directory the CDI spec ("+cdispec.FileName+") is written to with a CDI --device-list-strategy: one the container runtime reads (its cdi_spec_dirs)")
@@ -146,6 +148,7 @@ func (o *serveOptions) run(ctx context.Context) error {
 		PodResourcesTimeout: o.podResourcesTimeout,
 		IntrospectionSocket: o.introspection,
 
+		StallTimeout:        o.stallTimeout,
 		DeviceListStrategies: o.deviceListStrategies,
 		CDISpecDir:           o.cdiSpecDir,
 		CDIDriverRoot:        o.cdiDriverRoot,
@@ -175,8 +178,8 @@ func (o *serveOptions) run(ctx context.Context) error {
 	return agent.Run(ctx)
 }
 
-// serveMetrics serves /metrics, /healthz (the process is up) and /readyz (the
-// inventory was published at least once). With access set, it serves HTTPS,
+// serveMetrics serves /metrics, /healthz (the worker is not stuck: Live) and
+// /readyz (the inventory was published at least once). With access set, it serves HTTPS,
 // and /metrics answers only callers the apiserver authenticates (TokenReview)
 // and authorizes to GET the non-resource URL /metrics (SubjectAccessReview):
 // the inventory and health of the node are no one else's business.
@@ -201,7 +204,13 @@ func serveMetrics(ctx context.Context, address string, m *metrics, a *Agent, acc
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metricsHandler)
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := a.Live(logger); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.Published() {
 			http.Error(w, "inventory not published yet", http.StatusServiceUnavailable)

@@ -188,6 +188,8 @@ func (p *Plugin) start(ctx context.Context) error {
 		return err
 	}
 	p.synced = func() bool { return ndReg.HasSynced() && rcReg.HasSynced() && podReg.HasSynced() }
+	// Readiness and a gauge, with a log line naming what does not sync.
+	watchSync(ctx, logger, map[string]func() bool{"NodeDevices": ndReg.HasSynced, "ResourceClasses": rcReg.HasSynced, "Pods": podReg.HasSynced}, syncReportAfter)
 	factory.Start(ctx.Done())
 
 	if args.StatusUpdateInterval.Duration > 0 {
