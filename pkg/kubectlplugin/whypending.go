@@ -29,7 +29,8 @@ type Pending struct {
 	Refused string        `json:"refused,omitempty"`
 	Nodes   []PendingNode `json:"nodes,omitempty"`
 	// NodesUnread: Nodes could not be read (no right to), so every node that
-	// publishes devices is shown, whatever the pod's node selector says.
+	// publishes devices is shown, whatever the pod's node selector says, and
+	// whether its agent serves the classes is not judged.
 	NodesUnread bool     `json:"nodesUnread,omitempty"`
 	Events      []Event  `json:"events,omitempty"`
 	Notes       []string `json:"notes,omitempty"`
@@ -126,22 +127,15 @@ func whyPending(ctx context.Context, c *clients, ns, name string) (*Pending, err
 // decide runs the plugin's decisions for the pod on every node.
 func (p *Pending) decide(ctx context.Context, c *clients, w *world, pod *corev1.Pod) error {
 	snap := w.snapshot()
-	draws, fits, err := snap.Fit(pod)
-	p.Requests = draws
-	if err != nil {
-		p.Refused = err.Error()
-		return nil
-	}
-	if draws == nil {
-		p.Notes = append(p.Notes, "the pod requests no class.resclass.io/<class> resource: the resclass plugin has nothing to decide")
-		return nil
-	}
 	// Which nodes the pod's node selector and required node affinity allow:
-	// the scheduler's own matcher (component-helpers), when Nodes may be read.
+	// the scheduler's own matcher (component-helpers), and whether each
+	// node's agent serves the pod's classes, as Filter judges it from the
+	// kubelet's allocatable: when Nodes may be read.
 	allowed := map[string]bool{}
 	nodes, err := c.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	switch {
 	case err == nil:
+		snap.WithNodes(nodes.Items)
 		req := nodeaffinity.GetRequiredNodeAffinity(pod)
 		for i := range nodes.Items {
 			if ok, _ := req.Match(&nodes.Items[i]); ok {
@@ -152,6 +146,16 @@ func (p *Pending) decide(ctx context.Context, c *clients, w *world, pod *corev1.
 		p.NodesUnread = true
 	default:
 		return fmt.Errorf("listing nodes: %w", err)
+	}
+	draws, fits, err := snap.Fit(pod)
+	p.Requests = draws
+	if err != nil {
+		p.Refused = err.Error()
+		return nil
+	}
+	if draws == nil {
+		p.Notes = append(p.Notes, "the pod requests no class.resclass.io/<class> resource: the resclass plugin has nothing to decide")
+		return nil
 	}
 	status := snap.NodeStatus()
 	for _, f := range fits {
@@ -236,7 +240,7 @@ func (p *Pending) table(t *table) {
 		t.row("Note:\t%s", n)
 	}
 	if p.NodesUnread {
-		t.row("Note:\tNodes cannot be read, so the pod's node selector is not applied below")
+		t.row("Note:\tNodes cannot be read, so the pod's node selector is not applied below, nor is whether each node's agent serves the classes (the kubelet's allocatable)")
 	}
 	if len(p.Nodes) > 0 {
 		t.row("")

@@ -12,7 +12,9 @@ import (
 )
 
 // EventsToRegister: a pod this plugin turned away can fit after a pod holding
-// devices ends or is deleted.
+// devices ends or is deleted, or when a node's kubelet offers a class it
+// requests again (its agent is back, agentBack). The Node events are those
+// of kube-scheduler's own Node informer: registering them costs no watch.
 //
 // New or healed devices (NodeDevices) and new or changed classes are not
 // registered: the plugin's own informers learn of them and activate the pods it
@@ -26,6 +28,7 @@ import (
 func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return []fwk.ClusterEventWithHint{
 		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Delete}, QueueingHintFn: p.holderGone},
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAllocatable}, QueueingHintFn: p.agentBack},
 	}, nil
 }
 

@@ -16,12 +16,14 @@ import (
 )
 
 // TestQueueingHints: a waiting pod is retried when a pod that held devices is
-// deleted, and only then; NodeDevices and ResourceClasses are not registered
+// deleted, or a Node is added or its allocatable changes (the hint,
+// TestAgentBackHint); NodeDevices and ResourceClasses are not registered
 // (TestNewDevicesAndClassesActivateWaitingPods).
 func TestQueueingHints(t *testing.T) {
 	events, err := (&Plugin{}).EventsToRegister(context.Background())
-	if err != nil || len(events) != 1 || events[0].Event.Resource != fwk.Pod || events[0].Event.ActionType != fwk.Delete {
-		t.Fatalf("EventsToRegister = %v, %v; want the Pod deletion only", events, err)
+	if err != nil || len(events) != 2 || events[0].Event.Resource != fwk.Pod || events[0].Event.ActionType != fwk.Delete ||
+		events[1].Event.Resource != fwk.Node || events[1].Event.ActionType != fwk.Add|fwk.UpdateNodeAllocatable {
+		t.Fatalf("EventsToRegister = %v, %v; want the Pod deletion, and the Node addition and allocatable update", events, err)
 	}
 	for _, e := range events {
 		if e.QueueingHintFn == nil {

@@ -26,7 +26,10 @@ import (
 // each node's state has left the core's own caches by its next visit.
 // baseline-extended-resource is upstream NodeResourcesFit's Filter of a pod
 // requesting nvidia.com/gpu (the benchmark's baseline pods); class is this
-// plugin's Filter of a pod requesting one device of a class.
+// plugin's Filter of a pod requesting one device of a class, on nodes as kwok
+// makes them (no class resource in allocatable: the agent's liveness is not
+// judged); class-kubelet-offers-class the same on nodes whose kubelet offers
+// the class, as a real node's does while its agent serves it.
 func BenchmarkFilterPerNode(b *testing.B) {
 	const nodes = 5000
 	const gpuResource corev1.ResourceName = "nvidia.com/gpu"
@@ -83,12 +86,15 @@ func BenchmarkFilterPerNode(b *testing.B) {
 		run(b, requestPod("p", gpuResource), infos, fit.(*noderesources.Fit))
 	})
 
-	b.Run("class", func(b *testing.B) {
+	class := func(b *testing.B, offered bool) {
 		c := newCache()
 		c.setClass(gpuClass)
 		infos := make([]fwk.NodeInfo, nodes)
 		for i := range infos {
 			n := node(i)
+			if offered {
+				n.Status.Allocatable[cls(gpuClass.Name)] = resource.MustParse("8")
+			}
 			ni := framework.NewNodeInfo()
 			ni.SetNode(n)
 			infos[i] = ni
@@ -110,7 +116,9 @@ func BenchmarkFilterPerNode(b *testing.B) {
 		}
 		pl := &Plugin{args: &Args{Strategy: FirstFit}, shared: &shared{cache: c, synced: func() bool { return true }, waiting: map[types.UID]*corev1.Pod{}}}
 		run(b, gpuPod("p", gpuClass.Name, 1), infos, pl)
-	})
+	}
+	b.Run("class", func(b *testing.B) { class(b, false) })
+	b.Run("class-kubelet-offers-class", func(b *testing.B) { class(b, true) })
 }
 
 // requestPod asks for one of resource and a tenth of a CPU.

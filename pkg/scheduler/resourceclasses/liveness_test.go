@@ -1,0 +1,182 @@
+package resourceclasses
+
+import (
+	"fmt"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
+// kubeletNode is a Node whose kubelet reports allocatable (resource ->
+// count), as its status sync writes it.
+func kubeletNode(name string, allocatable map[corev1.ResourceName]int64) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourcePods: resource.MustParse("110"),
+	}}}
+	for r, v := range allocatable {
+		n.Status.Allocatable[r] = *resource.NewQuantity(v, resource.DecimalSI)
+	}
+	return n
+}
+
+func TestUnserved(t *testing.T) {
+	gpuNic := []corev1.ResourceName{cls("gpu"), cls("nic")}
+	for _, tc := range []struct {
+		name        string
+		allocatable map[corev1.ResourceName]int64
+		want        int // -1: served
+	}{
+		{"every class offered", map[corev1.ResourceName]int64{cls("gpu"): 8, cls("nic"): 2}, -1},
+		{"endpoint gone: the kubelet reports 0", map[corev1.ResourceName]int64{cls("gpu"): 8, cls("nic"): 0}, 1},
+		{"both gone", map[corev1.ResourceName]int64{cls("gpu"): 0, cls("nic"): 0}, 0},
+		{"class never registered while another is offered", map[corev1.ResourceName]int64{cls("gpu"): 8}, 1},
+		{"class never registered while an unrequested class is at 0", map[corev1.ResourceName]int64{cls("other"): 0}, 0},
+		{"no class resource at all (kwok, or before the first registration)", map[corev1.ResourceName]int64{"example.com/gpu": 8}, -1},
+		{"nothing reported", nil, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			i, gone := unserved(tc.allocatable, gpuNic)
+			switch {
+			case tc.want < 0 && gone:
+				t.Errorf("unserved = %d, true; want served", i)
+			case tc.want >= 0 && (!gone || i != tc.want):
+				t.Errorf("unserved = %d, %v; want %d, true", i, gone, tc.want)
+			}
+			// Snapshot reads Nodes: the same answer from the Node's form.
+			alloc := scalarAllocatable(kubeletNode("n", tc.allocatable))
+			if j, g := unserved(alloc, gpuNic); g != gone || (gone && j != i) {
+				t.Errorf("from the Node: %d, %v; want %d, %v", j, g, i, gone)
+			}
+		})
+	}
+}
+
+// TestFilterRefusesNodeWhoseAgentIsGone: a node whose kubelet offers none of a
+// requested class is refused, unresolvable, with the class in the reason,
+// even though its NodeDevices says the devices are free; the answer is the
+// same from the Snapshot (why-pending). A node whose devices do not fit says
+// that first.
+func TestFilterRefusesNodeWhoseAgentIsGone(t *testing.T) {
+	nds := []*v1alpha1.NodeDevices{
+		nodeDevices("live", gpu("g0", 0, "80Gi"), nic("eth0", 0)),
+		nodeDevices("dead", gpu("g0", 0, "80Gi"), nic("eth0", 0)),
+		nodeDevices("half", gpu("g0", 0, "80Gi"), nic("eth0", 0)),
+		nodeDevices("sim", gpu("g0", 0, "80Gi"), nic("eth0", 0)),
+	}
+	nodes := []*corev1.Node{
+		kubeletNode("live", map[corev1.ResourceName]int64{cls("gpu"): 1, cls("gpu-big"): 1, cls("nic"): 1}),
+		kubeletNode("dead", map[corev1.ResourceName]int64{cls("gpu"): 0, cls("gpu-big"): 0, cls("nic"): 0}),
+		kubeletNode("half", map[corev1.ResourceName]int64{cls("gpu"): 1, cls("gpu-big"): 1}),
+		kubeletNode("sim", nil), // a simulated node: no device manager
+	}
+	h := newHarness(t, FirstFit, nds, allClasses)
+	var list []corev1.Node
+	for _, n := range nodes {
+		ni := framework.NewNodeInfo()
+		ni.SetNode(n)
+		h.nodes[n.Name] = ni
+		list = append(list, *n)
+	}
+	snap := snapshotOf(nds, allClasses).WithNodes(list)
+	pair := testPod("pair", ctr{name: "app", limits: map[corev1.ResourceName]string{cls("gpu"): "1", cls("nic"): "1"}})
+	for _, tc := range []struct {
+		pod    *corev1.Pod
+		node   string
+		reason string // "": fits
+	}{
+		{gpuPod("one", "gpu", 1), "live", ""},
+		{gpuPod("one", "gpu", 1), "dead", notServing("gpu")},
+		{gpuPod("one", "gpu", 1), "half", ""},
+		{gpuPod("one", "gpu", 1), "sim", ""},
+		{pair, "live", ""},
+		{pair, "dead", notServing("gpu")},
+		{pair, "half", notServing("nic")},
+		{pair, "sim", ""},
+		// The devices decide first: a node that could not take the pod with
+		// its agent up says why.
+		{gpuPod("two", "gpu", 2), "dead", "Insufficient free devices of class gpu"},
+	} {
+		t.Run(fmt.Sprintf("%s on %s", tc.pod.Name, tc.node), func(t *testing.T) {
+			_, st := h.fits(tc.pod, tc.node)
+			_, fits, err := snap.Fit(tc.pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var f NodeFit
+			for _, f = range fits {
+				if f.Node == tc.node {
+					break
+				}
+			}
+			switch {
+			case tc.reason == "":
+				if !st.IsSuccess() || !f.Fits {
+					t.Errorf("Filter %v, snapshot %+v; want it to fit", st, f)
+				}
+			case tc.reason == notServing("gpu") || tc.reason == notServing("nic"):
+				wantCode(t, st, fwk.UnschedulableAndUnresolvable, tc.reason)
+				if f.Fits || f.Reason != tc.reason || !f.Unresolvable {
+					t.Errorf("snapshot %+v, want unresolvable %q", f, tc.reason)
+				}
+			default:
+				wantCode(t, st, fwk.Unschedulable, tc.reason)
+				if f.Fits || f.Reason != tc.reason {
+					t.Errorf("snapshot %+v, want %q", f, tc.reason)
+				}
+			}
+		})
+	}
+	// Without the Nodes (no right to read them), the snapshot judges by the
+	// devices alone.
+	_, fits, _ := snapshotOf(nds, allClasses).Fit(gpuPod("one", "gpu", 1))
+	for _, f := range fits {
+		if !f.Fits {
+			t.Errorf("without Nodes: %+v, want every node to fit", f)
+		}
+	}
+}
+
+// TestAgentBackHint: a waiting pod is retried when a node's kubelet starts
+// offering a class it requests, and not for any other change of a Node's
+// allocatable.
+func TestAgentBackHint(t *testing.T) {
+	p := &Plugin{}
+	waiting := gpuPod("waiting", "gpu", 1)
+	sidecarGPU := testPod("sidecar", ctr{name: "s", kind: sidecar, limits: map[corev1.ResourceName]string{cls("gpu"): "1"}}, ctr{name: "app"})
+	node := func(gpu, nic int64, cpu string) *corev1.Node {
+		n := kubeletNode("n1", map[corev1.ResourceName]int64{cls("gpu"): gpu, cls("nic"): nic})
+		n.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse(cpu)
+		return n
+	}
+	noGPU := kubeletNode("n1", map[corev1.ResourceName]int64{cls("nic"): 1})
+	for _, tc := range []struct {
+		name     string
+		pod      *corev1.Pod
+		old, new any
+		want     fwk.QueueingHint
+	}{
+		{"the class's endpoint is back", waiting, node(0, 1, "64"), node(8, 1, "64"), fwk.Queue},
+		{"the class registered for the first time", waiting, noGPU, node(8, 1, "64"), fwk.Queue},
+		{"a new node offering the class", waiting, nil, node(8, 1, "64"), fwk.Queue},
+		{"requested by an init container", sidecarGPU, node(0, 1, "64"), node(8, 1, "64"), fwk.Queue},
+		{"the class goes", waiting, node(8, 1, "64"), node(0, 1, "64"), fwk.QueueSkip},
+		{"a device of the class heals", waiting, node(7, 1, "64"), node(8, 1, "64"), fwk.QueueSkip},
+		{"another class is back", waiting, node(0, 0, "64"), node(0, 1, "64"), fwk.QueueSkip},
+		{"CPU changes", waiting, node(8, 1, "64"), node(8, 1, "32"), fwk.QueueSkip},
+		{"a new node without the class", waiting, nil, noGPU, fwk.QueueSkip},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := p.agentBack(klog.Background(), tc.pod, tc.old, tc.new)
+			if err != nil || got != tc.want {
+				t.Errorf("agentBack = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}
