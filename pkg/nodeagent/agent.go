@@ -57,14 +57,14 @@ type Config struct {
 	// ShutdownTimeout bounds how long the agent, when stopping, waits for its
 	// Events to be written. Default 10 seconds.
 	ShutdownTimeout time.Duration
-
-	// PluginDir is the kubelet's device-plugin directory, where the agent serves
-	// one endpoint per ResourceClass that selects a local device; "" serves
-	// none (the agent then only publishes the inventory).
 	// StallTimeout is how long the worker may go without finishing a pass
 	// before Live fails (/healthz). Default six poll intervals, at least two
 	// minutes (stallTimeout).
 	StallTimeout time.Duration
+
+	// PluginDir is the kubelet's device-plugin directory, where the agent serves
+	// one endpoint per ResourceClass that selects a local device; "" serves
+	// none (the agent then only publishes the inventory).
 	PluginDir string
 	// HugepagePoolSlots is how many slots a hugepage pool is to the kubelet
 	// (docs/hugepages.md).
@@ -123,14 +123,14 @@ type Agent struct {
 	metrics  *metrics
 	// published is set once the inventory has been published (for /readyz).
 	published atomic.Bool
-}
-
-// New returns an agent; Run starts it.
-func New(config Config, resclass versioned.Interface, kube kubernetes.Interface) *Agent {
 	// worker is the worker's heartbeat, endpoints the device-plugin
 	// endpoints while they run (for /healthz).
 	worker    *heartbeat
 	endpoints atomic.Pointer[deviceplugin.Manager]
+}
+
+// New returns an agent; Run starts it.
+func New(config Config, resclass versioned.Interface, kube kubernetes.Interface) *Agent {
 	return newAgent(config, resclass, kube, nil)
 }
 
@@ -357,6 +357,7 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 		podsCtx, stopPods := context.WithCancel(context.WithoutCancel(ctx))
 		pf.Start(podsCtx.Done())
 		r.onStop(pf.Shutdown)
+		r.onStop(stopPods)
 		spec, err := a.newCDISpec(logger)
 		if err != nil {
 			return r, err
@@ -364,13 +365,14 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 		r.goroutine(func() {
 			if err := allocator.Run(ctx, filepath.Join(a.config.PluginDir, handoff.CheckpointFile)); err != nil && ctx.Err() == nil {
 				logger.Error(err, "allocator stopped")
-		r.onStop(stopPods)
 			}
 		})
 		if !cache.WaitForCacheSync(ctx.Done(), classes.Informer().HasSynced, allocator.HasSynced) {
 			return r, ctx.Err()
 		}
 		manager := a.newManager(allocator)
+		a.endpoints.Store(manager)
+		r.onStop(func() { a.endpoints.Store(nil) })
 		r.goroutine(func() {
 			if err := manager.Run(ctx); err != nil {
 				logger.Error(err, "device plugins stopped")
@@ -378,8 +380,6 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 		})
 		r.plugins = &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.Kinds, a.config.HugepagePoolSlots), allocator: allocator, manager: manager, cdi: spec}
 	}
-		a.endpoints.Store(manager)
-		r.onStop(func() { a.endpoints.Store(nil) })
 
 	// The introspection API (node-agent status).
 	r.introspect = newIntrospectionSource()
@@ -448,6 +448,8 @@ func (r *running) every(ctx context.Context, interval time.Duration, passes ...s
 // agent's heartbeat after every pass (/healthz).
 func (r *running) work(ctx context.Context) {
 	go func() { <-ctx.Done(); r.queue.ShutDown() }()
+	r.a.worker.beat()
+	defer r.a.worker.stop()
 	for {
 		pass, shutdown := r.queue.Get()
 		if shutdown {
@@ -455,13 +457,12 @@ func (r *running) work(ctx context.Context) {
 		}
 		for _, o := range r.src.opened {
 			if pass == o.pass {
-	r.a.worker.beat()
-	defer r.a.worker.stop()
 				r.redescribe(ctx, o)
 			}
 		}
 		r.publishPass(ctx)
 		r.queue.Done(pass)
+		r.a.worker.beat()
 	}
 }
 
@@ -469,7 +470,6 @@ func (r *running) work(ctx context.Context) {
 // triggers a pass.
 func (r *running) startWatch(ctx context.Context, o *opened) {
 	logger := klog.FromContext(ctx).WithValues("source", o.kind.SourceName())
-		r.a.worker.beat()
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	src := o.src

@@ -139,6 +139,7 @@ func (o *serveOptions) run(ctx context.Context) error {
 		IncludeVirtualNICs:  o.includeVirtual,
 		OpenRetryMax:        o.nvmlRetryMax,
 		ShutdownTimeout:     o.shutdownTimeout,
+		StallTimeout:        o.stallTimeout,
 		PollInterval:        o.poll,
 		ResyncInterval:      o.resync,
 		PluginDir:           o.pluginDir,
@@ -148,7 +149,6 @@ func (o *serveOptions) run(ctx context.Context) error {
 		PodResourcesTimeout: o.podResourcesTimeout,
 		IntrospectionSocket: o.introspection,
 
-		StallTimeout:        o.stallTimeout,
 		DeviceListStrategies: o.deviceListStrategies,
 		CDISpecDir:           o.cdiSpecDir,
 		CDIDriverRoot:        o.cdiDriverRoot,
