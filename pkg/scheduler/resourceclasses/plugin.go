@@ -435,7 +435,8 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 // and nominated pods change what Filter sees on a node.
 func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
 
-// Filter: the node's free, healthy devices serve every class request at once.
+// Filter: the node's free, healthy devices serve every class request at once,
+// and the node's agent serves every requested class (liveness.go).
 func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, ni fwk.NodeInfo) *fwk.Status {
 	s, ok := getState(cs)
 	if !ok {
@@ -450,6 +451,13 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	}
 	if why, ok := p.cache.fits(name, s.views[name], s.demand); !ok {
 		return unfitStatus(&why)
+	}
+	// Asked only of a node whose devices fit: a refusal for devices is the
+	// more useful word there. Unresolvable: preemption frees no endpoint,
+	// and a full node whose agent is gone fails here when preemption tries
+	// it without its victims, so nothing is evicted for it.
+	if i, gone := unserved(ni.GetAllocatable().GetScalarResources(), s.demand.resources); gone {
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, notServing(s.demand.classes[i]))
 	}
 	return nil
 }
