@@ -48,12 +48,18 @@ func TestInstallManifestsAreAccepted(t *testing.T) {
 	renders := map[string][]*unstructured.Unstructured{"kustomize deploy/": kustomized}
 	for name, values := range map[string]map[string]any{
 		"helm defaults": nil,
-		"helm BinPack, PreBind, assignment writers, {} allowed, no node agent": {
+		// Every pod policy on: the apiserver compiles the rendered CEL of the
+		// pods and workloads webhooks' matchConditions.
+		"helm BinPack, PreBind, assignment writers, every pod policy, no node agent": {
 			"scheduler": map[string]any{"strategy": "BinPack", "assignmentWrite": "PreBind",
 				"assignmentWriters": map[string]any{"users": []string{"system:serviceaccount:ops:repair"}, "groups": []string{"ops-admins"}}},
-			"webhook":   map[string]any{"allowEmptyNamespaceSelector": true},
+			"webhook": map[string]any{"policies": map[string]any{
+				"emptyNamespaceSelector": true, "crossNamespaceAffinityQuota": true,
+				"priorityClassQuota": []string{"cluster-services", "high"}, "resourceQuota": []string{"class.resclass.io/", "nvidia.com/"},
+			}},
 			"nodeAgent": map[string]any{"enabled": false},
 		},
+		"helm, every priority class limited":            {"webhook": map[string]any{"policies": map[string]any{"priorityClassQuota": []string{"*"}}}},
 		"helm with the ResourceDistribution controller": {"distribution": map[string]any{"enabled": true}},
 		"helm with the stock profile resclass-dra":      {"scheduler": map[string]any{"dra": map[string]any{"enabled": true}}},
 	} {
