@@ -416,7 +416,7 @@ limitedResources:
 			want: allowed},
 		{name: "non-empty namespaceSelector allowed", req: create(newPod(affinity(requiredAffinity(affinityTerm(teamSelector))))), want: allowed},
 		{name: "{} allowed when allowed", req: create(emptySelectorPod), allowEmpty: true, want: allowed},
-		// --allow-empty-namespace-selector lifts only the {} rule: {} is a
+		// Without --refuse-empty-namespace-selector only the {} rule is off: {} is a
 		// cross-namespace term, so the covering-quota rule still applies.
 		{name: "allowed {} still needs a quota", req: create(emptySelectorPod), allowEmpty: true, config: seeds,
 			want: want{code: http.StatusForbidden, prefix: insufficient, contains: []string{scopeXNS}, absent: []string{emptyPath}, denial: quota.ReasonUncoveredScopes}},
