@@ -11,15 +11,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	deploynodeagent "github.com/resclass/resclass/deploy/node-agent"
 	deployscheduler "github.com/resclass/resclass/deploy/scheduler"
 	"github.com/resclass/resclass/pkg/assignment"
 )
 
 // BenchmarkPodCreateAssignmentPolicy: pod creations per second through the
-// real apiserver with the assignment policies bound (policy), against the
-// same creations with their bindings removed (baseline-no-policy). The pods
-// carry annotations but no resclass key, as every ordinary pod: the policy
-// evaluates its CEL for each (the creator is not the scheduler), and admits.
+// real apiserver with every admission policy resclass binds to pod creates
+// (the two assignment policies and resclass-gpu-isolation) bound (policy),
+// against the same creations with their bindings removed
+// (baseline-no-policy). The pods carry annotations and an environment but no
+// resclass key and no device-selecting variable, as every ordinary pod: each
+// policy evaluates its matchConditions for each (the creator is not the
+// scheduler, the namespace is not allow-listed), and admits.
 //
 // Each run creates the pods with 16 writers on an unthrottled client; ns/op
 // means nothing here and is suppressed. The ratio is pods/s with the policy
@@ -34,24 +38,33 @@ func BenchmarkPodCreateAssignmentPolicy(b *testing.B) {
 		b.Fatal(err)
 	}
 	bindings := cluster.Client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
-	// enforced tells whether the apiserver's policy cache has the bindings:
-	// a dry-run create with an assignment is refused exactly then.
-	enforced := func(ctx context.Context) bool {
-		_, err := client.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+	// enforced tells whether the apiserver's policy cache has the bindings
+	// of both kinds of policy: each refuses its dry-run create exactly then.
+	enforced := func(ctx context.Context) (assignmentPolicy, gpuPolicy bool) {
+		_, assignmentErr := client.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "bench-probe", Annotations: map[string]string{assignment.AnnotationKey: "{}"}},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.example/app:1"}}},
 		}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return apierrors.IsForbidden(err)
+		_, gpuErr := client.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "bench-probe"},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.example/app:1",
+				Env: []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}}}},
+		}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return apierrors.IsForbidden(assignmentErr), apierrors.IsForbidden(gpuErr)
 	}
 	waitEnforced := func(want bool) {
 		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-			return enforced(ctx) == want, nil
+			a, g := enforced(ctx)
+			return a == want && g == want, nil
 		}); err != nil {
-			b.Fatalf("the assignment policy enforced=%v: %v", want, err)
+			b.Fatalf("the pod policies enforced=%v: %v", want, err)
 		}
 	}
 	restore := func() {
 		if _, err := cluster.ApplyManifestData(ctx, "deploy/scheduler/assignment-policy.yaml", deployscheduler.AssignmentPolicy); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := cluster.ApplyManifestData(ctx, "deploy/node-agent/gpu-isolation-policy.yaml", deploynodeagent.GPUIsolationPolicy); err != nil {
 			b.Fatal(err)
 		}
 		waitEnforced(true)
@@ -74,7 +87,8 @@ func BenchmarkPodCreateAssignmentPolicy(b *testing.B) {
 						Annotations: map[string]string{"example.com/owner": "team-a", "example.com/revision": "3"}},
 					Spec: corev1.PodSpec{
 						SchedulerName: "bench-no-such-scheduler",
-						Containers:    []corev1.Container{{Name: "main", Image: "registry.example/app:1"}},
+						Containers: []corev1.Container{{Name: "main", Image: "registry.example/app:1",
+							Env: []corev1.EnvVar{{Name: "LOG_LEVEL", Value: "info"}, {Name: "NVIDIA_DRIVER_CAPABILITIES", Value: "utility"}}}},
 					},
 				}
 			})
@@ -90,7 +104,7 @@ func BenchmarkPodCreateAssignmentPolicy(b *testing.B) {
 		b.ReportMetric(apiserverCPU, "apiserver-cpu-us/pod")
 	}
 	b.Run("baseline-no-policy", func(b *testing.B) {
-		for _, name := range []string{"resclass-assignment-writers", "resclass-scheduler-pod-writes"} {
+		for _, name := range []string{"resclass-assignment-writers", "resclass-scheduler-pod-writes", "resclass-gpu-isolation"} {
 			if err := bindings.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				b.Fatal(err)
 			}
@@ -101,12 +115,12 @@ func BenchmarkPodCreateAssignmentPolicy(b *testing.B) {
 	b.Run("policy", func(b *testing.B) {
 		restore()
 		run(b)
-		// The figure means something only if the policy was in force
+		// The figure means something only if the policies were in force
 		// throughout. (The apiserver counts a policy's admissions only when
 		// its evaluation failed, so the creates cannot be counted; its match
 		// rules cover every pod create, and the creator is not the scheduler.)
-		if !enforced(ctx) {
-			b.Fatalf("the assignment policy was not in force after the run")
+		if a, g := enforced(ctx); !a || !g {
+			b.Fatalf("the pod policies were not in force after the run")
 		}
 	})
 }
