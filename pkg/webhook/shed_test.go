@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -10,7 +11,10 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // With max requests being worked on, one more is answered at once with 429
@@ -75,8 +79,20 @@ func TestInFlightLimitSheds(t *testing.T) {
 		!strings.Contains(status.Message, "overloaded") || !strings.Contains(status.Message, "retry") || !strings.Contains(status.Message, "--max-in-flight") {
 		t.Errorf("the 429 Status %+v: want reason TooManyRequests and a message saying the webhook is overloaded, the flag, and to retry", status)
 	}
-	if got := testutil.ToFloat64(shedRequests.WithLabelValues(path)) - before; got != 1 {
-		t.Errorf("shed_requests_total{webhook=%q} rose by %v, want 1", path, got)
+	// What the apiserver's webhook client (client-go's REST client) makes of
+	// it: a TooManyRequests error carrying the message, which the apiserver
+	// puts after `failed calling webhook "<name>": failed to call webhook:`.
+	// No retry: there is no Retry-After.
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	callErr := cs.AdmissionregistrationV1().RESTClient().Post().AbsPath("/").Body([]byte("{}")).Do(context.Background()).Error()
+	if !apierrors.IsTooManyRequests(callErr) || !strings.Contains(callErr.Error(), "the resclass webhook is overloaded") {
+		t.Errorf("client-go's error for the shed request: %v, want TooManyRequests saying the webhook is overloaded", callErr)
+	}
+	if got := testutil.ToFloat64(shedRequests.WithLabelValues(path)) - before; got != 2 {
+		t.Errorf("shed_requests_total{webhook=%q} rose by %v, want 2", path, got)
 	}
 
 	close(release)
