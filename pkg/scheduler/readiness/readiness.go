@@ -4,9 +4,10 @@
 // to add one. So the binary serves /readyz on --resclass-readiness-bind-address
 // too: ready when every check registered here passes (the ResourceClasses
 // plugin's device cache has synced) and kube-scheduler's own /readyz, asked
-// over loopback on its --secure-port, is ready. Liveness stays
-// kube-scheduler's /healthz: what these checks report (a CRD missing, RBAC
-// that does not allow a list) is not fixed by a restart.
+// on its --secure-port (over loopback unless --bind-address names one
+// address), is ready. Liveness stays kube-scheduler's /healthz: what these
+// checks report (a CRD missing, RBAC that does not allow a list) is not
+// fixed by a restart.
 package readiness
 
 import (
@@ -68,13 +69,13 @@ const askTimeout = 3 * time.Second
 // and, when it is set, serves /readyz there while the command runs.
 func Command(cmd *cobra.Command) *cobra.Command {
 	var address string
-	cmd.Flags().StringVar(&address, FlagName, "", "address (host:port) of a plain-HTTP /readyz that is ready when kube-scheduler's own /readyz is (asked over loopback on --secure-port) and the ResourceClasses plugin's device cache has synced: a NodeDevices or ResourceClass CRD missing, or RBAC that does not let the scheduler list them, keeps it unready (and logged) where kube-scheduler's /readyz and /healthz stay green; point the readiness probe here, the liveness probe at /healthz; \"\" serves none")
+	cmd.Flags().StringVar(&address, FlagName, "", "address (host:port) of a plain-HTTP /readyz that is ready when kube-scheduler's own /readyz is (asked on --secure-port, over loopback unless --bind-address names one address) and the ResourceClasses plugin's device cache has synced: a NodeDevices or ResourceClass CRD missing, or RBAC that does not let the scheduler list them, keeps it unready (and logged) where kube-scheduler's /readyz and /healthz stay green; point the readiness probe here, the liveness probe at /healthz; \"\" serves none")
 	run := cmd.RunE
 	cmd.RunE = func(c *cobra.Command, args []string) error {
 		if address != "" {
 			own := ""
 			if f := c.Flags().Lookup("secure-port"); f != nil && f.Value.String() != "0" {
-				own = "https://" + net.JoinHostPort("127.0.0.1", f.Value.String()) + "/readyz"
+				own = "https://" + net.JoinHostPort(ownHost(c), f.Value.String()) + "/readyz"
 			}
 			srv, err := Serve(address, own)
 			if err != nil {
@@ -86,6 +87,17 @@ func Command(cmd *cobra.Command) *cobra.Command {
 		return run(c, args)
 	}
 	return cmd
+}
+
+// ownHost is where kube-scheduler's secure port answers this process:
+// loopback, unless --bind-address names one address only.
+func ownHost(c *cobra.Command) string {
+	if f := c.Flags().Lookup("bind-address"); f != nil {
+		if ip := net.ParseIP(f.Value.String()); ip != nil && !ip.IsUnspecified() {
+			return ip.String()
+		}
+	}
+	return "127.0.0.1"
 }
 
 // Serve serves /readyz on address: the registered checks, then, if own is

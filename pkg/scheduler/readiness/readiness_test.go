@@ -3,11 +3,14 @@ package readiness
 import (
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -64,5 +67,39 @@ func TestReadyz(t *testing.T) {
 				t.Errorf("/readyz = %d %q, want %d saying %q", code, body, tc.code, tc.says)
 			}
 		})
+	}
+}
+
+// Command wraps kube-scheduler's command: with the flag set, /readyz is
+// served while the command runs and asks kube-scheduler's own on
+// --secure-port.
+func TestCommand(t *testing.T) {
+	own := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "[-]sched-handler-sync failed", http.StatusInternalServerError)
+	}))
+	defer own.Close()
+	_, ownPort, _ := strings.Cut(strings.TrimPrefix(own.URL, "https://"), ":")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	address := ln.Addr().String()
+	_ = ln.Close()
+
+	var code int
+	var body string
+	cmd := &cobra.Command{Use: "kube-scheduler", RunE: func(*cobra.Command, []string) error {
+		code, body = get(t, "http://"+address+"/readyz")
+		return nil
+	}}
+	cmd.Flags().Int("secure-port", 10259, "")
+	cmd.Flags().String("bind-address", "0.0.0.0", "")
+	Command(cmd)
+	cmd.SetArgs([]string{"--secure-port=" + ownPort, "--" + FlagName + "=" + address})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "kube-scheduler's /readyz: 500") {
+		t.Errorf("/readyz while kube-scheduler's is not ready: %d %q", code, body)
 	}
 }
