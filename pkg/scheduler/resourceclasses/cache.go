@@ -56,6 +56,10 @@ type cache struct {
 	classGen uint64
 	// invalidDevices counts published devices given to nobody (invalidDevice).
 	invalidDevices int
+	// kubelet is what each Node's kubelet reports of the class resources, by
+	// node name, kept apart from nodes: a Node can come before its
+	// NodeDevices (liveness.go).
+	kubelet map[string]kubeletClasses
 
 	// freed is called, outside the lock, after a change that may let a waiting
 	// pod fit: devices released, added or healed, a class created or changed.
@@ -85,6 +89,9 @@ type nodeState struct {
 	// blocked[class] is how many devices of class pods hold whose assignment
 	// cannot be trusted: which ones is unknown (see holding.blocked).
 	blocked map[string]int
+	// kubelet is the Node's kubelet's report of the class resources, which
+	// recount folds into counts (quickCounts.unserved).
+	kubelet kubeletClasses
 }
 
 type deviceState struct {
@@ -188,6 +195,7 @@ type inconsistency struct {
 func newCache() *cache {
 	return &cache{
 		nodes:     map[string]*nodeState{},
+		kubelet:   map[string]kubeletClasses{},
 		classes:   map[string]*classState{},
 		pods:      map[types.UID]*holding{},
 		byNode:    map[string]map[types.UID]*holding{},
@@ -278,10 +286,11 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) (invalid []invalidDevic
 		c.mu.RUnlock()
 		return nil, false
 	}
-	classes, gen := maps.Clone(c.classes), c.classGen
+	classes, gen, kubelet := maps.Clone(c.classes), c.classGen, c.kubelet[nd.Name]
 	c.mu.RUnlock()
 
 	n := newNodeState(nd)
+	n.kubelet = kubelet
 	for name, cl := range classes {
 		n.setMatches(name, n.selectedBy(cl))
 	}
@@ -298,6 +307,10 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) (invalid []invalidDevic
 				n.setMatches(name, nil)
 			}
 		}
+	}
+	if k := c.kubelet[nd.Name]; !maps.Equal(k, kubelet) {
+		n.kubelet = k
+		n.recount()
 	}
 	c.invalidDevices += len(n.invalid) - len(c.nodes[nd.Name].invalidOrNil())
 	c.nodes[nd.Name] = n
@@ -423,6 +436,37 @@ func (c *cache) deleteNodeDevices(name string) {
 	c.mu.Unlock()
 	invalidDevices.Set(float64(invalidNow))
 	c.changed()
+}
+
+// setKubelet takes in what node's kubelet reports of the class resources
+// (liveness.go). It changes the cache only when that changed: the kubelet
+// writes its status on other changes too.
+func (c *cache) setKubelet(node *corev1.Node) {
+	k := kubeletClassesOf(node)
+	c.mu.RLock()
+	old, known := c.kubelet[node.Name]
+	c.mu.RUnlock()
+	if known && maps.Equal(old, k) {
+		return
+	}
+	c.mu.Lock()
+	c.kubelet[node.Name] = k
+	if n := c.nodes[node.Name]; n != nil {
+		n.kubelet = k
+		n.recount()
+	}
+	c.mu.Unlock()
+}
+
+// deleteKubelet forgets a deleted Node's report.
+func (c *cache) deleteKubelet(name string) {
+	c.mu.Lock()
+	delete(c.kubelet, name)
+	if n := c.nodes[name]; n != nil && n.kubelet != nil {
+		n.kubelet = nil
+		n.recount()
+	}
+	c.mu.Unlock()
 }
 
 // selectedBy lists the devices of n that cl selects, in published order. A
@@ -812,6 +856,9 @@ func (c *cache) fits(name string, v *nodeView, d *demand) (why unfit, ok bool) {
 			if !fits {
 				return unfit{reason: "Insufficient free devices of class " + class}, false
 			}
+			if q.unserved {
+				return unfit{unresolvable: true, reason: notServing(class)}, false
+			}
 			return unfit{}, true
 		}
 	}
@@ -825,13 +872,30 @@ func (c *cache) fits(name string, v *nodeView, d *demand) (why unfit, ok bool) {
 		if !fits {
 			return unfit{reason: "Insufficient free devices of class " + d.classes[0]}, false
 		}
-		return unfit{}, true
+		return n.served(d)
 	}
 	// Whether the pod fits is the matching's answer, the same in any order:
 	// the plain order, whatever the strategy, so that no strategy's search
 	// runs on every node in Filter.
 	if _, u := n.place(d, FirstFit); u != nil {
 		return *u, false
+	}
+	return n.served(d)
+}
+
+// served is fits' answer for a node where d's devices fit: whether the
+// node's agent serves every class of d, as its kubelet reports. Asked only
+// there, a refusal for devices being the more useful word. Unresolvable:
+// preemption frees no endpoint, and a full node whose agent is gone is
+// refused here when preemption tries it without its victims, so nothing is
+// evicted for it.
+func (n *nodeState) served(d *demand) (unfit, bool) {
+	if n != nil {
+		for _, class := range d.classes {
+			if q := n.countsOf(class); q != nil && q.unserved {
+				return unfit{unresolvable: true, reason: notServing(class)}, false
+			}
+		}
 	}
 	return unfit{}, true
 }

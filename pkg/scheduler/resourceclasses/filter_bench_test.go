@@ -29,7 +29,7 @@ import (
 // plugin's Filter of a pod requesting one device of a class, on nodes as kwok
 // makes them (no class resource in allocatable: the agent's liveness is not
 // judged); class-kubelet-offers-class the same on nodes whose kubelet offers
-// the class, as a real node's does while its agent serves it.
+// the class, as a real node's does while its agent serves it (liveness.go).
 func BenchmarkFilterPerNode(b *testing.B) {
 	const nodes = 5000
 	const gpuResource corev1.ResourceName = "nvidia.com/gpu"
@@ -103,6 +103,9 @@ func BenchmarkFilterPerNode(b *testing.B) {
 				devs = append(devs, gpu(fmt.Sprintf("GPU-%d-%d", i, g), int64(g/4), "80Gi"))
 			}
 			c.setNodeDevices(nodeDevices(n.Name, devs...))
+			if offered {
+				c.setKubelet(n) // as the plugin's Node handler does
+			}
 			for p := range i % 8 {
 				pod := gpuPod(fmt.Sprintf("p-%d-%d", i, p), gpuClass.Name, 1)
 				d, err := podDemand(pod)

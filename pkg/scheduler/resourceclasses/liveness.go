@@ -34,71 +34,45 @@ import (
 // manager), or a real node before its agent's first registration. It is
 // judged by its NodeDevices alone.
 
-// classResources are the kubelet's resource names of classes, in order.
-func classResources(classes []string) []corev1.ResourceName {
-	out := make([]corev1.ResourceName, len(classes))
-	for i, class := range classes {
-		out[i] = corev1.ResourceName(v1alpha1.ResourceNamePrefix + class)
+// kubeletClasses is what a Node's kubelet reports of the class resources in
+// its allocatable, by class name: the cache keeps it per node (setKubelet)
+// and folds it into the node's per-class counts (recount), so that Filter
+// reads it from memory it reads anyway. Reading the Node's allocatable in
+// Filter instead touched memory of its own on each of the hundreds of nodes
+// a pod is filtered against: about 100 ns more a node in
+// BenchmarkFilterPerNode (docs/scheduler.md, "Node agent liveness"). Never
+// changed once made.
+type kubeletClasses map[string]int64
+
+// kubeletClassesOf reads node's allocatable class resources; nil when it
+// reports none.
+func kubeletClassesOf(node *corev1.Node) kubeletClasses {
+	var out kubeletClasses
+	for r, q := range node.Status.Allocatable {
+		if class, ok := strings.CutPrefix(string(r), v1alpha1.ResourceNamePrefix); ok {
+			if out == nil {
+				out = kubeletClasses{}
+			}
+			out[class] = q.Value()
+		}
 	}
 	return out
 }
 
-// unserved returns the index of the first of resources that the node's
-// kubelet, by its allocatable (the scheduler's NodeInfo form: extended
-// resources as integers), has no agent serving. One lookup per resource on a
-// node whose kubelet reports them; the scan of the node's resources is paid
-// only where none of them is reported.
-func unserved(allocatable map[corev1.ResourceName]int64, resources []corev1.ResourceName) (int, bool) {
-	missing, reported := -1, false
-	for i, r := range resources {
-		v, ok := allocatable[r]
-		switch {
-		case !ok:
-			if missing < 0 {
-				missing = i
-			}
-		case v <= 0:
-			return i, true
-		default:
-			reported = true
-		}
+// unserves: the kubelet offers none of class, while it reports some class
+// resource (so a resclass endpoint registered on the node once).
+func (k kubeletClasses) unserves(class string) bool {
+	if len(k) == 0 {
+		return false
 	}
-	if missing < 0 {
-		return 0, false
-	}
-	if !reported {
-		reported = reportsClasses(allocatable)
-	}
-	return missing, reported
-}
-
-// reportsClasses: the kubelet reports some class resource, so a resclass
-// endpoint registered on the node once.
-func reportsClasses(allocatable map[corev1.ResourceName]int64) bool {
-	for r := range allocatable {
-		if strings.HasPrefix(string(r), v1alpha1.ResourceNamePrefix) {
-			return true
-		}
-	}
-	return false
+	v, ok := k[class]
+	return !ok || v <= 0
 }
 
 // notServing is Filter's reason for a node whose agent does not serve class.
 // It names no node, so that FailedScheduling counts the nodes under one reason.
 func notServing(class string) string {
 	return "node agent not serving class " + class + " (the kubelet offers no " + v1alpha1.ResourceNamePrefix + class + ")"
-}
-
-// scalarAllocatable is a Node's allocatable class resources in the form the
-// scheduler's NodeInfo keeps them, for the tools that read Nodes (Snapshot).
-func scalarAllocatable(node *corev1.Node) map[corev1.ResourceName]int64 {
-	out := map[corev1.ResourceName]int64{}
-	for r, q := range node.Status.Allocatable {
-		if strings.HasPrefix(string(r), v1alpha1.ResourceNamePrefix) {
-			out[r] = q.Value()
-		}
-	}
-	return out
 }
 
 // agentBack queues a pod when a node's kubelet starts offering a class the
@@ -125,6 +99,12 @@ func (p *Plugin) agentBack(_ klog.Logger, pod *corev1.Pod, oldObj, newObj any) (
 			for _, rl := range []corev1.ResourceList{cs[i].Resources.Limits, cs[i].Resources.Requests} {
 				for r := range rl {
 					if back(r) {
+						// The pod is retried as soon as this returns, maybe
+						// before the plugin's own Node handler runs: the cache
+						// takes the change first (as holderGone does).
+						if p.shared != nil {
+							p.cache.setKubelet(n)
+						}
 						return fwk.Queue, nil
 					}
 				}

@@ -2,6 +2,7 @@ package resourceclasses
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -9,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
-	"k8s.io/kubernetes/pkg/scheduler/framework"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
@@ -26,33 +26,30 @@ func kubeletNode(name string, allocatable map[corev1.ResourceName]int64) *corev1
 	return n
 }
 
-func TestUnserved(t *testing.T) {
-	gpuNic := []corev1.ResourceName{cls("gpu"), cls("nic")}
+func TestKubeletClassesUnserves(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		allocatable map[corev1.ResourceName]int64
-		want        int // -1: served
+		unserved    []string // of gpu, nic
 	}{
-		{"every class offered", map[corev1.ResourceName]int64{cls("gpu"): 8, cls("nic"): 2}, -1},
-		{"endpoint gone: the kubelet reports 0", map[corev1.ResourceName]int64{cls("gpu"): 8, cls("nic"): 0}, 1},
-		{"both gone", map[corev1.ResourceName]int64{cls("gpu"): 0, cls("nic"): 0}, 0},
-		{"class never registered while another is offered", map[corev1.ResourceName]int64{cls("gpu"): 8}, 1},
-		{"class never registered while an unrequested class is at 0", map[corev1.ResourceName]int64{cls("other"): 0}, 0},
-		{"no class resource at all (kwok, or before the first registration)", map[corev1.ResourceName]int64{"example.com/gpu": 8}, -1},
-		{"nothing reported", nil, -1},
+		{"every class offered", map[corev1.ResourceName]int64{cls("gpu"): 8, cls("nic"): 2}, nil},
+		{"endpoint gone: the kubelet reports 0", map[corev1.ResourceName]int64{cls("gpu"): 8, cls("nic"): 0}, []string{"nic"}},
+		{"both gone", map[corev1.ResourceName]int64{cls("gpu"): 0, cls("nic"): 0}, []string{"gpu", "nic"}},
+		{"class never registered while another is offered", map[corev1.ResourceName]int64{cls("gpu"): 8}, []string{"nic"}},
+		{"class never registered while another class is at 0", map[corev1.ResourceName]int64{cls("other"): 0}, []string{"gpu", "nic"}},
+		{"no class resource at all (kwok, or before the first registration)", map[corev1.ResourceName]int64{"example.com/gpu": 8}, nil},
+		{"nothing reported", nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			i, gone := unserved(tc.allocatable, gpuNic)
-			switch {
-			case tc.want < 0 && gone:
-				t.Errorf("unserved = %d, true; want served", i)
-			case tc.want >= 0 && (!gone || i != tc.want):
-				t.Errorf("unserved = %d, %v; want %d, true", i, gone, tc.want)
+			k := kubeletClassesOf(kubeletNode("n", tc.allocatable))
+			var got []string
+			for _, class := range []string{"gpu", "nic"} {
+				if k.unserves(class) {
+					got = append(got, class)
+				}
 			}
-			// Snapshot reads Nodes: the same answer from the Node's form.
-			alloc := scalarAllocatable(kubeletNode("n", tc.allocatable))
-			if j, g := unserved(alloc, gpuNic); g != gone || (gone && j != i) {
-				t.Errorf("from the Node: %d, %v; want %d, %v", j, g, i, gone)
+			if !slices.Equal(got, tc.unserved) {
+				t.Errorf("unserved %v, want %v (from %v)", got, tc.unserved, k)
 			}
 		})
 	}
@@ -77,13 +74,20 @@ func TestFilterRefusesNodeWhoseAgentIsGone(t *testing.T) {
 		kubeletNode("sim", nil), // a simulated node: no device manager
 	}
 	h := newHarness(t, FirstFit, nds, allClasses)
+	// The kubelets' status reaches the plugin through the scheduler's Node
+	// informer, as in the scheduler.
 	var list []corev1.Node
 	for _, n := range nodes {
-		ni := framework.NewNodeInfo()
-		ni.SetNode(n)
-		h.nodes[n.Name] = ni
+		if _, err := h.client.CoreV1().Nodes().Update(h.ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		list = append(list, *n)
 	}
+	h.waitFor("the kubelets' reports in the cache", func() bool {
+		h.plugin.cache.mu.RLock()
+		defer h.plugin.cache.mu.RUnlock()
+		return h.plugin.cache.nodes["dead"].kubelet != nil && h.plugin.cache.nodes["half"].kubelet != nil
+	})
 	snap := snapshotOf(nds, allClasses).WithNodes(list)
 	pair := testPod("pair", ctr{name: "app", limits: map[corev1.ResourceName]string{cls("gpu"): "1", cls("nic"): "1"}})
 	for _, tc := range []struct {

@@ -187,9 +187,25 @@ func (p *Plugin) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.synced = func() bool { return ndReg.HasSynced() && rcReg.HasSynced() && podReg.HasSynced() }
+	// The scheduler's own Node informer: what each kubelet reports of the
+	// class resources says whether the node's agent serves them (liveness.go).
+	nodeReg, err := h.SharedInformerFactory().Core().V1().Nodes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.cache.setKubelet(obj.(*corev1.Node)) },
+		UpdateFunc: func(_, obj any) { p.cache.setKubelet(obj.(*corev1.Node)) },
+		DeleteFunc: func(obj any) {
+			if n, ok := tombstone[*corev1.Node](obj); ok {
+				p.cache.deleteKubelet(n.Name)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	p.synced = func() bool {
+		return ndReg.HasSynced() && rcReg.HasSynced() && podReg.HasSynced() && nodeReg.HasSynced()
+	}
 	// Readiness and a gauge, with a log line naming what does not sync.
-	watchSync(ctx, logger, map[string]func() bool{"NodeDevices": ndReg.HasSynced, "ResourceClasses": rcReg.HasSynced, "Pods": podReg.HasSynced}, syncReportAfter)
+	watchSync(ctx, logger, map[string]func() bool{"NodeDevices": ndReg.HasSynced, "ResourceClasses": rcReg.HasSynced, "Pods": podReg.HasSynced, "Nodes": nodeReg.HasSynced}, syncReportAfter)
 	factory.Start(ctx.Done())
 
 	if args.StatusUpdateInterval.Duration > 0 {
@@ -436,7 +452,8 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
 
 // Filter: the node's free, healthy devices serve every class request at once,
-// and the node's agent serves every requested class (liveness.go).
+// and the node's agent serves every requested class (liveness.go): both
+// answered by the cache.
 func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, ni fwk.NodeInfo) *fwk.Status {
 	s, ok := getState(cs)
 	if !ok {
@@ -451,13 +468,6 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	}
 	if why, ok := p.cache.fits(name, s.views[name], s.demand); !ok {
 		return unfitStatus(&why)
-	}
-	// Asked only of a node whose devices fit: a refusal for devices is the
-	// more useful word there. Unresolvable: preemption frees no endpoint,
-	// and a full node whose agent is gone fails here when preemption tries
-	// it without its victims, so nothing is evicted for it.
-	if i, gone := unserved(ni.GetAllocatable().GetScalarResources(), s.demand.resources); gone {
-		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, notServing(s.demand.classes[i]))
 	}
 	return nil
 }

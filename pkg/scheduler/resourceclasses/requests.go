@@ -24,9 +24,6 @@ type demand struct {
 	containers []containerDemand // in the kubelet's allocation order
 	classes    []string          // the requested classes, sorted
 	draws      map[string]int    // class -> devices taken fresh
-	// resources are classes' kubelet resource names, in the same order,
-	// made once per pod for Filter's look at the node's allocatable.
-	resources []corev1.ResourceName
 }
 
 type containerDemand struct {
@@ -108,7 +105,6 @@ func podDemand(pod *corev1.Pod) (*demand, error) {
 		}
 	}
 	slices.Sort(d.classes)
-	d.resources = classResources(d.classes)
 	return d, nil
 }
 

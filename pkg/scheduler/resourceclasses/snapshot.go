@@ -16,23 +16,7 @@ import (
 // class requests fit a node (PreFilter and Filter), and class status. It is
 // built as after a scheduler restart, from the pods' annotations alone; it
 // runs no informer and writes nothing. It is not safe for concurrent use.
-type Snapshot struct {
-	c *cache
-	// allocatable are the class resources each Node's kubelet offers
-	// (WithNodes), by node name; nil when the Nodes are not known.
-	allocatable map[string]map[corev1.ResourceName]int64
-}
-
-// WithNodes lets Fit judge, as Filter does, whether each node's agent serves
-// the pod's classes, from the Nodes' allocatable (liveness.go). Without it,
-// Fit answers from the devices alone. It returns s.
-func (s *Snapshot) WithNodes(nodes []corev1.Node) *Snapshot {
-	s.allocatable = make(map[string]map[corev1.ResourceName]int64, len(nodes))
-	for i := range nodes {
-		s.allocatable[nodes[i].Name] = scalarAllocatable(&nodes[i])
-	}
-	return s
-}
+type Snapshot struct{ c *cache }
 
 // NewSnapshot builds the cache from classes, every node's devices and the
 // pods (the scheduler's own view: every pod of every namespace).
@@ -50,6 +34,16 @@ func NewSnapshot(classes []v1alpha1.ResourceClass, nodes []v1alpha1.NodeDevices,
 		}
 	}
 	return &Snapshot{c: c}
+}
+
+// WithNodes lets Fit judge, as Filter does, whether each node's agent serves
+// the pod's classes, from the Nodes' allocatable (liveness.go). Without it,
+// Fit answers from the devices alone. It returns s.
+func (s *Snapshot) WithNodes(nodes []corev1.Node) *Snapshot {
+	for i := range nodes {
+		s.c.setKubelet(&nodes[i])
+	}
+	return s
 }
 
 // SnapshotDevice is one published device as a class sees it.
@@ -165,8 +159,9 @@ type NodeFit struct {
 
 // Fit runs the plugin's PreFilter and Filter for pod against every node that
 // publishes devices, sorted by name. Whether a node's agent serves the
-// classes is judged only after WithNodes, and only for the nodes it had. draws are the devices per class the pod
-// takes fresh (nil: the pod requests no class, and the plugin skips it). err
+// classes is judged only after WithNodes, for the nodes it had. draws are the
+// devices per class the pod takes fresh (nil: the pod requests no class, and
+// the plugin skips it). err
 // is PreFilter's refusal of the pod itself, before any node: requests it
 // cannot read or a class that does not exist. Devices kept for pods
 // nominated by preemption are not counted: they live in the scheduler's
@@ -188,22 +183,10 @@ func (s *Snapshot) Fit(pod *corev1.Pod) (draws map[string]int, fits []NodeFit, e
 			f.Reason = noDeviceOfClass(c.classesWithout(name, d.classes))
 		} else if why, ok := c.fits(name, nil, d); !ok {
 			f.Reason, f.Unresolvable = why.reason, why.unresolvable
-		} else if i, gone := s.unserved(name, d); gone {
-			f.Reason, f.Unresolvable = notServing(d.classes[i]), true
 		} else {
 			f.Fits = true
 		}
 		fits = append(fits, f)
 	}
 	return maps.Clone(d.draws), fits, nil
-}
-
-// unserved is Filter's question of the node's agent, for a node WithNodes
-// had.
-func (s *Snapshot) unserved(node string, d *demand) (int, bool) {
-	alloc, known := s.allocatable[node]
-	if !known {
-		return 0, false
-	}
-	return unserved(alloc, d.resources)
 }
