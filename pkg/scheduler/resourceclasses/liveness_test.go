@@ -184,3 +184,56 @@ func TestAgentBackHint(t *testing.T) {
 		})
 	}
 }
+
+// TestAgentBackUpdatesTheCacheFirst: the pod the hint queues is retried at
+// once, maybe before the plugin's Node handler has run; the hint hands the
+// Node's report to the cache itself, so the retry finds the node served.
+func TestAgentBackUpdatesTheCacheFirst(t *testing.T) {
+	c := newCache()
+	c.setClass(gpuClass)
+	c.setNodeDevices(nodeDevices("n1", gpu("g0", 0, "80Gi")))
+	gone := kubeletNode("n1", map[corev1.ResourceName]int64{cls("gpu"): 0})
+	c.setKubelet(gone)
+	pod := gpuPod("waiting", "gpu", 1)
+	d, err := podDemand(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why, ok := c.fits("n1", nil, d); ok || why.reason != notServing("gpu") {
+		t.Fatalf("agent gone: fits = %+v, %v; want %q", why, ok, notServing("gpu"))
+	}
+	p := &Plugin{shared: &shared{cache: c}}
+	back := kubeletNode("n1", map[corev1.ResourceName]int64{cls("gpu"): 1})
+	if hint, err := p.agentBack(klog.Background(), pod, gone, back); err != nil || hint != fwk.Queue {
+		t.Fatalf("agentBack = %v, %v; want Queue", hint, err)
+	}
+	if why, ok := c.fits("n1", nil, d); !ok {
+		t.Errorf("after the hint, before any Node handler: %+v, want the pod to fit", why)
+	}
+}
+
+// TestPreemptionFindsNoRoomWhereTheAgentIsGone: a full node whose agent is
+// gone is refused for its devices first (preemption may try it), and again,
+// for the agent, once preemption's what-if removes the victim: no pod is
+// evicted for a node that could not run the preemptor.
+func TestPreemptionFindsNoRoomWhereTheAgentIsGone(t *testing.T) {
+	low := boundPod(t, "low", "n1", "n1", "gpu", "g0")
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", gpu("g0", 0, "80Gi"))}, allClasses, low)
+	h.waitFor("the hold", func() bool { return h.holds(low.UID) })
+	if _, err := h.client.CoreV1().Nodes().Update(h.ctx, kubeletNode("n1", map[corev1.ResourceName]int64{cls("gpu"): 0}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the kubelet's report in the cache", func() bool {
+		h.plugin.cache.mu.RLock()
+		defer h.plugin.cache.mu.RUnlock()
+		return h.plugin.cache.nodes["n1"].kubelet != nil
+	})
+	high := gpuPod("high", "gpu", 1)
+	cs, st := h.fits(high, "n1")
+	wantCode(t, st, fwk.Unschedulable, "Insufficient free devices of class gpu")
+	what := cs.Clone()
+	if st := h.fw.RunPreFilterExtensionRemovePod(h.ctx, what, high, podInfo(t, low), h.nodes["n1"]); !st.IsSuccess() {
+		t.Fatalf("RemovePod: %v", st)
+	}
+	wantCode(t, h.filter(what, high, "n1"), fwk.UnschedulableAndUnresolvable, notServing("gpu"))
+}
