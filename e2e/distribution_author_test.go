@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 
 	deploywebhook "github.com/resclass/resclass/deploy/webhook"
 	"github.com/resclass/resclass/e2e/framework"
@@ -172,14 +173,19 @@ func TestDistributionAuthorBound(t *testing.T) {
 			t.Fatal(err)
 		}
 		cleanup(t, created.Name)
+		// The controller writes the distribution too (its finalizer), so an
+		// update that lost that race is made again on the latest version; a
+		// refusal is returned as it came.
 		update := func(mutate func(*v1alpha1.ResourceDistribution)) error {
-			current, err := bob.ResclassV1alpha1().ResourceDistributions().Get(ctx, created.Name, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mutate(current)
-			_, err = bob.ResclassV1alpha1().ResourceDistributions().Update(ctx, current, metav1.UpdateOptions{})
-			return err
+			return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				current, err := bob.ResclassV1alpha1().ResourceDistributions().Get(ctx, created.Name, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				mutate(current)
+				_, err = bob.ResclassV1alpha1().ResourceDistributions().Update(ctx, current, metav1.UpdateOptions{})
+				return err
+			})
 		}
 		newSpec := func(rd *v1alpha1.ResourceDistribution) {
 			rd.Spec.Resource = runtime.RawExtension{Raw: secret("kept", map[string]string{"k": "v2"})}
@@ -263,13 +269,18 @@ func TestDistributionAuthorBound(t *testing.T) {
 		d.wantCopies("old-format", nil, []string{a})
 		d.wantCopies("no-record", nil, []string{a})
 
-		// A label is no spec change: the old record stays, untrusted.
-		current, err := rdsClient.Get(ctx, stored[0].Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		current.Labels = map[string]string{"touched": "yes"}
-		if current, err = rdsClient.Update(ctx, current, metav1.UpdateOptions{}); err != nil {
+		// A label is no spec change: the old record stays, untrusted. (The
+		// controller writes the distribution too: a lost race is retried.)
+		var current *v1alpha1.ResourceDistribution
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			got, err := rdsClient.Get(ctx, stored[0].Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			got.Labels = map[string]string{"touched": "yes"}
+			current, err = rdsClient.Update(ctx, got, metav1.UpdateOptions{})
+			return err
+		}); err != nil {
 			t.Fatalf("a label on an old-format distribution: %v", err)
 		}
 		if current.Annotations[v1alpha1.AnnotationAuthorJSON] == "" || current.Annotations[v1alpha1.AnnotationAuthorUser] != "" {
@@ -277,10 +288,17 @@ func TestDistributionAuthorBound(t *testing.T) {
 		}
 
 		// The migration: its spec written again through the webhook.
-		current.Labels = webhookLabel
-		current.Spec.Resource = runtime.RawExtension{Raw: secret("old-format", map[string]string{"k": "v2"})}
-		updated, err := rdsClient.Update(ctx, current, metav1.UpdateOptions{})
-		if err != nil {
+		var updated *v1alpha1.ResourceDistribution
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			got, err := rdsClient.Get(ctx, stored[0].Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			got.Labels = webhookLabel
+			got.Spec.Resource = runtime.RawExtension{Raw: secret("old-format", map[string]string{"k": "v2"})}
+			updated, err = rdsClient.Update(ctx, got, metav1.UpdateOptions{})
+			return err
+		}); err != nil {
 			t.Fatal(err)
 		}
 		record := distpkg.AuthorRecord(updated.Annotations)
