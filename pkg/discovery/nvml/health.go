@@ -71,7 +71,16 @@ type sick struct {
 	dev    lib.Device
 	reason string
 	last   time.Time // of the last critical event
+	// recorded is when the fault was last written to the fault file; ecc
+	// the volatile uncorrected ECC count then (nil: not reported), which
+	// must drop (a reset) before the GPU is healthy again.
+	recorded time.Time
+	ecc      *uint64
 }
+
+// faultRecordEvery bounds the fault file's writes under an XID storm: a
+// repeated fault refreshes its recorded time at most this often.
+const faultRecordEvery = 10 * time.Second
 
 // WatchHealth follows the GPUs' NVML events until ctx ends and calls report on
 // every change of a GPU's health. XID critical errors (except application
@@ -94,6 +103,14 @@ type sick struct {
 // NVML could not name is lost, say) is logged, and leaves the others healthy:
 // NVIDIA's plugin marks every GPU then, which takes a node's healthy GPUs away
 // for as long as one is lost.
+//
+// Faults reported by events are kept in the Discoverer's fault file
+// (KeepFaults), and read back when the watcher starts: a GPU that had one
+// before the agent restarted, or NVML was opened again, is unhealthy again at
+// once, and recovers by the same rule, its quiet period counted from the
+// recorded time. Where NVML reported a volatile uncorrected ECC count with the
+// fault, the GPU recovers only once that count has dropped: a reset or a
+// driver reload zeroes it, and nothing else does (faults.go).
 //
 // The GPUs watched are those named when it starts; the caller restarts it
 // with NVML.
@@ -147,13 +164,31 @@ func (d *Discoverer) WatchHealth(ctx context.Context, opts HealthOptions, report
 	}
 
 	unhealthy := map[string]*sick{}
-	markUnhealthy := func(dev lib.Device, uuid, reason string) {
+	// The faults kept from before: unhealthy until they are cleared.
+	for dev, uuid := range uuids {
+		if f, kept := d.faults.Get(uuid); kept {
+			unhealthy[uuid] = &sick{dev: dev, reason: f.Reason, last: f.Time, recorded: f.Time, ecc: f.ECCVolatileUncorrected}
+			report(HealthEvent{ID: uuid, Reason: f.Reason})
+		}
+	}
+	// markUnhealthy marks the GPU; a fault an event reported (record) is
+	// kept in the fault file too.
+	markUnhealthy := func(dev lib.Device, uuid, reason string, record bool) {
 		s, known := unhealthy[uuid]
 		if !known {
 			s = &sick{dev: dev}
 			unhealthy[uuid] = s
 		}
 		s.last = opts.Clock.Now()
+		if record && (s.reason != reason || s.last.Sub(s.recorded) >= faultRecordEvery) {
+			s.recorded = s.last
+			if ecc := volatileUncorrectedECC(dev); ecc != nil {
+				s.ecc = ecc
+			}
+			if err := d.faults.Record(uuid, Fault{Reason: reason, Time: s.last, ECCVolatileUncorrected: s.ecc}); err != nil {
+				logger.Error(err, "GPU fault not kept across restarts", "gpu", uuid)
+			}
+		}
 		if s.reason != reason {
 			s.reason = reason
 			logger.Info("GPU unhealthy", "gpu", uuid, "reason", reason)
@@ -174,11 +209,11 @@ func (d *Discoverer) WatchHealth(ctx context.Context, opts HealthOptions, report
 				break
 			}
 			if uuid, ok := uuids[e.Device]; ok {
-				markUnhealthy(e.Device, uuid, reason)
+				markUnhealthy(e.Device, uuid, reason, true)
 				break
 			}
 			for dev, uuid := range uuids {
-				markUnhealthy(dev, uuid, reason+" (not attributed to a GPU)")
+				markUnhealthy(dev, uuid, reason+" (not attributed to a GPU)", true)
 			}
 		case lib.ERROR_TIMEOUT:
 		default:
@@ -189,7 +224,7 @@ func (d *Discoverer) WatchHealth(ctx context.Context, opts HealthOptions, report
 				// The recovery probe's words: it finds the same while the
 				// GPU stays lost, and reports no change.
 				if reason := probe(dev); strings.HasPrefix(reason, "NVML: ") {
-					markUnhealthy(dev, uuid, reason)
+					markUnhealthy(dev, uuid, reason, false)
 					culprits++
 				}
 			}
@@ -217,6 +252,20 @@ func (d *Discoverer) WatchHealth(ctx context.Context, opts HealthOptions, report
 					report(HealthEvent{ID: uuid, Reason: problem})
 				}
 				continue
+			}
+			if s.ecc != nil && *s.ecc > 0 {
+				// An uncorrected ECC error is there until a reset: the
+				// quiet period is not enough.
+				now := volatileUncorrectedECC(s.dev)
+				if now == nil || *now >= *s.ecc {
+					continue
+				}
+				logger.Info("GPU reset seen: its volatile uncorrected ECC count dropped", "gpu", uuid, "recorded", *s.ecc, "now", *now)
+			}
+			if err := d.faults.Clear(uuid); err != nil {
+				// Kept in the file, it comes back at the next start
+				// and recovers again then: logged, not fatal.
+				logger.Error(err, "GPU fault not cleared from the fault file", "gpu", uuid)
 			}
 			delete(unhealthy, uuid)
 			logger.Info("GPU healthy again", "gpu", uuid, "quietFor", opts.RecoveryAfter)
@@ -252,6 +301,24 @@ func probe(dev lib.Device) string {
 	if _, ret := dev.GetMemoryInfo(); ret != lib.SUCCESS {
 		return "NVML: " + ret.Error()
 	}
+	return pendingRepair(dev)
+}
+
+// volatileUncorrectedECC is the GPU's volatile uncorrected ECC error count,
+// nil where NVML does not report one (no ECC, or the GPU does not answer).
+func volatileUncorrectedECC(dev lib.Device) *uint64 {
+	n, ret := dev.GetTotalEccErrors(lib.MEMORY_ERROR_TYPE_UNCORRECTED, lib.VOLATILE_ECC)
+	if ret != lib.SUCCESS {
+		return nil
+	}
+	return &n
+}
+
+// pendingRepair says which repair waits for a GPU reset, "" when none does or
+// NVML does not say: a retired page or a remapped row takes effect only at
+// the next reset, and until then the GPU is unfit (discovery asks it too, so a
+// restarted agent sees it at once).
+func pendingRepair(dev lib.Device) string {
 	if pending, ret := dev.GetRetiredPagesPendingStatus(); ret == lib.SUCCESS && pending == lib.FEATURE_ENABLED {
 		return "retired ECC pages pending: reset the GPU"
 	}

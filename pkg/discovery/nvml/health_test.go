@@ -133,7 +133,7 @@ func TestLostGPURecoversOnlyWhenNVMLAnswers(t *testing.T) {
 	}
 	clock.Step(2 * time.Minute)
 	none(t, events)
-	server.SetLost(gpu, false) // the GPU was reset
+	server.Reset(gpu) // answers again, its ECC counts zeroed
 	clock.Step(61 * time.Second)
 	if e := next(t, events); e.ID != gpu || !e.Healthy {
 		t.Fatalf("got %+v, want healthy after the reset", e)

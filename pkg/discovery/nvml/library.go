@@ -75,6 +75,7 @@ var requiredSymbols = [][]string{
 	{"nvmlEventSetFree"},
 	{"nvmlDeviceGetRetiredPagesPendingStatus"},
 	{"nvmlDeviceGetRemappedRows"},
+	{"nvmlDeviceGetTotalEccErrors"},
 }
 
 // Library says where the NVML library is. The agent asks it again at every

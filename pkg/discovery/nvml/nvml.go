@@ -58,7 +58,15 @@ type Discoverer struct {
 	slots []slot
 	// unnamed are the GPUs the last Discover left out, by index and why.
 	unnamed []string
+	// faults keeps the faults the health watcher saw across restarts; nil
+	// keeps none.
+	faults *FaultFile
 }
+
+// KeepFaults keeps the GPUs' faults in f (faults.go): the health watcher
+// records and clears them, and Discover publishes a GPU with a kept fault
+// unhealthy.
+func (d *Discoverer) KeepFaults(f *FaultFile) { d.faults = f }
 
 // slot is one GPU: its handle, nil while NVML refuses one, and its UUID once
 // read, which names it even when NVML can no longer read it.
@@ -251,7 +259,27 @@ func (d *Discoverer) describe(s slot) v1alpha1.Device {
 		p.add("UUID", ret.Error())
 	}
 	p.report(&gpu)
+	// What a re-probe cannot see is kept (faults.go); what it can, asked:
+	// a restarted agent publishes neither GPU healthy.
+	for _, why := range []string{pendingRepair(dev), d.keptFault(s.uuid)} {
+		if why == "" {
+			continue
+		}
+		if gpu.Healthy {
+			gpu.Healthy, gpu.Reason = false, why
+		} else {
+			gpu.Reason += "; " + why
+		}
+	}
 	return gpu
+}
+
+// keptFault is the reason of the GPU's kept fault, "" when none is kept.
+func (d *Discoverer) keptFault(uuid string) string {
+	if f, ok := d.faults.Get(uuid); ok {
+		return f.Reason
+	}
+	return ""
 }
 
 // problems collects what NVML failed to read about one device.

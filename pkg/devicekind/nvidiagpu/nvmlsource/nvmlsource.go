@@ -30,6 +30,9 @@ type NVML struct {
 	Binding lib.Interface
 	// Health tunes the health watcher.
 	Health nvmldiscovery.HealthOptions
+	// Faults keeps the GPUs' faults across restarts of the agent and of
+	// NVML (nvmldiscovery.OpenFaultFile); nil keeps none.
+	Faults *nvmldiscovery.FaultFile
 }
 
 var _ nvidiagpu.NVML = &NVML{}
@@ -51,6 +54,7 @@ func (cfg *NVML) Open(opts devicekind.DiscoverOptions) (devicekind.Source, error
 	if err != nil {
 		return nil, err
 	}
+	gpus.KeepFaults(cfg.Faults)
 	return &source{gpus: gpus, health: cfg.Health}, nil
 }
 

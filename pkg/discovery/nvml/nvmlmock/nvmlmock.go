@@ -5,8 +5,10 @@
 //
 // It also plays the failures a fleet shows: a driver that is not loaded yet (or
 // unloaded while the agent runs, SetAbsent), a GPU whose handle or UUID NVML
-// cannot read (FailHandle, FailUUID), and a GPU that fell off the bus, which
-// NVML reports on every call for it and as the event set's wait error (SetLost).
+// cannot read (FailHandle, FailUUID), a GPU that fell off the bus, which
+// NVML reports on every call for it and as the event set's wait error (SetLost),
+// NVML failing mid-run without the driver going away (FailCount), and the
+// volatile ECC counts an uncorrected error raises and a reset zeroes (Reset).
 package nvmlmock
 
 import (
@@ -34,13 +36,15 @@ type Server struct {
 	absent      bool            // the driver is not loaded
 	failHandle  map[int]lib.Return
 	failUUID    map[string]lib.Return
+	failCount   lib.Return
+	ecc         map[string]uint64 // UUID → volatile uncorrected ECC errors
 	initialised bool
 }
 
 // New returns a DGX A100 whose GPUs answer every call the node agent makes.
 func New() *Server {
 	s := &Server{Server: dgxa100.New(), events: make(chan lib.EventData, 64), lost: map[string]bool{},
-		failHandle: map[int]lib.Return{}, failUUID: map[string]lib.Return{}}
+		failHandle: map[int]lib.Return{}, failUUID: map[string]lib.Return{}, ecc: map[string]uint64{}}
 	// The system calls answer as NVML does without a driver: Init fails, and
 	// every call after the driver went away says it is not loaded.
 	s.InitFunc = func() lib.Return {
@@ -67,6 +71,12 @@ func New() *Server {
 	}
 	s.DeviceGetCountFunc = func() (int, lib.Return) {
 		if ret := s.system(); ret != lib.SUCCESS {
+			return 0, ret
+		}
+		s.mu.Lock()
+		ret := s.failCount
+		s.mu.Unlock()
+		if ret != lib.SUCCESS {
 			return 0, ret
 		}
 		return count()
@@ -137,6 +147,17 @@ func New() *Server {
 		}
 		dev.GetRemappedRowsFunc = func() (int, int, bool, bool, lib.Return) {
 			return 0, 0, false, false, lib.SUCCESS
+		}
+		dev.GetTotalEccErrorsFunc = func(errorType lib.MemoryErrorType, counter lib.EccCounterType) (uint64, lib.Return) {
+			if s.isLost(uuid) {
+				return 0, lib.ERROR_GPU_IS_LOST
+			}
+			if errorType != lib.MEMORY_ERROR_TYPE_UNCORRECTED || counter != lib.VOLATILE_ECC {
+				return 0, lib.SUCCESS
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.ecc[uuid], lib.SUCCESS
 		}
 	}
 	return s
@@ -213,12 +234,18 @@ func (s *Server) UUIDs() []string {
 
 // InjectXID delivers an XID critical error for the GPU with this UUID (every GPU
 // for ""), as the driver reports one to NVML event sets.
+// XIDs 48, 94 and 95 are uncorrected ECC errors: they raise the GPU's volatile
+// uncorrected ECC count first, as the driver does.
 func (s *Server) InjectXID(uuid string, xid uint64) {
+	if xid == 48 || xid == 94 || xid == 95 {
+		s.raiseECC(uuid)
+	}
 	s.events <- lib.EventData{Device: s.device(uuid), EventType: lib.EventTypeXidCriticalError, EventData: xid, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
 }
 
 // InjectDoubleBitECC delivers a double-bit ECC error for the GPU.
 func (s *Server) InjectDoubleBitECC(uuid string) {
+	s.raiseECC(uuid)
 	s.events <- lib.EventData{Device: s.device(uuid), EventType: lib.EventTypeDoubleBitEccError, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
 }
 
@@ -230,6 +257,34 @@ func (s *Server) SetLost(uuid string, lost bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lost[uuid] = lost
+}
+
+// Reset resets the GPU, as nvidia-smi --gpu-reset does: its volatile ECC
+// counts are zero again and it answers NVML (it is no longer lost).
+func (s *Server) Reset(uuid string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ecc, uuid)
+	s.lost[uuid] = false
+}
+
+// FailCount makes NVML answer ret when asked for the GPU count (discovery's
+// first call, at every open and description), as a transient fault of NVML
+// does while the driver stays loaded; SUCCESS ends it.
+func (s *Server) FailCount(ret lib.Return) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failCount = ret
+}
+
+func (s *Server) raiseECC(uuid string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range s.Devices {
+		if u := d.(*dgxa100.Device).UUID; u == uuid || uuid == "" {
+			s.ecc[u]++
+		}
+	}
 }
 
 // SetAbsent unloads (true) or loads (false) the driver: while it is absent,
