@@ -54,6 +54,10 @@ type Config struct {
 	// that does not open (NVML; the waits double from a second). Default 30
 	// seconds.
 	OpenRetryMax time.Duration
+	// DeviceGracePeriod is how long an opened source's devices are kept
+	// through passes that fail to describe them (grace.go). Default 5
+	// minutes; negative keeps none.
+	DeviceGracePeriod time.Duration
 	// ShutdownTimeout bounds how long the agent, when stopping, waits for its
 	// Events to be written. Default 10 seconds.
 	ShutdownTimeout time.Duration
@@ -143,6 +147,9 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 	}
 	if config.OpenRetryMax <= 0 {
 		config.OpenRetryMax = 30 * time.Second
+	}
+	if config.DeviceGracePeriod == 0 {
+		config.DeviceGracePeriod = DefaultDeviceGracePeriod
 	}
 	if config.PodResourcesTimeout <= 0 {
 		config.PodResourcesTimeout = time.Second
@@ -477,6 +484,12 @@ func (r *running) startWatch(ctx context.Context, o *opened) {
 		defer close(done)
 		err := src.WatchHealth(wctx, func(e devicekind.HealthEvent) {
 			o.health.set(e)
+			if e.Healthy {
+				// The source's description may carry the fault too (a
+				// kept GPU fault): describe it again.
+				r.queue.Add(o.pass)
+				return
+			}
 			r.queue.Add(passPublish)
 		})
 		if err != nil {
@@ -498,8 +511,9 @@ func (r *running) redescribe(ctx context.Context, o *opened) {
 		r.opening.Forget(o.pass)
 		r.startWatch(ctx, o)
 	}
-	o.describe()
+	kept := o.describe(time.Now(), r.a.config.DeviceGracePeriod)
 	r.a.metrics.discovery.WithLabelValues(o.kind.SourceName()).Observe(time.Since(start).Seconds())
+	r.reportKept(ctx, o, kept)
 	if o.src != nil {
 		return
 	}

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -47,7 +48,7 @@ func BenchmarkInventoryDGXA100(b *testing.B) {
 	}
 	host := newSources(kinds.Builtin, devicekind.DiscoverOptions{HostRoot: "/"})
 	inventory := func(gpus *opened) v1alpha1.NodeDevicesStatus {
-		gpus.describe()
+		gpus.describe(time.Now(), DefaultDeviceGracePeriod)
 		devices, hostConds := host.discoverHost()
 		return assemble(host.kinds, append(gpus.devices, devices...), append([]metav1.Condition{gpus.cond}, hostConds...)...)
 	}

@@ -27,6 +27,9 @@ type metrics struct {
 	dra *draplugin.Metrics
 	// isolation is 1 for the node's GPU isolation state, 0 for the others.
 	isolation *prometheus.GaugeVec
+	// keptDevices are the devices an opened source did not describe in its
+	// last pass, published from their last description (grace.go).
+	keptDevices *prometheus.GaugeVec
 }
 
 func newMetrics() *metrics {
@@ -66,9 +69,13 @@ func newMetrics() *metrics {
 		Name: "resclass_node_agent_gpu_isolation",
 		Help: "1 for the node's GPU isolation state, 0 for the others: isolated (the NVIDIA container runtime refuses NVIDIA_VISIBLE_DEVICES from unprivileged containers and GPUs are named through CDI), unisolated, unknown (its configuration cannot be checked) or no-gpus; the condition GPUIsolation says why.",
 	}, []string{"state"})
+	m.keptDevices = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "resclass_node_agent_kept_devices",
+		Help: "Devices published from their last description because the source's last pass failed or left them out, by source (nvml); they are removed once --device-grace-period passes without them being described.",
+	}, []string{"source"})
 	m.handoff = handoff.NewMetrics(m.registry)
 	m.dra = draplugin.NewMetrics(m.registry)
-	m.registry.MustRegister(m.isolation, m.cdiWrites, m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery)
+	m.registry.MustRegister(m.keptDevices, m.isolation, m.cdiWrites, m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery)
 	return m
 }
 

@@ -59,6 +59,8 @@ type serveOptions struct {
 	nvml            nvmldiscovery.Library
 	nvmlRetryMax    time.Duration
 	shutdownTimeout time.Duration
+	deviceGrace     time.Duration
+	gpuFaultFile    string
 	stallTimeout    time.Duration
 	// How containers get their GPUs, and the CDI spec (docs/node-agent.md,
 	// "Device list strategy").
@@ -95,6 +97,8 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	// Robustness: a late or wrong NVML library, and shutdown.
 	addLibraryFlags(cmd, &o.nvml)
 	f.DurationVar(&o.nvmlRetryMax, "nvml-retry-max-interval", 30*time.Second, "NVML that does not open (no driver yet, a wrong library) or goes away is tried again with backoff from 1s, doubling up to this interval; the GPUs are published once it opens, without a restart")
+	f.DurationVar(&o.deviceGrace, "device-grace-period", DefaultDeviceGracePeriod, "how long GPUs described before stay published, served to the kubelet and named in the CDI spec when NVML fails (kept with their last health; NVMLAvailable=False says what is kept and until when) or stops listing one (kept unhealthy); a GPU not described again within it is removed, with a DevicesRemoved Event. 0 removes them at once")
+	f.StringVar(&o.gpuFaultFile, "gpu-fault-file", "/var/run/resclass/gpu-faults.json", "where GPU faults reported by NVML events (XIDs, double-bit ECC) are kept across agent restarts, so that a GPU waiting for a reset is not published healthy again; cleared per GPU on a reset (its volatile ECC count drops) or by the recovery rule of --gpu-recovery-after, and wholly by a reboot (the file records the boot id). A corrupt file is set aside as <file>.corrupt. \"\" keeps none")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", 0, "/healthz fails (and the kubelet's liveness probe restarts the agent) when its worker has finished no discovery and publish pass for this long: a call that does not return, such as a hung NVML call; 0 means six --poll-interval, at least 2m")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM the agent drains its device-plugin endpoints (their sockets removed at once; calls in flight get --pod-wait plus --pod-resources-timeout plus 1s to finish), then waits at most this long for its Events to be written, and exits 0; keep the sum below the pod's terminationGracePeriodSeconds")
 	// Device list strategy, CDI and the metrics endpoint's access.
@@ -133,11 +137,16 @@ func (o *serveOptions) run(ctx context.Context) error {
 	}
 
 	xids := []uint64(o.ignoredXIDs)
+	grace := o.deviceGrace
+	if grace == 0 {
+		grace = -1 // Config's 0 is the default
+	}
 	cfg := Config{
 		NodeName:            o.nodeName,
 		HostRoot:            o.hostRoot,
 		IncludeVirtualNICs:  o.includeVirtual,
 		OpenRetryMax:        o.nvmlRetryMax,
+		DeviceGracePeriod:   grace,
 		ShutdownTimeout:     o.shutdownTimeout,
 		StallTimeout:        o.stallTimeout,
 		PollInterval:        o.poll,
@@ -159,6 +168,7 @@ func (o *serveOptions) run(ctx context.Context) error {
 	cfg.Kinds = kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
 		Library: &o.nvml,
 		Health:  nvmldiscovery.HealthOptions{RecoveryAfter: o.recoveryAfter, IgnoredXIDs: xids},
+		Faults:  openFaultFile(logger, o.gpuFaultFile),
 	}})
 	m := newMetrics()
 	agent := newAgent(cfg, resclass, kube, m)
@@ -176,6 +186,24 @@ func (o *serveOptions) run(ctx context.Context) error {
 		logger.Info("serving metrics", "address", srv.Addr)
 	}
 	return agent.Run(ctx)
+}
+
+// openFaultFile opens the GPU fault file, nil for none: a node where it
+// cannot be read runs without it (faults are then forgotten at a restart, as
+// the error logged says), never stops for it.
+func openFaultFile(logger klog.Logger, path string) *nvmldiscovery.FaultFile {
+	if path == "" {
+		return nil
+	}
+	boot, err := nvmldiscovery.ReadBootID(nvmldiscovery.BootIDFile)
+	if err == nil {
+		var f *nvmldiscovery.FaultFile
+		if f, err = nvmldiscovery.OpenFaultFile(logger, path, boot); err == nil {
+			return f
+		}
+	}
+	logger.Error(err, "GPU faults are not kept across restarts", "path", path)
+	return nil
 }
 
 // serveMetrics serves /metrics, /healthz (the worker is not stuck: Live) and

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sort"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,9 +32,12 @@ type opened struct {
 	pass string
 	src  devicekind.Source // nil while not open
 	err  error             // why src is nil
-	// devices and cond are what the last description found.
+	// devices and cond are what the last description found, with the
+	// devices kept through a failed or partial pass (grace.go).
 	devices []v1alpha1.Device
 	cond    metav1.Condition
+	// known are the devices described before, by id (grace.go).
+	known map[string]knownDevice
 	// health is what its watcher reported; stopWatch stops the watcher.
 	health    watchedHealth
 	stopWatch func()
@@ -67,17 +71,19 @@ func (s *sources) open(o *opened) bool {
 
 // describe describes o's devices with its condition. A source found gone
 // (the driver unloaded, the devices changed) is closed: the caller opens it
-// again.
-func (o *opened) describe() {
+// again. Devices described before and missing now are kept within grace
+// (grace.go).
+func (o *opened) describe(now time.Time, grace time.Duration) keepResult {
 	if o.src != nil {
 		devices, cond, err := o.src.Describe()
 		if err == nil {
 			o.devices, o.cond = devices, cond
-			return
+			return o.keep(now, grace, nil)
 		}
 		o.close(err)
 	}
 	o.devices, o.cond = nil, o.kind.NotOpen(o.err)
+	return o.keep(now, grace, o.err)
 }
 
 // close releases o's source; err says why, for the condition until it opens
@@ -101,7 +107,7 @@ func (s *sources) close() {
 func (s *sources) describeOnce() {
 	for _, o := range s.opened {
 		s.open(o)
-		o.describe()
+		o.describe(time.Now(), 0)
 	}
 }
 
@@ -185,6 +191,13 @@ func (h *watchedHealth) set(e devicekind.HealthEvent) {
 	} else {
 		h.unhealthy[e.ID] = e.Reason
 	}
+}
+
+func (h *watchedHealth) get(id string) (string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	reason, sick := h.unhealthy[id]
+	return reason, sick
 }
 
 func (h *watchedHealth) reset() {
