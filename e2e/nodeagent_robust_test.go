@@ -95,6 +95,10 @@ func TestNodeAgentRobustness(t *testing.T) {
 			NodeName: node, HostRoot: root,
 			Kinds:        kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
 			PollInterval: 200 * time.Millisecond, ResyncInterval: time.Second, OpenRetryMax: 500 * time.Millisecond,
+			// The GPUs are kept through NVML's failures for this long
+			// (TestNodeAgentKeepsGPUsThroughNVMLErrors); here, where the
+			// driver goes for good, they go soon after.
+			DeviceGracePeriod: time.Second,
 		}, arc, akc)
 		runAgent(t, ctx, agent)
 		waitNodeDevices(t, ctx, rc, node, func(nd *v1alpha1.NodeDevices) bool {
@@ -119,7 +123,8 @@ func TestNodeAgentRobustness(t *testing.T) {
 			c := nvmlCondition(nd)
 			return c != nil && c.Reason == "Discovered" && nd.Status.Summary.GPUs == 8
 		})
-		// The driver is unloaded: the GPUs go, NVML is shut down.
+		// The driver is unloaded: the GPUs go once the grace has passed, NVML
+		// is shut down.
 		dgx.SetAbsent(true)
 		waitNodeDevices(t, ctx, rc, node, func(nd *v1alpha1.NodeDevices) bool {
 			c := nvmlCondition(nd)
