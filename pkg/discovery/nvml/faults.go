@@ -192,7 +192,7 @@ func OpenFaultFile(logger klog.Logger, path, bootID string) (*FaultFile, error) 
 	case err != nil:
 		aside := path + ".corrupt"
 		if rerr := os.Rename(path, aside); rerr != nil {
-			return nil, fmt.Errorf("GPU fault file %s is corrupt (%v) and cannot be set aside: %w", path, err, rerr)
+			return nil, fmt.Errorf("GPU fault file %s is corrupt (%w) and cannot be set aside: %w", path, err, rerr)
 		}
 		f.logger.Error(err, "GPU fault file is corrupt; set aside, GPU faults recorded before this start are forgotten", "setAsideAs", aside)
 	case boot != bootID:
