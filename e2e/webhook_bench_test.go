@@ -37,7 +37,7 @@ func BenchmarkPodCreateWebhooks(b *testing.B) {
 	const pods = 2000
 	ctx := context.Background()
 	label := map[string]string{"bench-webhook": "on"}
-	wh := startWebhook(b, framework.WebhookOptions{Policies: seedPolicies, QuotaConfig: []byte(quotaSeed000And001Story1), Selector: label})
+	wh := startWebhook(b, framework.WebhookOptions{Policies: coveringPolicies, QuotaConfig: []byte(quotaAffinityAndCriticalPods), Selector: label})
 	priorityClass(b, ctx, "cluster-services")
 	client := fastClient(b)
 	apiserver, err := cluster.PID("kube-apiserver")

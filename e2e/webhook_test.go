@@ -25,12 +25,12 @@ import (
 // meet them.
 var webhookLabel = map[string]string{"e2e-resclass-webhook": "on"}
 
-// The covering-quota rules of the seeds, in the apiserver's own formats.
+// The covering-quota rules the tests load, in the apiserver's own formats.
 const (
 	// "Only allow cross-namespace affinity in some namespaces", with the
 	// scope spelled as the policy's proposal spells it, and the critical-pods
 	// quota rule (story 1, docs/webhook.md) beside it.
-	quotaSeed000And001Story1 = `apiVersion: apiserver.config.k8s.io/v1
+	quotaAffinityAndCriticalPods = `apiVersion: apiserver.config.k8s.io/v1
 kind: ResourceQuotaConfiguration
 limitedResources:
 - resource: pods
@@ -44,8 +44,9 @@ limitedResources:
 - resource: pods
   matchContains: ["class.resclass.io/"]
 `
-	// Seed 001 story 2, as the seed writes it: an AdmissionConfiguration.
-	quotaSeed001Story2 = `apiVersion: apiserver.k8s.io/v1alpha1
+	// Every priority class needs a covering quota, written as an operator
+	// writes it for the apiserver: an AdmissionConfiguration.
+	quotaEveryPriorityClass = `apiVersion: apiserver.k8s.io/v1alpha1
 kind: AdmissionConfiguration
 plugins:
 - name: "ResourceQuota"
@@ -68,10 +69,10 @@ var (
 	componentPolicies = map[string]any{
 		"emptyNamespaceSelector": true, "crossNamespaceAffinityQuota": true, "priorityClassQuota": []any{"cluster-services"},
 	}
-	// seedPolicies render matchConditions that cover the seeds' rules
-	// (quotaSeed000And001Story1 and the story-2 rule it is changed to): every
-	// priority class and the class resources too.
-	seedPolicies = map[string]any{
+	// coveringPolicies render matchConditions that cover the rules above
+	// (quotaAffinityAndCriticalPods and quotaEveryPriorityClass, which it is
+	// changed to): every priority class and the class resources too.
+	coveringPolicies = map[string]any{
 		"emptyNamespaceSelector": true, "crossNamespaceAffinityQuota": true,
 		"priorityClassQuota": []any{"*"}, "resourceQuota": []any{"class.resclass.io/"},
 	}
@@ -83,7 +84,7 @@ var (
 func TestWebhookPolicies(t *testing.T) {
 	diagnoseOnFailure(t, cluster)
 	ctx := context.Background()
-	wh := startWebhook(t, framework.WebhookOptions{Policies: seedPolicies, QuotaConfig: []byte(quotaSeed000And001Story1), Selector: webhookLabel})
+	wh := startWebhook(t, framework.WebhookOptions{Policies: coveringPolicies, QuotaConfig: []byte(quotaAffinityAndCriticalPods), Selector: webhookLabel})
 	for _, pc := range []string{"cluster-services", "high"} {
 		priorityClass(t, ctx, pc)
 	}
@@ -297,7 +298,7 @@ spec:
 		quotaFor(t, ctx, ns, "pods-cluster-services", corev1.ResourceList{corev1.ResourcePods: resource.MustParse("10")},
 			corev1.ScopedResourceSelectorRequirement{ScopeName: corev1.ResourceQuotaScopePriorityClass, Operator: corev1.ScopeSelectorOpIn, Values: []string{"cluster-services"}})
 		loads := metric(t, ctx, wh, `resclass_webhook_quota_config_loads_total{result="loaded"}`)
-		writeFile(t, wh.QuotaConfigPath, quotaSeed001Story2)
+		writeFile(t, wh.QuotaConfigPath, quotaEveryPriorityClass)
 		poll(t, ctx, 30*time.Second, "the webhook reloads the story-2 config", func(ctx context.Context) (bool, error) {
 			return metric(t, ctx, wh, `resclass_webhook_quota_config_loads_total{result="loaded"}`) > loads, nil
 		})
