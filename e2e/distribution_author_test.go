@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	deploywebhook "github.com/resclass/resclass/deploy/webhook"
-	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	distpkg "github.com/resclass/resclass/pkg/distribution"
@@ -36,15 +35,8 @@ const authorPolicyDenial = "must record the identity that writes the spec"
 // objectSelector), as they are for everyone when the webhook is configured
 // Ignore and down, removed, or repointed: only the policy stands.
 func TestDistributionAuthorBound(t *testing.T) {
-	diagnoseOnFailure(t, cluster)
-	ctx := context.Background()
-	startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
-	startDistribution(t, framework.DistributionOptions{})
-	rc, err := cluster.Resclass()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &distEnv{t: t, ctx: ctx, rc: rc}
+	d := startDistributionEnv(t)
+	ctx, rc := d.ctx, d.rc
 	rds := rbacv1.PolicyRule{APIGroups: []string{"resclass.io"}, Resources: []string{"resourcedistributions"}, Verbs: []string{"get", "create", "update", "delete"}}
 	secretsRW := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "create", "update", "delete"}}
 	rdsClient := rc.ResclassV1alpha1().ResourceDistributions()

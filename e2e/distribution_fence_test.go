@@ -30,15 +30,8 @@ import (
 // copies' kind in every namespace; the garbage collector's own work (collect
 // a distribution whose owner is deleted, orphan one) goes on.
 func TestResourceDistributionOwners(t *testing.T) {
-	diagnoseOnFailure(t, cluster)
-	ctx := context.Background()
-	startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
-	startDistribution(t, framework.DistributionOptions{})
-	rc, err := cluster.Resclass()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &distEnv{t: t, ctx: ctx, rc: rc}
+	d := startDistributionEnv(t)
+	ctx, rc := d.ctx, d.rc
 	rdRule := func(verbs ...string) rbacv1.PolicyRule {
 		return rbacv1.PolicyRule{APIGroups: []string{"resclass.io"}, Resources: []string{"resourcedistributions"}, Verbs: verbs}
 	}
@@ -240,15 +233,8 @@ func TestResourceDistributionOwners(t *testing.T) {
 // an existing distribution; and distributing into kube-system, a feature,
 // still works.
 func TestResourceDistributionCredentialFence(t *testing.T) {
-	diagnoseOnFailure(t, cluster)
-	ctx := context.Background()
-	startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
-	startDistribution(t, framework.DistributionOptions{})
-	rc, err := cluster.Resclass()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &distEnv{t: t, ctx: ctx, rc: rc}
+	d := startDistributionEnv(t)
+	ctx, rc := d.ctx, d.rc
 	a := d.ns(nil)
 	included := func(nss ...string) v1alpha1.ResourceDistributionTargets {
 		var t v1alpha1.ResourceDistributionTargets

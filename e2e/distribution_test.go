@@ -307,6 +307,21 @@ type distEnv struct {
 	n   int
 }
 
+// startDistributionEnv starts the webhook and the distribution controller
+// for t (both stopped when it ends) and returns its distEnv; a failure
+// prints the components' logs.
+func startDistributionEnv(t *testing.T) *distEnv {
+	t.Helper()
+	diagnoseOnFailure(t, cluster)
+	startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
+	startDistribution(t, framework.DistributionOptions{})
+	rc, err := cluster.Resclass()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &distEnv{t: t, ctx: context.Background(), rc: rc}
+}
+
 func (d *distEnv) with(t *testing.T) *distEnv {
 	return &distEnv{t: t, ctx: d.ctx, rc: d.rc}
 }

@@ -45,15 +45,8 @@ func wantUnauthorized(t *testing.T, rd *v1alpha1.ResourceDistribution, ns, verb,
 // involved can do no more than their part — proved with impersonated users
 // on the real apiserver's RBAC and admission.
 func TestResourceDistributionTrust(t *testing.T) {
-	diagnoseOnFailure(t, cluster)
-	ctx := context.Background()
-	startWebhook(t, framework.WebhookOptions{Selector: webhookLabel})
-	startDistribution(t, framework.DistributionOptions{})
-	rc, err := cluster.Resclass()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &distEnv{t: t, ctx: ctx, rc: rc}
+	d := startDistributionEnv(t)
+	ctx, rc := d.ctx, d.rc
 	secretsRW := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "create", "update", "delete"}}
 	rds := rbacv1.PolicyRule{APIGroups: []string{"resclass.io"}, Resources: []string{"resourcedistributions"}, Verbs: []string{"get", "create", "update", "delete"}}
 
