@@ -41,16 +41,22 @@ type cache struct {
 	// their devices again. The plugin's handler removes them (releaseDeleted).
 	gone map[types.UID]struct{}
 
-	// classNodes[class] are the nodes where class selects a device, rebuilt
-	// (as new sets, never changed in place: PreFilter hands them out) when
-	// dirty.
+	// classNodes[class] are the nodes where class selects a device. A set is
+	// never changed in place (PreFilter hands them out): a node that joins or
+	// leaves a class replaces the class's set with a changed copy.
 	classNodes map[string]sets.Set[string]
-	// numaUnsure[class]: some device the class selects, on some node, is a
-	// hugepage pool or publishes no NUMA node we count (rebuilt with
-	// classNodes). Without one, a one-device pod of the class scores the same
-	// on every node where it fits under NUMAAligned (numaCertain).
-	numaUnsure map[string]bool
-	dirty      bool
+	// numaUnsure[class] counts the nodes where some device the class selects
+	// is a hugepage pool or publishes no NUMA node we count. Without one, a
+	// one-device pod of the class scores the same on every node where it fits
+	// under NUMAAligned (numaCertain).
+	numaUnsure map[string]int
+	// dirty: a class changed since classNodes and numaUnsure were built, so
+	// the next reader rebuilds them over every node (rLockIndexed). A node's
+	// change only moves that node's part of them (indexNode): agents
+	// republish often (a hugepage pool's free pages, a NIC's link), and at
+	// 5000 nodes a rebuild per change, under the write lock, stalled Filter
+	// (docs/scheduler.md, "NodeDevices churn").
+	dirty bool
 	// classGen counts class changes, so that a node matched outside the lock
 	// knows whether its snapshot of the classes is still current.
 	classGen uint64
@@ -229,11 +235,11 @@ func (c *cache) numaCertain(class string) bool {
 	c.rLockIndexed()
 	defer c.mu.RUnlock()
 	_, selects := c.classNodes[class]
-	return selects && !c.numaUnsure[class]
+	return selects && c.numaUnsure[class] == 0
 }
 
 // rLockIndexed read-locks the cache with classNodes and numaUnsure current:
-// rebuilt, if a node or class changed since, under the write lock.
+// rebuilt, if a class changed since, under the write lock.
 func (c *cache) rLockIndexed() {
 	c.mu.RLock()
 	if !c.dirty {
@@ -242,29 +248,85 @@ func (c *cache) rLockIndexed() {
 	c.mu.RUnlock()
 	c.mu.Lock()
 	if c.dirty {
-		c.classNodes = map[string]sets.Set[string]{}
-		c.numaUnsure = map[string]bool{}
-		for name, n := range c.nodes {
-			for class, idx := range n.matches {
-				if c.classNodes[class] == nil {
-					c.classNodes[class] = sets.New[string]()
-				}
-				c.classNodes[class].Insert(name)
-				if c.numaUnsure[class] {
-					continue
-				}
-				for _, i := range idx {
-					if dev := n.devices[i]; dev.pool != nil || dev.numa < 0 || dev.numa >= maxNUMA {
-						c.numaUnsure[class] = true
-						break
-					}
-				}
-			}
-		}
+		c.classNodes, c.numaUnsure = indexOf(c.nodes)
 		c.dirty = false
 	}
 	c.mu.Unlock()
 	c.mu.RLock()
+}
+
+// indexOf is classNodes and numaUnsure built over nodes.
+func indexOf(nodes map[string]*nodeState) (map[string]sets.Set[string], map[string]int) {
+	classNodes, unsure := map[string]sets.Set[string]{}, map[string]int{}
+	for name, n := range nodes {
+		for class := range n.matches {
+			if classNodes[class] == nil {
+				classNodes[class] = sets.New[string]()
+			}
+			classNodes[class].Insert(name)
+			if n.numaUnsure(class) {
+				unsure[class]++
+			}
+		}
+	}
+	return classNodes, unsure
+}
+
+// indexNode moves node name's part of classNodes and numaUnsure from what
+// old (nil: none) contributed to what n (nil: none) does. The caller holds
+// the write lock. A set is copied only when the node joins or leaves its
+// class, not when only the devices' counts change; numaUnsure is a count of
+// nodes, so one node's part comes off without looking at the others.
+func (c *cache) indexNode(name string, old, n *nodeState) {
+	if c.dirty {
+		return // the rebuild counts n
+	}
+	before, after := old.classMatches(), n.classMatches()
+	for class := range before {
+		if _, still := after[class]; !still {
+			s := c.classNodes[class].Clone()
+			s.Delete(name)
+			if s.Len() == 0 {
+				delete(c.classNodes, class)
+			} else {
+				c.classNodes[class] = s
+			}
+		}
+		if old.numaUnsure(class) {
+			if c.numaUnsure[class]--; c.numaUnsure[class] <= 0 {
+				delete(c.numaUnsure, class)
+			}
+		}
+	}
+	for class := range after {
+		if _, was := before[class]; !was {
+			s := c.classNodes[class].Clone()
+			s.Insert(name)
+			c.classNodes[class] = s
+		}
+		if n.numaUnsure(class) {
+			c.numaUnsure[class]++
+		}
+	}
+}
+
+// classMatches is n.matches; nil for no node.
+func (n *nodeState) classMatches() map[string][]int {
+	if n == nil {
+		return nil
+	}
+	return n.matches
+}
+
+// numaUnsure reports whether some device class selects on n is a hugepage
+// pool or publishes no NUMA node we count.
+func (n *nodeState) numaUnsure(class string) bool {
+	for _, i := range n.matches[class] {
+		if dev := n.devices[i]; dev.pool != nil || dev.numa < 0 || dev.numa >= maxNUMA {
+			return true
+		}
+	}
+	return false
 }
 
 // invalidDevice is a published device the scheduler gives to nobody because
@@ -313,8 +375,9 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) (invalid []invalidDevic
 		n.recount()
 	}
 	c.invalidDevices += len(n.invalid) - len(c.nodes[nd.Name].invalidOrNil())
+	old = c.nodes[nd.Name]
 	c.nodes[nd.Name] = n
-	c.dirty = true
+	c.indexNode(nd.Name, old, n)
 	for _, h := range c.byNode[nd.Name] {
 		c.charge(n, h, 1)
 	}
@@ -429,10 +492,11 @@ func newPool(d *v1alpha1.Device) *poolState {
 
 func (c *cache) deleteNodeDevices(name string) {
 	c.mu.Lock()
-	c.invalidDevices -= len(c.nodes[name].invalidOrNil())
+	old := c.nodes[name]
+	c.invalidDevices -= len(old.invalidOrNil())
 	invalidNow := c.invalidDevices
 	delete(c.nodes, name)
-	c.dirty = true
+	c.indexNode(name, old, nil)
 	c.mu.Unlock()
 	invalidDevices.Set(float64(invalidNow))
 	c.changed()
