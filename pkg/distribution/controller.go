@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -59,12 +60,6 @@ const (
 	ReasonNoAuthor = "NoAuthor"
 )
 
-// DefaultConflictRetry is how soon a distribution with a conflicting
-// namespace is looked at again: the controller does not watch foreign
-// objects (its cache holds only copies), so this is how a cleared conflict
-// is noticed.
-const DefaultConflictRetry = 3 * time.Second
-
 // DefaultMaxStatusCopies is how many namespaces status.distributedResources
 // names at most (about 30 bytes each); status.distributed counts them all.
 // Admission reads the map to know where deleting or shrinking a distribution
@@ -101,8 +96,11 @@ type Reconciler struct {
 	// targets (CompileTargets).
 	Protected []string
 	// ConflictRetry is how soon a distribution with conflicts is reconciled
-	// again; default DefaultConflictRetry.
-	ConflictRetry time.Duration
+	// again the first time (default DefaultConflictRetry); each look that
+	// finds them still there doubles it, up to ConflictRetryMax (default
+	// DefaultConflictRetryMax).
+	ConflictRetry    time.Duration
+	ConflictRetryMax time.Duration
 	// MaxStatusCopies bounds status.distributedResources; default
 	// DefaultMaxStatusCopies, at most MaxStatusCopiesLimit.
 	MaxStatusCopies int
@@ -117,6 +115,8 @@ type Reconciler struct {
 	// concern.
 	targetsMu sync.Mutex
 	targets   map[types.UID]compiledTargets
+
+	conflicts *conflictTracker
 }
 
 type compiledTargets struct {
@@ -138,6 +138,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.ConflictRetry <= 0 {
 		r.ConflictRetry = DefaultConflictRetry
 	}
+	if r.ConflictRetryMax < r.ConflictRetry {
+		r.ConflictRetryMax = max(DefaultConflictRetryMax, r.ConflictRetry)
+	}
+	r.conflicts = newConflictTracker(r.ConflictRetry, r.ConflictRetryMax)
 	if r.Authorizer == nil {
 		return errors.New("the ResourceDistribution controller needs an Authorizer")
 	}
@@ -184,6 +188,9 @@ func (r *Reconciler) enqueueFor(ctx context.Context, q workqueue.TypedRateLimiti
 	name := ""
 	if newNS != nil {
 		name = newNS.Name
+		if oldNS == nil {
+			r.conflicts.forgetNamespace(name)
+		}
 	} else if oldNS != nil {
 		name = oldNS.Name
 	} else {
@@ -229,6 +236,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	log := ctrl.LoggerFrom(ctx)
 	rd := &v1alpha1.ResourceDistribution{}
 	if err := r.Client.Get(ctx, req.NamespacedName, rd); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.conflicts.forget(req.Name)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !rd.DeletionTimestamp.IsZero() {
@@ -246,9 +256,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	targets, targetErrs := CompileTargets(&rd.Spec.Targets, r.Protected, spec.Child("targets"))
 	if errs = append(errs, targetErrs...); len(errs) > 0 {
 		// The webhook refuses such a spec; this is one written while it was down.
-		msg := errs.ToAggregate().Error()
-		r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonInvalid, "Validate", "%s", msg)
-		status.Description = "Resource distribution failed: invalid spec: " + msg
+		msg := boundMessage(errs.ToAggregate().Error(), maxMessageBytes)
+		r.warn(rd, ReasonInvalid, "Validate", msg)
+		status.Description = boundMessage("Resource distribution failed: invalid spec: "+msg, maxMessageBytes)
 		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonInvalid, msg)
 		return reconcile.Result{}, r.writeStatus(ctx, rd, status)
 	}
@@ -262,26 +272,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if errors.Is(err, ErrOldAuthorFormat) {
 			why = "an author in that format was not bound to the requester when the webhook was not called, so it does not vouch for the spec"
 		}
-		msg := fmt.Sprintf("%v (annotations %s.*): %s. "+
+		msg := boundMessage(fmt.Sprintf("%v (annotations %s.*): %s. "+
 			"No copy is created, updated or deleted for it until someone allowed to write its copies changes its spec, which records them as the author (docs/distribution.md, \"Upgrading\")",
-			err, v1alpha1.AnnotationAuthorPrefix, why)
+			err, v1alpha1.AnnotationAuthorPrefix, why), maxMessageBytes)
 		if c := meta.FindStatusCondition(status.Conditions, ConditionAuthorized); c == nil || c.Message != msg {
-			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonNoAuthor, "Authorize", "%s", msg)
+			r.warn(rd, ReasonNoAuthor, "Authorize", msg)
 		}
-		status.Description = "Resource distribution failed: " + msg
+		status.Description = boundMessage("Resource distribution failed: "+msg, maxMessageBytes)
 		setCondition(status, ConditionAuthorized, rd.Generation, metav1.ConditionFalse, ReasonNoAuthor, msg)
 		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonNoAuthor, msg)
 		return reconcile.Result{}, r.writeStatus(ctx, rd, status)
 	}
 	expired, authorLeft := authorAge(status, rd.Generation, r.Clock.Now(), r.AuthorMaxAge)
 	if expired {
-		msg := fmt.Sprintf("the author record (%s, seen since %s) is older than the controller's --distribution-author-max-age=%s: the groups it carries may no longer be the author's. "+
+		msg := boundMessage(fmt.Sprintf("the author record (%s, seen since %s) is older than the controller's --distribution-author-max-age=%s: the groups it carries may no longer be the author's. "+
 			"No copy is created, updated or deleted for it until someone allowed to write its copies writes its spec again, which records them afresh (docs/distribution.md, \"The author's groups, and when they are refreshed\")",
-			author, status.AuthorSince.UTC().Format(time.RFC3339), r.AuthorMaxAge)
+			author, status.AuthorSince.UTC().Format(time.RFC3339), r.AuthorMaxAge), maxMessageBytes)
 		if c := meta.FindStatusCondition(status.Conditions, ConditionAuthorized); c == nil || c.Message != msg {
-			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonAuthorExpired, "Authorize", "%s", msg)
+			r.warn(rd, ReasonAuthorExpired, "Authorize", msg)
 		}
-		status.Description = "Resource distribution failed: " + msg
+		status.Description = boundMessage("Resource distribution failed: "+msg, maxMessageBytes)
 		setCondition(status, ConditionAuthorized, rd.Generation, metav1.ConditionFalse, ReasonAuthorExpired, msg)
 		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonAuthorExpired, msg)
 		return reconcile.Result{}, r.writeStatus(ctx, rd, status)
@@ -303,6 +313,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	now := r.Clock.Now()
+	// Namespaces remembered as conflicting are counted so without a
+	// request until it is time to look again; then one list tells which
+	// still are (conflicts.go).
+	foreign, due := r.conflicts.recall(rd, now)
+	looked := len(foreign) == 0 || due
+	if len(foreign) > 0 && due {
+		if foreign, err = r.conflictLook(ctx, rd, res); err != nil {
+			// Each namespace then tries its create, as the first time.
+			log.Error(err, "listing the objects of the copy's name; trying each conflicting namespace instead", "resource", res.String())
+			foreign = nil
+		}
+	}
 
 	var (
 		// distributed holds every copy there is, by namespace: the up to
@@ -313,20 +336,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		succeeded   int
 		conflicts   []string
 		forbidden   = map[string][]string{} // verb -> namespaces
-		writeErrs   []error
+		writeErrs   []writeFailure
 	)
-	now := r.Clock.Now()
 	var mu sync.Mutex
 	work := make(chan string)
 	var wg sync.WaitGroup
 	for range min(r.Workers, max(len(desired), 1)) {
 		wg.Go(func() {
 			for ns := range work {
-				out := r.syncCopy(ctx, rd, res, author, ns, owned[ns], now)
+				out := r.syncCopy(ctx, rd, res, author, ns, owned[ns], foreign[ns], now)
 				mu.Lock()
 				switch {
 				case out.err != nil:
-					writeErrs = append(writeErrs, fmt.Errorf("namespace %s: %w", ns, out.err))
+					writeErrs = append(writeErrs, writeFailure{namespace: ns, err: out.err})
 					// A copy that failed to update is still a copy:
 					// deleting the distribution must still ask for it.
 					if out.rv != "" {
@@ -369,7 +391,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		obj := owned[ns]
 		ok, err := r.Authorizer.Allowed(ctx, author, VerbDelete, res.APIResource(), ns)
 		if err != nil {
-			writeErrs = append(writeErrs, err)
+			writeErrs = append(writeErrs, writeFailure{namespace: ns, err: err})
 			distributed[ns] = obj.GetResourceVersion()
 			continue
 		}
@@ -380,7 +402,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		uid := obj.GetUID()
 		if err := r.Client.Delete(ctx, obj, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			writeErrs = append(writeErrs, fmt.Errorf("removing the copy in %s: %w", ns, err))
+			writeErrs = append(writeErrs, writeFailure{namespace: ns, err: fmt.Errorf("removing the copy: %w", err)})
 			distributed[ns] = obj.GetResourceVersion()
 			continue
 		}
@@ -400,18 +422,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	var problems []string
 	var conflictMsg, forbiddenMsg string
 	if len(conflicts) > 0 {
-		conflictMsg = fmt.Sprintf("%s %q exists in %d target namespace(s) and is not this distribution's; it is left untouched: %s",
-			res.Kind, res.Name, len(conflicts), nameList(conflicts))
+		conflictMsg = boundMessage(fmt.Sprintf("%s %q exists in %d target namespace(s) and is not this distribution's; it is left untouched: %s",
+			res.Kind, res.Name, len(conflicts), nameList(conflicts)), maxMessageBytes)
 		problems = append(problems, "Name Conflict. "+conflictMsg)
 		if newConflicts {
-			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonConflict, "Distribute", "%s", conflictMsg)
+			r.warn(rd, ReasonConflict, "Distribute", conflictMsg)
 		}
 	}
 	if len(forbidden) > 0 {
 		forbiddenMsg = forbiddenMessage(author, res, forbidden)
 		problems = append(problems, forbiddenMsg)
 		if c := meta.FindStatusCondition(status.Conditions, ConditionAuthorized); c == nil || c.Message != forbiddenMsg {
-			r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, ReasonForbidden, "Authorize", "%s", forbiddenMsg)
+			r.warn(rd, ReasonForbidden, "Authorize", forbiddenMsg)
 		}
 		for verb, nss := range forbidden {
 			forbiddenWrites.WithLabelValues(verb).Add(float64(len(nss)))
@@ -421,8 +443,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		setCondition(status, ConditionAuthorized, rd.Generation, metav1.ConditionTrue, ReasonAuthorized,
 			fmt.Sprintf("the author %s may make every write the copies need", author))
 	}
+	var failedMsg string
 	if len(writeErrs) > 0 {
-		problems = append(problems, errors.Join(writeErrs...).Error())
+		failedMsg = failureMessage(writeErrs)
+		problems = append(problems, failedMsg)
 	}
 	switch {
 	case len(conflicts) > 0:
@@ -430,27 +454,27 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case len(forbidden) > 0:
 		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonForbidden, forbiddenMsg)
 	case len(writeErrs) > 0:
-		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonWriteFailed, errors.Join(writeErrs...).Error())
+		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionFalse, ReasonWriteFailed, failedMsg)
 	default:
 		msg := fmt.Sprintf("%s %q is in sync in %d namespace(s)", res.Kind, res.Name, succeeded)
-		status.Description = "Resource distribution succeeded: " + msg
+		status.Description = boundMessage("Resource distribution succeeded: "+msg, maxMessageBytes)
 		setCondition(status, ConditionSynced, rd.Generation, metav1.ConditionTrue, ReasonSynced, msg)
 	}
 	if len(problems) > 0 {
-		status.Description = "Resource distribution failed: " + strings.Join(problems, "; ")
+		status.Description = boundMessage("Resource distribution failed: "+strings.Join(problems, "; "), maxMessageBytes)
 	}
 	if err := r.writeStatus(ctx, rd, status); err != nil {
 		return reconcile.Result{}, err
 	}
 	if len(writeErrs) > 0 {
-		return reconcile.Result{}, errors.Join(writeErrs...)
+		// The same bounded summary: the error goes into the log, once per
+		// retry.
+		return reconcile.Result{}, errors.New(failedMsg)
 	}
 	var result reconcile.Result
-	if len(conflicts) > 0 {
-		// Foreign objects are not watched: look again soon, so that a copy
-		// appears within seconds of the conflict clearing.
-		result.RequeueAfter = r.ConflictRetry
-	}
+	// Foreign objects are not watched: look again, soon at first, then less
+	// often while the conflicts stay (conflicts.go).
+	result.RequeueAfter = r.conflicts.record(rd, conflicts, looked, now)
 	if r.AuthorMaxAge > 0 && (result.RequeueAfter == 0 || authorLeft < result.RequeueAfter) {
 		// Again when the author record expires, to stop writing then.
 		result.RequeueAfter = authorLeft
@@ -487,8 +511,8 @@ func forbiddenMessage(author Author, res *Resource, forbidden map[string][]strin
 		slices.Sort(nss)
 		parts = append(parts, fmt.Sprintf("%s %s in %d namespace(s): %s", verb, res.APIResource(), len(nss), nameList(nss)))
 	}
-	return fmt.Sprintf("the author %s may not %s; those writes are not made (a distribution writes a copy only where its author could write it)",
-		author, strings.Join(parts, "; may not "))
+	return boundMessage(fmt.Sprintf("the author %s may not %s; those writes are not made (a distribution writes a copy only where its author could write it)",
+		author, strings.Join(parts, "; may not ")), maxMessageBytes)
 }
 
 // messageNames bounds the namespaces a condition message, an Event or the
@@ -496,6 +520,67 @@ func forbiddenMessage(author Author, res *Resource, forbidden map[string][]strin
 // otherwise write a message past the 32768 bytes a condition may hold.
 // status.unauthorizedNamespaces and status.conflictingNamespaces list them.
 const messageNames = 20
+
+// Bounds on what the controller writes as text. A condition's message may
+// hold 32768 bytes (the CRD), and a status patch past it is refused whole,
+// so the status would go stale; an Event's note 1024 (events.k8s.io), past
+// which the Event is lost. A message is built bounded (nameList,
+// failureMessage); these cut whatever else grows with the input (a user
+// name, the apiserver's error texts) at the sink.
+const (
+	maxMessageBytes = 4096
+	maxEventBytes   = 1024
+	// failuresNamed is how many failed namespaces a message names, each
+	// with its error cut to failureErrorBytes.
+	failuresNamed     = 10
+	failureErrorBytes = 256
+)
+
+// writeFailure is a write the apiserver (or a SubjectAccessReview) refused
+// or failed, in one namespace.
+type writeFailure struct {
+	namespace string
+	err       error
+}
+
+// failureMessage says how many namespaces' writes failed and why in the
+// first failuresNamed of them by name, each error cut short; the rest are
+// counted ("and K more"). Ten thousand failures make a message of the same
+// size as eleven.
+func failureMessage(failures []writeFailure) string {
+	sorted := slices.SortedFunc(slices.Values(failures), func(a, b writeFailure) int { return strings.Compare(a.namespace, b.namespace) })
+	var b strings.Builder
+	fmt.Fprintf(&b, "writes failed in %d namespace(s): ", len(sorted))
+	for i, f := range sorted[:min(len(sorted), failuresNamed)] {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%s: %s", f.namespace, boundMessage(f.err.Error(), failureErrorBytes))
+	}
+	if len(sorted) > failuresNamed {
+		fmt.Fprintf(&b, "; and %d more", len(sorted)-failuresNamed)
+	}
+	return boundMessage(b.String(), maxMessageBytes)
+}
+
+// boundMessage cuts msg to at most limit bytes, at a rune boundary, and says
+// it was cut.
+func boundMessage(msg string, limit int) string {
+	const cut = " ...(cut)"
+	if len(msg) <= limit {
+		return msg
+	}
+	end := limit - len(cut)
+	for end > 0 && !utf8.RuneStart(msg[end]) {
+		end--
+	}
+	return msg[:end] + cut
+}
+
+// warn records a Warning Event on the distribution, its note bounded.
+func (r *Reconciler) warn(rd *v1alpha1.ResourceDistribution, reason, action, msg string) {
+	r.Recorder.Eventf(rd, nil, corev1.EventTypeWarning, reason, action, "%s", boundMessage(msg, maxEventBytes))
+}
 
 // nameList joins sorted names, the first messageNames of them, saying how
 // many more there are.
@@ -589,8 +674,9 @@ type copyResult struct {
 }
 
 // syncCopy makes the copy in ns current, asking first whether the author may
-// make each write.
-func (r *Reconciler) syncCopy(ctx context.Context, rd *v1alpha1.ResourceDistribution, res *Resource, author Author, ns string, existing client.Object, now time.Time) copyResult {
+// make each write. knownForeign: a foreign object of the copy's name is known
+// to be there (conflicts.go), so no create is tried.
+func (r *Reconciler) syncCopy(ctx context.Context, rd *v1alpha1.ResourceDistribution, res *Resource, author Author, ns string, existing client.Object, knownForeign bool, now time.Time) copyResult {
 	allowed := func(verb string) (string, error) {
 		ok, err := r.Authorizer.Allowed(ctx, author, verb, res.APIResource(), ns)
 		if err != nil || ok {
@@ -601,6 +687,9 @@ func (r *Reconciler) syncCopy(ctx context.Context, rd *v1alpha1.ResourceDistribu
 	if existing == nil {
 		if verb, err := allowed(VerbCreate); err != nil || verb != "" {
 			return copyResult{forbidden: verb, err: err}
+		}
+		if knownForeign {
+			return copyResult{conflict: true}
 		}
 		created := res.Copy(ns, rd, now)
 		err := r.Client.Create(ctx, created)
@@ -686,7 +775,13 @@ func (r *Reconciler) writeStatus(ctx context.Context, rd *v1alpha1.ResourceDistr
 	// computed whole from what this reconcile observed, and a second
 	// reconcile queued by the copies' own events must not fail with a
 	// conflict against the status the first just wrote.
-	return r.Client.Status().Patch(ctx, updated, client.MergeFrom(rd))
+	if err := r.Client.Status().Patch(ctx, updated, client.MergeFrom(rd)); err != nil {
+		return err
+	}
+	// The resourceVersion of this write is the controller's own, not a
+	// user's touch that asks to look at the conflicts now.
+	r.conflicts.wrote(rd, updated.ResourceVersion)
+	return nil
 }
 
 func statusEqual(a, b *v1alpha1.ResourceDistributionStatus) bool {
@@ -702,9 +797,10 @@ func statusEqual(a, b *v1alpha1.ResourceDistributionStatus) bool {
 		a.AuthorSince.Equal(b.AuthorSince) && a.AuthorGeneration == b.AuthorGeneration
 }
 
+// setCondition sets a condition, its message bounded (boundMessage).
 func setCondition(status *v1alpha1.ResourceDistributionStatus, typ string, generation int64, s metav1.ConditionStatus, reason, msg string) {
 	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-		Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: generation,
+		Type: typ, Status: s, Reason: reason, Message: boundMessage(msg, maxMessageBytes), ObservedGeneration: generation,
 	})
 }
 

@@ -47,7 +47,7 @@ func TestNamespaceEventsQueueOnlyConcernedDistributions(t *testing.T) {
 		rd("only-a", v1alpha1.ResourceDistributionTargets{IncludedNamespaces: names("a")}),
 		rd("everywhere", v1alpha1.ResourceDistributionTargets{}),
 	).Build()
-	r := &Reconciler{Client: c, Protected: testOwnNamespaces}
+	r := &Reconciler{Client: c, Protected: testOwnNamespaces, conflicts: newConflictTracker(DefaultConflictRetry, DefaultConflictRetryMax)}
 
 	queued := func(oldNS, newNS *corev1.Namespace) []string {
 		q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
