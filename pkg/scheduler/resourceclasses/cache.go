@@ -67,9 +67,14 @@ type cache struct {
 	// NodeDevices (liveness.go).
 	kubelet map[string]kubeletClasses
 
-	// freed is called, outside the lock, after a change that may let a waiting
-	// pod fit: devices released, added or healed, a class created or changed.
-	freed func()
+	// freed is called, outside the lock, after a change that may let any
+	// waiting pod fit, with why for the metric: devices released, a class
+	// created or changed.
+	freed func(why string)
+	// grew is called, outside the lock, after a node's new NodeDevices gave
+	// classes room they did not have there (grownClasses): only a pod of one
+	// of them can fit now where it did not, and only on that node.
+	grew func(node string, classes []string)
 	// changed is called, outside the lock, after any change that moves a class's
 	// status.
 	changed func()
@@ -205,7 +210,8 @@ func newCache() *cache {
 		classes:   map[string]*classState{},
 		pods:      map[types.UID]*holding{},
 		byNode:    map[string]map[types.UID]*holding{},
-		freed:     func() {},
+		freed:     func(string) {},
+		grew:      func(string, []string) {},
 		changed:   func() {},
 		untrusted: func(*holding, *inconsistency) {},
 		dirty:     true,
@@ -376,15 +382,22 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) (invalid []invalidDevic
 	}
 	c.invalidDevices += len(n.invalid) - len(c.nodes[nd.Name].invalidOrNil())
 	old = c.nodes[nd.Name]
+	var oldBlocked map[string]int
+	if old != nil {
+		oldBlocked = maps.Clone(old.blocked) // charging n takes the blocked holdings off old
+	}
 	c.nodes[nd.Name] = n
 	c.indexNode(nd.Name, old, n)
 	for _, h := range c.byNode[nd.Name] {
 		c.charge(n, h, 1)
 	}
+	grown := grownClasses(old, oldBlocked, n)
 	invalidNow := c.invalidDevices
 	c.mu.Unlock()
 	invalidDevices.Set(float64(invalidNow))
-	c.freed()
+	if len(grown) > 0 {
+		c.grew(nd.Name, grown)
+	}
 	c.changed()
 	return n.invalid, !slices.Equal(n.invalid, old.invalidOrNil())
 }
@@ -462,6 +475,62 @@ func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 		slices.SortFunc(n.devices[i].peers, func(a, b peerLink) int { return int(a.pos - b.pos) })
 	}
 	return n
+}
+
+// grownClasses are the classes that n, a node's new devices, gives room that
+// old, its devices before (nil: none), did not: a device the class selects
+// that a pod may be given now and could not before (new, healed, no longer
+// held, newly selected by the class), or a pool of the class with more free
+// pages, or pages of another size. Whether a pod fits only grows with these
+// (the matching's candidates and the pools' free bytes), so a pod none of
+// whose classes is among them fits n only if it fitted old: a change that
+// shrinks or only repeats a node's devices names none. Where pods hold
+// devices that are not known (blocked), their rows compete for the devices
+// of every class, so any growth, or fewer blocked, names every class of n.
+// oldBlocked is old's blocked as it was before n was charged.
+func grownClasses(old *nodeState, oldBlocked map[string]int, n *nodeState) []string {
+	var grown []string
+	for class, idx := range n.matches {
+		if slices.ContainsFunc(idx, func(i int) bool { return n.newRoom(class, i, old) }) {
+			grown = append(grown, class)
+		}
+	}
+	fewerBlocked := false
+	for class, k := range oldBlocked {
+		fewerBlocked = fewerBlocked || n.blocked[class] < k
+	}
+	if fewerBlocked || (len(grown) > 0 && len(n.blocked) > 0) {
+		grown = slices.Collect(maps.Keys(n.matches))
+	}
+	slices.Sort(grown)
+	return grown
+}
+
+// newRoom reports whether device i of n, which class selects, gives class
+// room on n that it did not have on old (grownClasses).
+func (n *nodeState) newRoom(class string, i int, old *nodeState) bool {
+	dev := n.devices[i]
+	if !dev.givable() {
+		return false
+	}
+	if old == nil {
+		return true
+	}
+	j, ok := old.index[dev.id]
+	if !ok {
+		return true
+	}
+	was := old.devices[j]
+	if !was.givable() || !slices.Contains(old.matches[class], j) || (dev.pool == nil) != (was.pool == nil) {
+		return true
+	}
+	return dev.pool != nil && (dev.pool.resourceName != was.pool.resourceName || dev.pool.freeBytes() > was.pool.freeBytes())
+}
+
+// givable: a pod may be given d now: healthy, allocatable and, unless it is
+// a pool, which pods share, held by nobody.
+func (d *deviceState) givable() bool {
+	return d.healthy && !d.excluded && (d.pool != nil || d.holders == 0)
 }
 
 func (n *nodeState) invalidOrNil() []invalidDevice {
@@ -595,7 +664,7 @@ func (c *cache) setClass(rc *v1alpha1.ResourceClass) {
 	}
 	c.dirty = true
 	c.mu.Unlock()
-	c.freed()
+	c.freed(activatedClass)
 	c.changed()
 }
 
@@ -697,7 +766,7 @@ func (c *cache) recheck() {
 	}
 	c.mu.Unlock()
 	if changed {
-		c.freed()
+		c.freed(activatedClass)
 		c.changed()
 	}
 }
@@ -730,7 +799,7 @@ func (c *cache) hold(h *holding) {
 	freed := c.holdLocked(h)
 	c.mu.Unlock()
 	if freed {
-		c.freed()
+		c.freed(activatedReleased)
 	}
 	c.changed()
 }
@@ -844,7 +913,7 @@ func (c *cache) releaseAndForget(uid types.UID, deleted bool) bool {
 	freed := c.releaseLocked(uid)
 	c.mu.Unlock()
 	if freed {
-		c.freed()
+		c.freed(activatedReleased)
 		c.changed()
 	}
 	return freed

@@ -18,7 +18,9 @@ import (
 //
 // New or healed devices (NodeDevices) and new or changed classes are not
 // registered: the plugin's own informers learn of them and activate the pods it
-// turned away once the cache has them (Plugin.activateWaiting). Registering
+// turned away once the cache has them (Plugin.activateGrown: the pods of a
+// class the node gave more room that fit it now; Plugin.activateWaiting for a
+// class change: every pod). Registering
 // them would make kube-scheduler watch both resources a second time, through
 // dynamic informers that keep every object decoded into maps: at 1000 nodes
 // that copy of the NodeDevices was 163 MB of the scheduler's 538 MB live heap,

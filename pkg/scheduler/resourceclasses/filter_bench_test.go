@@ -117,7 +117,7 @@ func BenchmarkFilterPerNode(b *testing.B) {
 				}
 			}
 		}
-		pl := &Plugin{args: &Args{Strategy: FirstFit}, shared: &shared{cache: c, synced: func() bool { return true }, waiting: map[types.UID]*corev1.Pod{}}}
+		pl := &Plugin{args: &Args{Strategy: FirstFit}, shared: &shared{cache: c, synced: func() bool { return true }, waiting: map[types.UID]waitingPod{}}}
 		run(b, gpuPod("p", gpuClass.Name, 1), infos, pl)
 	}
 	b.Run("class", func(b *testing.B) { class(b, false) })

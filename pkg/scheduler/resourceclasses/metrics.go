@@ -45,6 +45,12 @@ var (
 		Buckets:        []float64{0, 25, 50, 75, 99, 100},
 		StabilityLevel: metrics.ALPHA,
 	})
+	activations = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace: "resclass", Subsystem: "scheduler", Name: "pods_activated_total",
+		Help: "Waiting class pods moved back to the active queue by the plugin, by what may let them fit: node_devices (a node's NodeDevices gave a class " +
+			"the pod requests more room, and the pod fits that node now), released (a pod's devices were released) or class (a class was created or changed).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"reason"})
 	preemptedPods = metrics.NewCounter(&metrics.CounterOpts{
 		Namespace: "resclass", Subsystem: "scheduler", Name: "preempted_device_pods_total",
 		Help:           "Pods holding devices that the scheduler's preemption evicted for a higher-priority pod (each has a DevicesPreempted Event naming its devices).",
@@ -53,5 +59,12 @@ var (
 )
 
 func init() {
-	legacyregistry.MustRegister(reservations, assignments, statusWrites, untrustedAssignments, conflicts, invalidDevices, topologyQuality, preemptedPods)
+	legacyregistry.MustRegister(reservations, assignments, statusWrites, untrustedAssignments, conflicts, invalidDevices, topologyQuality, preemptedPods, activations)
 }
+
+// The reasons of pods_activated_total.
+const (
+	activatedNodeDevices = "node_devices"
+	activatedReleased    = "released"
+	activatedClass       = "class"
+)

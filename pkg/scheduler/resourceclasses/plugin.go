@@ -70,7 +70,14 @@ type shared struct {
 	pods corelisters.PodLister
 
 	mu      sync.Mutex
-	waiting map[types.UID]*corev1.Pod // pods with class requests not yet placed
+	waiting map[types.UID]waitingPod // pods with class requests not yet placed
+}
+
+// waitingPod is a pod with class requests not yet placed, and its demand,
+// which says whether a node's new devices may help it (activateGrown).
+type waitingPod struct {
+	pod    *corev1.Pod
+	demand *demand
 }
 
 // sharedBy keeps each scheduler's shared state, by its informer factory: the
@@ -129,8 +136,8 @@ func (p *Plugin) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%s: resclass client: %w", Name, err)
 	}
-	p.shared = &shared{cache: newCache(), waiting: map[types.UID]*corev1.Pod{}}
-	p.cache.freed = p.activateWaiting
+	p.shared = &shared{cache: newCache(), waiting: map[types.UID]waitingPod{}}
+	p.cache.freed, p.cache.grew = p.activateWaiting, p.activateGrown
 
 	logger := klog.FromContext(ctx).WithName(Name)
 	p.cache.untrusted = p.untrusted(logger)
@@ -342,21 +349,61 @@ func (p *Plugin) forget(uid types.UID) {
 }
 
 // activateWaiting moves the pods this plugin may have turned away back to the
-// active queue once devices are freed. The queueing hints do the same for the
-// scheduler's own events, but those can reach the queue before this plugin's
-// informer has updated the cache (handlers run independently), and a pod retried
-// against the old cache would wait for the next event.
-func (p *Plugin) activateWaiting() {
+// active queue once devices are freed or the classes change (why, for the
+// metric). The queueing hints do the same for the scheduler's own events, but
+// those can reach the queue before this plugin's informer has updated the
+// cache (handlers run independently), and a pod retried against the old cache
+// would wait for the next event.
+func (p *Plugin) activateWaiting(why string) {
 	p.mu.Lock()
 	if len(p.waiting) == 0 {
 		p.mu.Unlock()
 		return
 	}
 	pods := make(map[string]*corev1.Pod, len(p.waiting))
-	for _, pod := range p.waiting {
-		pods[pod.Namespace+"/"+pod.Name] = pod
+	for _, w := range p.waiting {
+		pods[w.pod.Namespace+"/"+w.pod.Name] = w.pod
 	}
 	p.mu.Unlock()
+	p.activate(why, pods)
+}
+
+// activateGrown moves back to the active queue the waiting pods that node's
+// new devices may help: those requesting one of classes, which the node gave
+// more room (cache.grew), that fit the node now. A NodeDevices change that
+// leaves every class as much room as before or less (a pool's free pages
+// going down, a device going unhealthy, a condition republished) activates
+// nobody: agents republish often, and each pod activated for nothing is a
+// scheduling cycle over every node (docs/scheduler.md, "NodeDevices churn").
+// A pod not activated here fitted the node before the change, or does not
+// fit it now, so this change did not turn it from waiting to placeable there.
+func (p *Plugin) activateGrown(node string, classes []string) {
+	p.mu.Lock()
+	var candidates []waitingPod
+	for _, w := range p.waiting {
+		if slices.ContainsFunc(w.demand.classes, func(c string) bool { return slices.Contains(classes, c) }) {
+			candidates = append(candidates, w)
+		}
+	}
+	p.mu.Unlock()
+	var pods map[string]*corev1.Pod
+	for _, w := range candidates {
+		if _, fits := p.cache.fits(node, nil, w.demand); fits {
+			if pods == nil {
+				pods = map[string]*corev1.Pod{}
+			}
+			pods[w.pod.Namespace+"/"+w.pod.Name] = w.pod
+		}
+	}
+	p.activate(activatedNodeDevices, pods)
+}
+
+// activate moves pods back to the active queue, counted under why.
+func (p *Plugin) activate(why string, pods map[string]*corev1.Pod) {
+	if len(pods) == 0 {
+		return
+	}
+	activations.WithLabelValues(why).Add(float64(len(pods)))
 	p.handle.Activate(klog.Background(), pods)
 }
 
@@ -410,7 +457,7 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 		return nil, fwk.AsStatus(fmt.Errorf("the device cache is not synced yet"))
 	}
 	p.mu.Lock()
-	p.waiting[pod.UID] = pod
+	p.waiting[pod.UID] = waitingPod{pod: pod, demand: d}
 	p.mu.Unlock()
 
 	eligible, u := p.cache.eligible(d)
@@ -652,7 +699,7 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 		}
 	}
 	p.mu.Lock()
-	p.waiting[pod.UID] = pod
+	p.waiting[pod.UID] = waitingPod{pod: pod, demand: s.demand}
 	p.mu.Unlock()
 }
 

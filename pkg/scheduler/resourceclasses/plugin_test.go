@@ -609,7 +609,7 @@ func gpuPodQ(name, class, q string) *corev1.Pod {
 }
 
 func TestPreFilterWaitsForSync(t *testing.T) {
-	p := &Plugin{args: &Args{Strategy: FirstFit}, shared: &shared{cache: newCache(), synced: func() bool { return false }, waiting: map[types.UID]*corev1.Pod{}}}
+	p := &Plugin{args: &Args{Strategy: FirstFit}, shared: &shared{cache: newCache(), synced: func() bool { return false }, waiting: map[types.UID]waitingPod{}}}
 	_, st := p.PreFilter(t.Context(), framework.NewCycleState(), gpuPod("early", "gpu", 1), nil)
 	wantCode(t, st, fwk.Error, "not synced")
 }
