@@ -99,33 +99,13 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 		}
 	}
 	client := fastClient(b)
-	// What the cluster uses with nothing to schedule (kwok's heartbeats for
-	// the nodes, the controllers): each run starts once it is back there.
-	measureIdle := func(count int) float64 {
-		time.Sleep(5 * time.Second) // the nodes' first heartbeats and NodeDevices
-		idle := 1.3*idleBreakdown(b, ctx, 10*time.Second) + 0.05
-		benchLog(b, "%d nodes: the cluster idles at %.2f cores or less", count, idle)
-		return idle
-	}
 	// The first pods a fresh cluster schedules cost more than the later ones
 	// (the processes' heaps and caches grow, the apiserver's watch cache
 	// fills): scheduled unmeasured, of both kinds, so that neither the
 	// baseline nor the class run pays for them (docs/scheduler.md, "Drift").
-	warmUp := func(resourceName corev1.ResourceName) {
-		ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-warmup-"}}, metav1.CreateOptions{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		batch := make([]*corev1.Pod, warmUpPods)
-		for i := range batch {
-			batch[i] = benchPod(ns.Name, i, resclassScheduler, resourceName, pool)
-		}
-		scheduleAll(b, ctx, batch, "bench-run="+ns.Name, 5*time.Minute)
-		deleteNamespaceAndWait(b, ctx, ns.Name)
-	}
-	warmUp(plain)
-	warmUp(classResource)
-	idle := measureIdle(nodes)
+	warmUp(b, ctx, client, pool, plain)
+	warmUp(b, ctx, client, pool, classResource)
+	idle := measureIdle(b, ctx, nodes)
 
 	sides := []benchSide{
 		{name: "class", scheduler: resclassScheduler, resource: classResource},
@@ -148,9 +128,36 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	}
 	b.Run("5000-nodes", func(b *testing.B) {
 		addNodes("bench-dgx-more", more)
-		idle = measureIdle(nodes + more)
+		idle = measureIdle(b, ctx, nodes+more)
 		interleaved(b, ctx, client, idle, rounds, pods, pool, baseline, sides[:1])
 	})
+}
+
+// warmUp schedules warmUpPods pods of resourceName on the nodes of pool,
+// unmeasured, and deletes them.
+func warmUp(b *testing.B, ctx context.Context, client kubernetes.Interface, pool string, resourceName corev1.ResourceName) {
+	b.Helper()
+	ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-warmup-"}}, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	batch := make([]*corev1.Pod, warmUpPods)
+	for i := range batch {
+		batch[i] = benchPod(ns.Name, i, resclassScheduler, resourceName, pool)
+	}
+	scheduleAll(b, ctx, batch, "bench-run="+ns.Name, 5*time.Minute)
+	deleteNamespaceAndWait(b, ctx, ns.Name)
+}
+
+// measureIdle is what the cluster of nodes uses with nothing to schedule
+// (kwok's heartbeats for the nodes, the controllers), with a margin: each
+// run starts once it is back there (settle).
+func measureIdle(b *testing.B, ctx context.Context, nodes int) float64 {
+	b.Helper()
+	time.Sleep(5 * time.Second) // the nodes' first heartbeats and NodeDevices
+	idle := 1.3*idleBreakdown(b, ctx, 10*time.Second) + 0.05
+	benchLog(b, "%d nodes: the cluster idles at %.2f cores or less", nodes, idle)
+	return idle
 }
 
 // benchSide is what one of SchedulingThroughput's runs schedules: pods
@@ -159,6 +166,12 @@ type benchSide struct {
 	name      string
 	scheduler string
 	resource  corev1.ResourceName
+	// during, if set, starts what runs alongside the side's pods
+	// (SchedulingUnderChurn's NodeDevices writes) once the cluster has
+	// settled, before the first pod is created; the stop it returns is called
+	// once the last pod is bound and returns what it did: figures by unit,
+	// reported as the side's medians.
+	during func() (stop func() map[string]float64)
 }
 
 // benchRun is one run's figures.
@@ -169,6 +182,8 @@ type benchRun struct {
 	// settled is how long the run waited for the cluster to idle before it,
 	// cleanup how long deleting its pods took after it.
 	settled, cleanup time.Duration
+	// alongside is what the side's during did, by unit.
+	alongside map[string]float64
 }
 
 // interleaved runs SchedulingThroughput's rounds on the cluster as it is
@@ -187,6 +202,9 @@ func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface,
 			round, s.name, r.podsPerSecond, r.probe[0].Round(10*time.Microsecond), r.probe[1].Round(10*time.Microsecond),
 			r.figures.outside, r.settled.Round(100*time.Millisecond), r.cleanup.Round(100*time.Millisecond), fmtMap(r.figures.cpuMS, "%.2f"),
 			r.figures.schedAllocB/1024, r.figures.schedGCs, r.figures.schedLiveB/1e6)
+		if r.alongside != nil {
+			benchLog(b, "round %d %s: alongside the pods: %s", round, s.name, fmtMap(r.alongside, "%.1f"))
+		}
 		return r
 	}
 	// brackets[side][round]: the side's run of the round and its baselines.
@@ -246,6 +264,13 @@ func interleaved(b *testing.B, ctx context.Context, client kubernetes.Interface,
 			}
 			b.ReportMetric(0, "ns/op")
 			b.ReportMetric(framework.Median(pps), "pods/s")
+			for unit := range chosen[0].alongside {
+				values := make([]float64, len(chosen))
+				for i, r := range chosen {
+					values[i] = r.alongside[unit]
+				}
+				b.ReportMetric(framework.Median(values), unit)
+			}
 			if ratios != nil {
 				b.ReportMetric(framework.Median(ratios), "ratio")
 				b.Logf("ratio by valid round %v: %s; pods/s %s; the breakdown below is the median run's, round %d's",
@@ -292,7 +317,14 @@ func scheduleRun(b *testing.B, ctx context.Context, client kubernetes.Interface,
 	for i := range batch {
 		batch[i] = benchPod(ns.Name, i, side.scheduler, side.resource, pool)
 	}
+	var stop func() map[string]float64
+	if side.during != nil {
+		stop = side.during()
+	}
 	elapsed, figures := scheduleAllMeasured(b, ctx, batch, "bench-run="+ns.Name, label, 10*time.Minute)
+	if stop != nil {
+		r.alongside = stop()
+	}
 	r.probe[1] = framework.SpeedProbe()
 	r.podsPerSecond = float64(pods) / elapsed.Seconds()
 	r.figures = figures
