@@ -83,6 +83,8 @@ type Webhook struct {
 
 	proc        *process
 	rotator     *process
+	args        []string // the webhook's flags, for Restart
+	healthPort  int
 	stopProject context.CancelFunc
 	projected   chan struct{}
 	c           *Cluster
@@ -205,6 +207,7 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 	}()
 
 	c.progress("starting the resclass webhook")
+	w.args, w.healthPort = args, healthPort
 	if w.proc, err = c.start("webhook", c.bins.webhook, nil, args...); err != nil {
 		_ = w.Stop(context.Background())
 		return nil, err
@@ -338,6 +341,26 @@ func (w *Webhook) Kill() {
 	w.killed = true
 	_ = w.proc.cmd.Process.Kill()
 	<-w.proc.done
+}
+
+// Restart starts the webhook again after Kill, with the same flags, port and
+// certificate, as its Deployment's controller brings a replica back; the
+// log of the killed one stays beside the new one's. It returns once the new
+// one is ready.
+func (w *Webhook) Restart(ctx context.Context) error {
+	if !w.killed {
+		return errors.New("the webhook is running: Kill it first")
+	}
+	w.c.mu.Lock()
+	w.c.processes = slices.DeleteFunc(w.c.processes, func(p *process) bool { return p == w.proc })
+	w.c.mu.Unlock()
+	_ = os.Rename(w.proc.logPath, fmt.Sprintf("%s.%d", w.proc.logPath, time.Now().UnixNano()))
+	proc, err := w.c.start("webhook", w.c.bins.webhook, nil, w.args...)
+	if err != nil {
+		return err
+	}
+	w.proc, w.killed = proc, false
+	return w.c.waitReady(ctx, "webhook", w.healthPort)
 }
 
 // Stop stops the webhook and the cert rotator and removes the
