@@ -2,15 +2,19 @@ package distribution
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/singleflight"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
+	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/utils/clock"
 )
 
@@ -52,7 +56,14 @@ type Authorizer struct {
 	// webhook answers any caller that reaches it, and without a bound one
 	// request would cost the apiserver a review per namespace of the cluster.
 	MaxReviews int
-	Clock      clock.PassiveClock
+	// Workers is how many reviews Denied asks at once (default 8).
+	Workers int
+	// Limiter, when set, paces every review this Authorizer asks, whoever
+	// the caller: the admission webhook's bound on what all requests
+	// together cost the apiserver. A review that would wait past the
+	// context's deadline is not asked (ErrOutOfTime).
+	Limiter flowcontrol.RateLimiter
+	Clock   clock.PassiveClock
 
 	mu    sync.Mutex
 	cache map[authzKey]authzAnswer
@@ -65,8 +76,12 @@ type Authorizer struct {
 	beforeFlight func()
 }
 
+// authzKey identifies a question. The author is a digest of its canonical
+// record, which may be 16 KiB: the cache's size then depends on the number
+// of answers, not on what a caller put in an identity.
 type authzKey struct {
-	author, verb, resource, namespace string
+	author                    [sha256.Size]byte
+	verb, resource, namespace string
 }
 
 type authzAnswer struct {
@@ -74,10 +89,14 @@ type authzAnswer struct {
 	expires time.Time
 }
 
+// ErrOutOfTime: a review was not asked, or not answered, before the
+// context's deadline (or the Limiter would have made it wait past it).
+var ErrOutOfTime = errors.New("out of time for SubjectAccessReviews")
+
 // Allowed reports whether author may verb resource (secrets or configmaps)
 // in namespace.
 func (a *Authorizer) Allowed(ctx context.Context, author Author, verb, resource, namespace string) (bool, error) {
-	encoded := author.key()
+	encoded := sha256.Sum256([]byte(author.key()))
 	if ok, err := a.review(ctx, author, encoded, verb, resource, metav1.NamespaceAll); err != nil || ok {
 		return ok, err
 	}
@@ -85,52 +104,85 @@ func (a *Authorizer) Allowed(ctx context.Context, author Author, verb, resource,
 }
 
 // Denied returns the namespaces among namespaces where author may not verb
-// resource, sorted; a few reviews run at once.
+// resource, sorted; Workers reviews run at once. When ctx's deadline comes
+// first (or the Limiter would pass it), it stops and returns an
+// *OutOfTimeError; the answers it had are cached (TTL), so asking again
+// goes on from there.
 func (a *Authorizer) Denied(ctx context.Context, author Author, verb, resource string, namespaces []string) ([]string, error) {
 	if len(namespaces) == 0 {
 		return nil, nil
 	}
-	encoded := author.key()
+	encoded := sha256.Sum256([]byte(author.key()))
+	outOfTime := func(err error, checked int) error {
+		if errors.Is(err, ErrOutOfTime) || errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return &OutOfTimeError{Verb: verb, Resource: resource, Namespaces: len(namespaces), Checked: checked, TTL: a.TTL}
+		}
+		return err
+	}
 	if ok, err := a.review(ctx, author, encoded, verb, resource, metav1.NamespaceAll); err != nil || ok {
-		return nil, err
+		if err != nil {
+			return nil, outOfTime(err, 0)
+		}
+		return nil, nil
 	}
 	if a.MaxReviews > 0 && len(namespaces) > a.MaxReviews {
 		return nil, &TooManyReviewsError{Verb: verb, Resource: resource, Namespaces: len(namespaces), Max: a.MaxReviews}
 	}
+	workers := a.Workers
+	if workers <= 0 {
+		workers = 8
+	}
+	// The first error stops the others: past a deadline every review left
+	// would fail the same way.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	var (
-		mu     sync.Mutex
-		denied []string
-		errs   []error
-		wg     sync.WaitGroup
+		mu       sync.Mutex
+		denied   []string
+		firstErr error
+		checked  atomic.Int64
+		wg       sync.WaitGroup
 	)
 	work := make(chan string)
-	for range min(8, len(namespaces)) {
+	for range min(workers, len(namespaces)) {
 		wg.Go(func() {
 			for ns := range work {
 				ok, err := a.review(ctx, author, encoded, verb, resource, ns)
 				mu.Lock()
-				if err != nil {
-					errs = append(errs, err)
-				} else if !ok {
+				switch {
+				case err != nil:
+					if firstErr == nil {
+						firstErr = err
+						cancel(err)
+					}
+				case !ok:
 					denied = append(denied, ns)
+					checked.Add(1)
+				default:
+					checked.Add(1)
 				}
 				mu.Unlock()
 			}
 		})
 	}
+feed:
 	for _, ns := range namespaces {
-		work <- ns
+		select {
+		case work <- ns:
+		case <-ctx.Done():
+			break feed
+		}
 	}
 	close(work)
 	wg.Wait()
-	if len(errs) > 0 {
-		return nil, errs[0]
+	if firstErr != nil {
+		return nil, outOfTime(firstErr, int(checked.Load()))
 	}
 	slices.Sort(denied)
 	return denied, nil
 }
 
-func (a *Authorizer) review(ctx context.Context, author Author, encoded, verb, resource, namespace string) (bool, error) {
+func (a *Authorizer) review(ctx context.Context, author Author, encoded [sha256.Size]byte, verb, resource, namespace string) (bool, error) {
 	key := authzKey{author: encoded, verb: verb, resource: resource, namespace: namespace}
 	now := a.now()
 	if a.TTL > 0 {
@@ -148,7 +200,7 @@ func (a *Authorizer) review(ctx context.Context, author Author, encoded, verb, r
 		// answers it, as cached when the answer is another's (a review that
 		// ended just now, or one in flight that this caller waited for).
 		leader := false
-		v, err, _ := a.inflight.Do(fmt.Sprintf("%q %q %q %q", encoded, verb, resource, namespace), func() (any, error) {
+		v, err, _ := a.inflight.Do(fmt.Sprintf("%x %q %q %q", encoded, verb, resource, namespace), func() (any, error) {
 			leader = true
 			// A review that ended between this caller's look at the cache
 			// and here has answered already.
@@ -180,6 +232,13 @@ func (a *Authorizer) review(ctx context.Context, author Author, encoded, verb, r
 // ask asks the apiserver, counts the review and caches its answer.
 func (a *Authorizer) ask(ctx context.Context, author Author, key authzKey, now time.Time) (bool, error) {
 	verb, resource, namespace := key.verb, key.resource, key.namespace
+	if a.Limiter != nil {
+		// Fails at once when the wait would pass ctx's deadline: the
+		// request is answered in time rather than after its caller gave up.
+		if err := a.Limiter.Wait(ctx); err != nil {
+			return false, fmt.Errorf("%w: %w", ErrOutOfTime, err)
+		}
+	}
 	extra := make(map[string]authorizationv1.ExtraValue, len(author.Extra))
 	for k, v := range author.Extra {
 		extra[k] = authorizationv1.ExtraValue(v)
@@ -260,3 +319,22 @@ func (e *TooManyReviewsError) Error() string {
 	return fmt.Sprintf("%s %s cluster-wide, and the request needs it in %d namespaces, more than the %d checked one by one",
 		e.Verb, e.Resource, e.Namespaces, e.Max)
 }
+
+// OutOfTimeError is Denied's answer when its context's deadline came (or the
+// Limiter would have passed it) before every namespace was asked about.
+type OutOfTimeError struct {
+	Verb, Resource      string
+	Namespaces, Checked int
+	TTL                 time.Duration
+}
+
+func (e *OutOfTimeError) Error() string {
+	msg := fmt.Sprintf("%s %s cluster-wide, and checking the %d namespaces the request needs it in one by one did not finish in the time an admission has (%d checked)",
+		e.Verb, e.Resource, e.Namespaces, e.Checked)
+	if e.TTL > 0 {
+		msg += fmt.Sprintf("; the answers are remembered for %s, so the same request made again goes on from there", e.TTL)
+	}
+	return msg
+}
+
+func (e *OutOfTimeError) Unwrap() error { return ErrOutOfTime }

@@ -38,6 +38,17 @@ const (
 // seconds on SubjectAccessReviews, which the bound leaves room for.
 const DefaultMaxInFlight = 200
 
+// Defaults of the ResourceDistribution admission's review flags. At 2000
+// reviews a second (bursts of as many), 10 000 namespaces take 4 s of the
+// limiter's time, within an admission's 8 s (the webhook's 10 s timeout less
+// the margin, reviewBudget); measured on the e2e apiserver in
+// docs/distribution.md, "What one admission costs".
+const (
+	DefaultDistributionMaxNamespaceReviews = 10_000
+	DefaultDistributionReviewQPS           = 2000
+	DefaultDistributionReviewTTL           = 10 * time.Second
+)
+
 // Options are the webhook binary's flags.
 type Options struct {
 	Mode string
@@ -100,6 +111,11 @@ type Options struct {
 	// DistributionMaxNamespaceReviews bounds the SubjectAccessReviews one
 	// ResourceDistribution admission asks per verb beyond the cluster-wide one.
 	DistributionMaxNamespaceReviews int
+	// DistributionReviewQPS paces the SubjectAccessReviews of every
+	// ResourceDistribution admission together, on a client of their own.
+	DistributionReviewQPS float32
+	// DistributionReviewTTL is how long admission reuses a review's answer.
+	DistributionReviewTTL time.Duration
 	// NodeAgentNamespace is protected from distributions like --namespace.
 	NodeAgentNamespace string
 }
@@ -122,7 +138,9 @@ func NewOptions() *Options {
 		MutatingWebhookConfigName:       "resclass-webhook",
 		DistributionAuthorizationTTL:    distribution.DefaultAuthorizationTTL,
 		DistributionStatusMaxCopies:     distribution.DefaultMaxStatusCopies,
-		DistributionMaxNamespaceReviews: 200,
+		DistributionMaxNamespaceReviews: DefaultDistributionMaxNamespaceReviews,
+		DistributionReviewQPS:           DefaultDistributionReviewQPS,
+		DistributionReviewTTL:           DefaultDistributionReviewTTL,
 		Namespace:                       ns,
 		Port:                            9443,
 		CertDir:                         "/tmp/resclass-webhook/serving-certs",
@@ -220,7 +238,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.DistributionAuthorMaxAge, "distribution-author-max-age", o.DistributionAuthorMaxAge,
 		"(--mode=distribution-controller) How long a ResourceDistribution's author record is replayed: its groups are those of the request that wrote the spec, and a group removed at the identity provider is not seen. Older (counted from when the controller first saw the spec, status.authorSince), no copy is created, updated or deleted until someone writes the spec again (Authorized False, reason AuthorExpired). 0 (the default): no limit.")
 	fs.IntVar(&o.DistributionMaxNamespaceReviews, "distribution-max-namespace-reviews", o.DistributionMaxNamespaceReviews,
-		"(--mode=webhook) How many namespaces one ResourceDistribution admission asks a SubjectAccessReview about, per verb, when the requester may not write the kind cluster-wide (one cluster-wide review is asked first). A request that needs more is refused without asking (an update's content change only warns): the webhook answers any caller that reaches it, and this bounds what one request costs the apiserver. The default, 200, is the client's burst (--kube-api-burst).")
+		"(--mode=webhook) How many namespaces one ResourceDistribution admission asks a SubjectAccessReview about, per verb, when the requester may not write the kind cluster-wide (one cluster-wide review is asked first). A request that needs more is refused without asking (an update's content change only warns), with a message to ask for the right cluster-wide: the webhook answers any caller that reaches it, and this bounds what one request costs the apiserver. The default, 10000, fits the admission's time at the default --distribution-review-qps (docs/distribution.md, \"What one admission costs\").")
+	fs.Float32Var(&o.DistributionReviewQPS, "distribution-review-qps", o.DistributionReviewQPS,
+		"(--mode=webhook) SubjectAccessReviews per second that ResourceDistribution admissions ask, all requests together, on a client of their own (bursts of as many; --kube-api-qps does not apply to them). A request whose reviews cannot all be asked and answered within its time (the apiserver's timeout for the call, less a margin) is refused with a message saying how far it got; the answers are remembered (--distribution-review-ttl), so the same request made again goes on from there.")
+	fs.DurationVar(&o.DistributionReviewTTL, "distribution-review-ttl", o.DistributionReviewTTL,
+		"(--mode=webhook) How long ResourceDistribution admission reuses a SubjectAccessReview's answer, keyed by the requester's user, uid, groups and extra, the verb, the resource and the namespace: a request repeated (or made again after running out of time) asks only what it has not asked. A revoked permission is seen by admission within this time; the controller asks again before every write anyway. 0: no reuse. At most 1m.")
 	fs.IntVar(&o.DistributionStatusMaxCopies, "distribution-status-max-copies", o.DistributionStatusMaxCopies,
 		fmt.Sprintf("How many namespaces holding a copy a ResourceDistribution's status.distributedResources names at most (status.distributed counts them all); beyond it, deleting or shrinking the distribution needs delete in every namespace it no longer targets. 1 to %d.", distribution.MaxStatusCopiesLimit))
 }
@@ -274,6 +296,12 @@ func (o *Options) Validate() error {
 	}
 	if o.DistributionMaxNamespaceReviews < 1 {
 		errs = append(errs, "--distribution-max-namespace-reviews must be at least 1")
+	}
+	if o.DistributionReviewQPS < 1 {
+		errs = append(errs, "--distribution-review-qps must be at least 1")
+	}
+	if o.DistributionReviewTTL < 0 || o.DistributionReviewTTL > time.Minute {
+		errs = append(errs, fmt.Sprintf("--distribution-review-ttl=%s: want 0 to 1m", o.DistributionReviewTTL))
 	}
 	if o.QuotaReloadInterval <= 0 {
 		errs = append(errs, "--quota-config-reload-interval must be positive")

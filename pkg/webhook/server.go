@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/flowcontrol"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -250,11 +251,22 @@ func Run(ctx context.Context, o *Options) error {
 	limit := newInFlightLimit(o.MaxInFlight)
 	register := func(path string, h http.Handler) { server.Register(path, limit.wrap(path, h)) }
 	register(ResourceClassesPath, &webhook.Admission{Handler: &resourceClasses{}})
-	register(ResourceDistributionsPath, &webhook.Admission{Handler: &resourceDistributions{
+	reviews, err := reviewClient(cfg)
+	if err != nil {
+		return err
+	}
+	register(ResourceDistributionsPath, reviewBudget(&webhook.Admission{Handler: &resourceDistributions{
 		namespaces: mgr.GetCache(),
-		authorizer: &distribution.Authorizer{SAR: clientset.AuthorizationV1().SubjectAccessReviews(), MaxReviews: o.DistributionMaxNamespaceReviews},
-		protected:  o.protectedNamespaces(),
-	}})
+		authorizer: &distribution.Authorizer{
+			SAR:        reviews.AuthorizationV1().SubjectAccessReviews(),
+			MaxReviews: o.DistributionMaxNamespaceReviews,
+			Workers:    reviewWorkers,
+			TTL:        o.DistributionReviewTTL,
+			MaxEntries: maxCachedReviews,
+			Limiter:    flowcontrol.NewTokenBucketRateLimiter(o.DistributionReviewQPS, int(o.DistributionReviewQPS)),
+		},
+		protected: o.protectedNamespaces(),
+	}}))
 	register(ResourceDistributionAuthorPath, &webhook.Admission{Handler: resourceDistributionAuthor{}})
 	// A Warning Event on the rule's ConfigMap, where the operator who edited
 	// it looks (kubectl describe configmap), for each rule the matchConditions
