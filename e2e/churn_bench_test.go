@@ -10,7 +10,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
@@ -39,6 +42,12 @@ import (
 //     unless RESCLASS_BENCH_NODES_5000=0; RESCLASS_BENCH_NODES_5000=only
 //     runs these alone.
 //
+// Throughout both sides, RESCLASS_BENCH_CHURN_WAITING pods (default 100)
+// wait for capacity that never comes: 9 GPUs of the class, on nodes of 8. A
+// cluster with pods pending for devices is the common case, and they are
+// whom a NodeDevices change used to re-activate, each for a scheduling cycle
+// over every node.
+//
 // RESCLASS_BENCH_CHURN_NODES sets the first pool's nodes (default 1000), for
 // a quick look on a small cluster; a run has 1000 pods, or 4 per node when
 // that is fewer. The runs interleave as SchedulingThroughput's (interleaved:
@@ -65,6 +74,13 @@ func BenchmarkSchedulingUnderChurn(b *testing.B) {
 			b.Fatalf("RESCLASS_BENCH_CHURN_PERIOD=%q: want a duration above 0", v)
 		}
 	}
+	waiting := 100
+	if v := os.Getenv("RESCLASS_BENCH_CHURN_WAITING"); v != "" {
+		var err error
+		if waiting, err = strconv.Atoi(v); err != nil || waiting < 0 {
+			b.Fatalf("RESCLASS_BENCH_CHURN_WAITING=%q: want a number of pods, 0 or more", v)
+		}
+	}
 	rounds := 5
 	if v := os.Getenv("RESCLASS_BENCH_ROUNDS"); v != "" {
 		var err error
@@ -89,13 +105,14 @@ func BenchmarkSchedulingUnderChurn(b *testing.B) {
 	classResource := corev1.ResourceName(v1alpha1.ResourceNamePrefix + class)
 	client := fastClient(b)
 	warmUp(b, ctx, client, pool, classResource)
+	createWaiting(b, ctx, client, pool, classResource, waiting)
 
 	baseline := benchSide{name: "baseline-no-churn", scheduler: resclassScheduler, resource: classResource}
 	churning := benchSide{name: "churn", scheduler: resclassScheduler, resource: classResource, during: ch.start}
 	pods := min(1000, 4*nodes)
 	scale := os.Getenv("RESCLASS_BENCH_NODES_5000")
 	if scale != "only" {
-		benchLog(b, "%d nodes, %d pods a run; churn: every node's NodeDevices once per %v, %.0f writes/s planned", nodes, pods, period, float64(nodes)/period.Seconds())
+		benchLog(b, "%d nodes, %d pods a run, %d waiting; churn: every node's NodeDevices once per %v, %.0f writes/s planned", nodes, pods, waiting, period, float64(nodes)/period.Seconds())
 		interleaved(b, ctx, client, measureIdle(b, ctx, nodes), rounds, pods, pool, baseline, []benchSide{churning})
 	}
 	if scale == "0" {
@@ -103,9 +120,50 @@ func BenchmarkSchedulingUnderChurn(b *testing.B) {
 	}
 	b.Run("5000-nodes", func(b *testing.B) {
 		addNodes("bench-churn-more", large-nodes)
-		benchLog(b, "%d nodes, 1000 pods a run; churn: every node's NodeDevices once per %v, %.0f writes/s planned", large, period, large/period.Seconds())
+		benchLog(b, "%d nodes, 1000 pods a run, %d waiting; churn: every node's NodeDevices once per %v, %.0f writes/s planned", large, waiting, period, large/period.Seconds())
 		interleaved(b, ctx, client, measureIdle(b, ctx, large), rounds, 1000, pool, baseline, []benchSide{churning})
 	})
+}
+
+// createWaiting creates n pods that request 9 devices of resourceName, more
+// than a node of pool has, and waits until the scheduler has found each
+// unschedulable: they wait through the benchmark, in a namespace of their
+// own, deleted at its end.
+func createWaiting(b *testing.B, ctx context.Context, client kubernetes.Interface, pool string, resourceName corev1.ResourceName, n int) {
+	b.Helper()
+	if n == 0 {
+		return
+	}
+	ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-waiting-"}}, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cluster.Client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+	})
+	createPods(b, ctx, client, n, func(i int) *corev1.Pod {
+		p := benchPod(ns.Name, i, resclassScheduler, resourceName, pool)
+		p.Spec.Containers[0].Resources.Limits[resourceName] = resource.MustParse("9")
+		return p
+	})
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := client.CoreV1().Pods(ns.Name).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return false, nil
+		}
+		turnedAway := 0
+		for i := range list.Items {
+			for _, c := range list.Items[i].Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+					turnedAway++
+				}
+			}
+		}
+		return turnedAway == n, nil
+	})
+	if err != nil {
+		b.Fatalf("%d waiting pods not all found unschedulable: %v", n, err)
+	}
 }
 
 // churn rewrites the NodeDevices status of its nodes as their agents would
