@@ -16,7 +16,7 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
-	"github.com/resclass/resclass/pkg/dra"
+	"github.com/resclass/resclass/pkg/dra/dradevice"
 )
 
 // BenchmarkDRASchedulingThroughput compares the two ways a node serves a
@@ -155,7 +155,7 @@ func publishBenchSlices(b *testing.B, ctx context.Context, nodes []string) {
 			allocatable = append(allocatable, status.Devices[i])
 		}
 	}
-	devices, refused := dra.Devices(allocatable)
+	devices, refused := dradevice.Devices(allocatable)
 	if len(refused) > 0 {
 		b.Fatalf("the dgx-a100 profile does not map to DRA: %v", refused)
 	}
@@ -167,9 +167,9 @@ func publishBenchSlices(b *testing.B, ctx context.Context, nodes []string) {
 		wg.Go(func() {
 			for node := range next {
 				s := &resourceapi.ResourceSlice{
-					ObjectMeta: metav1.ObjectMeta{Name: node + "-" + dra.DriverName},
+					ObjectMeta: metav1.ObjectMeta{Name: node + "-" + dradevice.DriverName},
 					Spec: resourceapi.ResourceSliceSpec{
-						Driver: dra.DriverName, NodeName: &node,
+						Driver: dradevice.DriverName, NodeName: &node,
 						Pool:    resourceapi.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1},
 						Devices: devices,
 					},
@@ -191,7 +191,7 @@ func publishBenchSlices(b *testing.B, ctx context.Context, nodes []string) {
 	}
 	b.Cleanup(func() {
 		for _, n := range nodes {
-			_ = cluster.Client.ResourceV1().ResourceSlices().Delete(context.Background(), n+"-"+dra.DriverName, metav1.DeleteOptions{})
+			_ = cluster.Client.ResourceV1().ResourceSlices().Delete(context.Background(), n+"-"+dradevice.DriverName, metav1.DeleteOptions{})
 		}
 	})
 }

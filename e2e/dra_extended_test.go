@@ -17,7 +17,7 @@ import (
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/e2e/framework/cri"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
-	"github.com/resclass/resclass/pkg/dra"
+	"github.com/resclass/resclass/pkg/dra/dradevice"
 	"github.com/resclass/resclass/pkg/draplugin"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -70,7 +70,7 @@ func TestDRAExtendedResourceForm(t *testing.T) {
 	dpGPUs, dpRoot := mockDGX(t)
 	cdiDir := t.TempDir()
 	kubeletDir := filepath.Join(dkn.Dir, "root")
-	draCfg := nodeagent.DRAConfig{PluginDataDir: filepath.Join(kubeletDir, "plugins", dra.DriverName), RegistrationDir: filepath.Join(kubeletDir, "plugins_registry")}
+	draCfg := nodeagent.DRAConfig{PluginDataDir: filepath.Join(kubeletDir, "plugins", dradevice.DriverName), RegistrationDir: filepath.Join(kubeletDir, "plugins_registry")}
 	draAgent := startDRATestAgent(t, ctx, draNode, dkn, draGPUs, draRoot, cdiDir, draCfg)
 	t.Cleanup(func() { draAgent.stop() })
 	dpAgent := startDRATestAgent(t, ctx, dpNode, pkn, dpGPUs, dpRoot, t.TempDir(), nodeagent.DRAConfig{})

@@ -31,6 +31,7 @@ import (
 	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/dra"
+	"github.com/resclass/resclass/pkg/dra/dradevice"
 	"github.com/resclass/resclass/pkg/draplugin"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -75,7 +76,7 @@ func TestDRANode(t *testing.T) {
 	// The kubelet's --root-dir, where it watches plugins_registry (only its
 	// device-plugin directory is the hard-coded /var/lib/kubelet one).
 	kubeletDir := filepath.Join(dkn.Dir, "root")
-	draCfg := nodeagent.DRAConfig{PluginDataDir: filepath.Join(kubeletDir, "plugins", dra.DriverName), RegistrationDir: filepath.Join(kubeletDir, "plugins_registry")}
+	draCfg := nodeagent.DRAConfig{PluginDataDir: filepath.Join(kubeletDir, "plugins", dradevice.DriverName), RegistrationDir: filepath.Join(kubeletDir, "plugins_registry")}
 	startAgent := func(name string, kn *framework.KubeletNode, gpus *nvmlmock.Server, root string) *draTestAgent {
 		return startDRATestAgent(t, ctx, name, kn, gpus, root, cdiDir, draCfg)
 	}
@@ -245,7 +246,7 @@ func TestDRANode(t *testing.T) {
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		for _, s := range nodeSlices(t, ctx, draNode) {
 			for _, d := range s.Spec.Devices {
-				if id, _ := dra.ID(&d); id == sick && len(d.Taints) == 1 && d.Taints[0].Key == dra.TaintUnhealthy && d.Taints[0].Effect == resourceapi.DeviceTaintEffectNoSchedule {
+				if id, _ := dradevice.ID(&d); id == sick && len(d.Taints) == 1 && d.Taints[0].Key == dradevice.TaintUnhealthy && d.Taints[0].Effect == resourceapi.DeviceTaintEffectNoSchedule {
 					return true, nil
 				}
 			}
@@ -342,7 +343,7 @@ func TestDRANode(t *testing.T) {
 	_, akc := agentClients(t, draNode)
 	foreign := &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"},
-		Spec:       resourceapi.ResourceSliceSpec{Driver: dra.DriverName, NodeName: ptrTo(dpNode), Pool: resourceapi.ResourcePool{Name: dpNode, ResourceSliceCount: 1}},
+		Spec:       resourceapi.ResourceSliceSpec{Driver: dradevice.DriverName, NodeName: ptrTo(dpNode), Pool: resourceapi.ResourcePool{Name: dpNode, ResourceSliceCount: 1}},
 	}
 	if _, err := akc.ResourceV1().ResourceSlices().Create(ctx, foreign, metav1.CreateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "its own node") {
 		t.Errorf("the DRA node's agent creating a slice of %s: %v, want Forbidden", dpNode, err)
@@ -485,7 +486,7 @@ func sliceIDs(list []resourceapi.ResourceSlice) map[string]string {
 	out := map[string]string{}
 	for _, s := range list {
 		for i := range s.Spec.Devices {
-			if id, ok := dra.ID(&s.Spec.Devices[i]); ok && s.Spec.Driver == dra.DriverName {
+			if id, ok := dradevice.ID(&s.Spec.Devices[i]); ok && s.Spec.Driver == dradevice.DriverName {
 				out[id] = s.Spec.Devices[i].Name
 			}
 		}
@@ -552,7 +553,7 @@ func allocatedIDs(t *testing.T, c *resourceapi.ResourceClaim, list []resourceapi
 	}
 	var out []string
 	for _, r := range c.Status.Allocation.Devices.Results {
-		if r.Driver == dra.DriverName {
+		if r.Driver == dradevice.DriverName {
 			out = append(out, byName[r.Device])
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/dra/dradevice"
 )
 
 // nvidiaHighMem is the proposal's class: Kind In nvidia-gpu, memory GtEq 30G.
@@ -27,7 +28,7 @@ func nvidiaHighMem() *v1alpha1.ResourceClassSpec {
 // "Throughput").
 func BenchmarkDeviceClassMatch(b *testing.B) {
 	h := h100()
-	mapped, err := Device(&h)
+	mapped, err := dradevice.Device(&h)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -49,7 +50,7 @@ func BenchmarkDeviceClassMatch(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		run(b, expr, dracel.Device{Driver: DriverName, Attributes: mapped.Attributes, Capacity: mapped.Capacity})
+		run(b, expr, dracel.Device{Driver: dradevice.DriverName, Attributes: mapped.Attributes, Capacity: mapped.Capacity})
 	})
 	b.Run("translated-two-attributes", func(b *testing.B) {
 		expr, err := Selector(nvidiaHighMem())
@@ -58,12 +59,12 @@ func BenchmarkDeviceClassMatch(b *testing.B) {
 		}
 		attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"kind": mapped.Attributes["kind"]}
 		capacity := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": mapped.Capacity["memory"]}
-		run(b, expr, dracel.Device{Driver: DriverName, Attributes: attrs, Capacity: capacity})
+		run(b, expr, dracel.Device{Driver: dradevice.DriverName, Attributes: attrs, Capacity: capacity})
 	})
 	b.Run("baseline-handwritten", func(b *testing.B) {
 		run(b, `device.driver == "resclass.io" && device.attributes["resclass.io"].kind == "nvidia-gpu" && `+
 			`device.capacity["resclass.io"].memory.compareTo(quantity("30G")) >= 0`,
-			dracel.Device{Driver: DriverName, Attributes: mapped.Attributes, Capacity: mapped.Capacity})
+			dracel.Device{Driver: dradevice.DriverName, Attributes: mapped.Attributes, Capacity: mapped.Capacity})
 	})
 }
 

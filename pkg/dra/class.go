@@ -1,3 +1,8 @@
+// Package dra is resclass on Dynamic Resource Allocation (resource.k8s.io/v1):
+// how a ResourceClass's selector becomes a DeviceClass's CEL selector (this
+// file) and the controller that keeps those DeviceClasses. How a resclass
+// device becomes a DRA device, which the selectors select, is
+// pkg/dra/dradevice, kept apart so that the node agent links no CEL.
 package dra
 
 import (
@@ -20,6 +25,7 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/attrvalue"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/dra/dradevice"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -55,19 +61,19 @@ const (
 )
 
 var bindings = []struct{ name, expr string }{
-	{bindAttrs, `device.attributes[` + quote(DriverName) + `]`},
-	{bindCapacity, `device.capacity[` + quote(DriverName) + `]`},
-	{bindBandwidth, `device.capacity[` + quote(BandwidthDomain) + `]`},
-	{bindStandard, `device.attributes[` + quote(StandardDomain) + `]`},
+	{bindAttrs, `device.attributes[` + quote(dradevice.DriverName) + `]`},
+	{bindCapacity, `device.capacity[` + quote(dradevice.DriverName) + `]`},
+	{bindBandwidth, `device.capacity[` + quote(dradevice.BandwidthDomain) + `]`},
+	{bindStandard, `device.attributes[` + quote(dradevice.StandardDomain) + `]`},
 }
 
 func binding(domain string, capacity bool) string {
 	switch {
-	case capacity && domain == BandwidthDomain:
+	case capacity && domain == dradevice.BandwidthDomain:
 		return bindBandwidth
 	case capacity:
 		return bindCapacity
-	case domain == StandardDomain:
+	case domain == dradevice.StandardDomain:
 		return bindStandard
 	}
 	return bindAttrs
@@ -109,7 +115,7 @@ func Selector(spec *v1alpha1.ResourceClassSpec) (string, error) {
 			body = "cel.bind(" + b.name + ", " + b.expr + ", " + body + ")"
 		}
 	}
-	expr := "device.driver == " + quote(DriverName) + " && " + body
+	expr := "device.driver == " + quote(dradevice.DriverName) + " && " + body
 	if err := Check(expr); err != nil {
 		return "", fmt.Errorf("the class %w: %w", ErrUntranslatable, err)
 	}
@@ -164,7 +170,7 @@ func (t *translator) at(m, key string) (at, has string) {
 // mapped device such a key is absent.
 func representable(key string) bool {
 	return len(key) <= resourceapi.DeviceMaxIDLength && len(validation.IsCIdentifier(key)) == 0 &&
-		key != AttributeKind && key != AttributeID
+		key != dradevice.AttributeKind && key != dradevice.AttributeID
 }
 
 func (t *translator) requirement(r *v1alpha1.ResourceSelectorRequirement) (string, error) {
@@ -175,9 +181,9 @@ func (t *translator) requirement(r *v1alpha1.ResourceSelectorRequirement) (strin
 	}
 	switch r.Key {
 	case selector.KeyKind, "Kind":
-		return t.fixed(r, AttributeKind, bindAttrs, v1alpha1.AttributeTypeString, "true")
+		return t.fixed(r, dradevice.AttributeKind, bindAttrs, v1alpha1.AttributeTypeString, "true")
 	case selector.KeyID:
-		return t.fixed(r, AttributeID, bindAttrs, v1alpha1.AttributeTypeString, "true")
+		return t.fixed(r, dradevice.AttributeID, bindAttrs, v1alpha1.AttributeTypeString, "true")
 	}
 	if !representable(r.Key) {
 		// No mapped device has the attribute.
@@ -188,7 +194,7 @@ func (t *translator) requirement(r *v1alpha1.ResourceSelectorRequirement) (strin
 		return "false", nil
 	}
 	if typ := kinds.Builtin.AttributeType(r.Key); typ != "" {
-		domain, _, capacity := Where(r.Key, typ)
+		domain, _, capacity := dradevice.Where(r.Key, typ)
 		_, has := t.at(binding(domain, capacity), r.Key)
 		return t.fixed(r, r.Key, binding(domain, capacity), typ, has)
 	}
@@ -420,7 +426,7 @@ func read(s string, typ v1alpha1.AttributeType) (reading, bool) {
 		if err != nil {
 			return reading{}, false
 		}
-		if sv, ok := Semver(v); ok {
+		if sv, ok := dradevice.Semver(v); ok {
 			return reading{"semver(" + quote(sv) + ")", true}, true
 		}
 		parts := strings.SplitN(v.String(), ".", 4)
@@ -432,7 +438,7 @@ func read(s string, typ v1alpha1.AttributeType) (reading, bool) {
 // exactQuantity writes q so that parsing it gives q's value exactly (see
 // exact).
 func exactQuantity(q resource.Quantity) string {
-	e := exact(q)
+	e := dradevice.Exact(q)
 	return e.String()
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/attrvalue"
+	"github.com/resclass/resclass/pkg/dra/dradevice"
 )
 
 func init() { install.Install(legacyscheme.Scheme) }
@@ -120,7 +121,7 @@ func sliceErrors(t testing.TB, devices []resourceapi.Device) field.ErrorList {
 	slice := &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: "node-1-resclass.io-abcde"},
 		Spec: resourceapi.ResourceSliceSpec{
-			Driver:   DriverName,
+			Driver:   dradevice.DriverName,
 			NodeName: ptr("node-1"),
 			Pool:     resourceapi.ResourcePool{Name: "node-1", ResourceSliceCount: 1},
 			Devices:  devices,
@@ -141,7 +142,7 @@ func TestProfilesMapAndValidate(t *testing.T) {
 	all["mig"] = []v1alpha1.Device{mig()}
 	for name, devices := range all {
 		t.Run(name, func(t *testing.T) {
-			out, refused := Devices(devices)
+			out, refused := dradevice.Devices(devices)
 			if len(refused) > 0 {
 				t.Fatalf("refused: %v", refused)
 			}
@@ -150,10 +151,10 @@ func TestProfilesMapAndValidate(t *testing.T) {
 			}
 			for i, d := range out {
 				src := devices[i]
-				if id, ok := ID(&d); !ok || id != src.ID {
+				if id, ok := dradevice.ID(&d); !ok || id != src.ID {
 					t.Errorf("%s: id attribute %q, want %q", d.Name, id, src.ID)
 				}
-				if got := *d.Attributes[AttributeKind].StringValue; got != src.Kind {
+				if got := *d.Attributes[dradevice.AttributeKind].StringValue; got != src.Kind {
 					t.Errorf("%s: kind %q, want %q", d.Name, got, src.Kind)
 				}
 				if n := len(d.Attributes) + len(d.Capacity); n != len(src.Attributes)+2 {
@@ -178,7 +179,7 @@ func TestDeviceTypes(t *testing.T) {
 		qty("scratch", "1.5k").ver("computeCapability", "8.0").ver("driverVersion", "535.104.05").
 		ver("firmware", "v1.2.3.0.0").int("index", 3).bool("migEnabled", true).str("product", "A100").d
 	d.Healthy = false
-	got, err := Device(&d)
+	got, err := dradevice.Device(&d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +218,7 @@ func TestDeviceTypes(t *testing.T) {
 	if a := got.Attributes["product"]; a.StringValue == nil || *a.StringValue != "A100" {
 		t.Errorf("product = %v", a)
 	}
-	if len(got.Taints) != 1 || got.Taints[0].Key != TaintUnhealthy || got.Taints[0].Effect != resourceapi.DeviceTaintEffectNoSchedule {
+	if len(got.Taints) != 1 || got.Taints[0].Key != dradevice.TaintUnhealthy || got.Taints[0].Effect != resourceapi.DeviceTaintEffectNoSchedule {
 		t.Errorf("an unhealthy device has taints %v", got.Taints)
 	}
 	validateSlice(t, []resourceapi.Device{got})
@@ -246,8 +247,8 @@ func TestDeviceRefused(t *testing.T) {
 		{"too many", many.d, "DRA allows 32"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Device(&tc.d)
-			if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), tc.why) {
+			_, err := dradevice.Device(&tc.d)
+			if !errors.Is(err, dradevice.ErrRefused) || !strings.Contains(err.Error(), tc.why) {
 				t.Errorf("got %v, want a refusal saying %q", err, tc.why)
 			}
 		})
@@ -257,7 +258,7 @@ func TestDeviceRefused(t *testing.T) {
 	for i := range 30 {
 		most.int("a"+strings.Repeat("b", i), int64(i))
 	}
-	got, err := Device(&most.d)
+	got, err := dradevice.Device(&most.d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,8 +267,8 @@ func TestDeviceRefused(t *testing.T) {
 
 func TestDeviceName(t *testing.T) {
 	for _, id := range []string{"hugepages-2mi-numa0", "abc"} {
-		if got := DeviceName(id); got != id {
-			t.Errorf("DeviceName(%q) = %q, want it kept", id, got)
+		if got := dradevice.DeviceName(id); got != id {
+			t.Errorf("dradevice.DeviceName(%q) = %q, want it kept", id, got)
 		}
 	}
 	names := map[string]string{}
@@ -276,20 +277,20 @@ func TestDeviceName(t *testing.T) {
 		"0000:3b:00.0", "0000-3b-00-0", "0000.3b.00.0", "A", "a-", "-", ":::", "hugepages-1Gi-numa0", "hugepages-1gi-numa0",
 		strings.Repeat("Z", 128), strings.Repeat("Z", 127) + "Y", "MIG-4f5e6d7c-1a2b-5c3d-8e9f-0a1b2c3d4e5f",
 	} {
-		got := DeviceName(id)
+		got := dradevice.DeviceName(id)
 		if errs := validation.IsDNS1123Label(got); len(errs) > 0 {
-			t.Errorf("DeviceName(%q) = %q: %v", id, got, errs)
+			t.Errorf("dradevice.DeviceName(%q) = %q: %v", id, got, errs)
 		}
 		if other, dup := names[got]; dup {
-			t.Errorf("DeviceName(%q) = DeviceName(%q) = %q", id, other, got)
+			t.Errorf("dradevice.DeviceName(%q) = dradevice.DeviceName(%q) = %q", id, other, got)
 		}
 		names[got] = id
-		if DeviceName(id) != got {
-			t.Errorf("DeviceName(%q) is not stable", id)
+		if dradevice.DeviceName(id) != got {
+			t.Errorf("dradevice.DeviceName(%q) is not stable", id)
 		}
 	}
-	if got := DeviceName("0000:3b:00.0"); !strings.HasPrefix(got, "0000-3b-00-0-") {
-		t.Errorf("DeviceName(0000:3b:00.0) = %q, want the readable part kept", got)
+	if got := dradevice.DeviceName("0000:3b:00.0"); !strings.HasPrefix(got, "0000-3b-00-0-") {
+		t.Errorf("dradevice.DeviceName(0000:3b:00.0) = %q, want the readable part kept", got)
 	}
 }
 
@@ -302,13 +303,13 @@ func TestSemver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, ok := Semver(v)
+		got, ok := dradevice.Semver(v)
 		if got != want || ok != (want != "") {
-			t.Errorf("Semver(%s) = %q, %v; want %q", in, got, ok, want)
+			t.Errorf("dradevice.Semver(%s) = %q, %v; want %q", in, got, ok, want)
 		}
 		if ok {
 			if _, err := semver.Parse(got); err != nil {
-				t.Errorf("Semver(%s) = %q: %v", in, got, err)
+				t.Errorf("dradevice.Semver(%s) = %q: %v", in, got, err)
 			}
 		}
 	}

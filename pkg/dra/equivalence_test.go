@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/dra/dradevice"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -75,7 +76,7 @@ func prepare(t testing.TB, devices []v1alpha1.Device) []testDevice {
 	for i := range devices {
 		d := &devices[i]
 		td := testDevice{id: d.ID, sel: selector.NewDevice(d)}
-		if mapped, err := Device(d); err == nil {
+		if mapped, err := dradevice.Device(d); err == nil {
 			p := published(t, mapped)
 			td.dra = &p
 		}
@@ -107,7 +108,7 @@ func checkEquivalent(t testing.TB, name string, spec *v1alpha1.ResourceClassSpec
 			continue // not published through DRA
 		}
 		want := class.Matches(d.sel)
-		if got := celMatches(t, expr, *d.dra, DriverName); got != want {
+		if got := celMatches(t, expr, *d.dra, dradevice.DriverName); got != want {
 			_, why := class.Explain(d.sel)
 			t.Fatalf("%s on device %s: selector says %v (%v), CEL says %v\nspec: %+v\nCEL: %s\nDRA device: %+v",
 				name, d.id, want, why, got, spec.ResourceSelector, expr, *d.dra)

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/dra/dradevice"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
@@ -60,14 +61,14 @@ func FuzzDevice(f *testing.F) {
 			}
 			d.Attributes[n1] = a1
 			d.Attributes[n2] = a2
-			got, err := Device(&d)
+			got, err := dradevice.Device(&d)
 			if err != nil {
-				if !errors.Is(err, ErrRefused) {
+				if !errors.Is(err, dradevice.ErrRefused) {
 					t.Fatalf("an error that is not a refusal: %v", err)
 				}
 				return
 			}
-			if back, ok := ID(&got); !ok || back != id {
+			if back, ok := dradevice.ID(&got); !ok || back != id {
 				t.Fatalf("id %q came back as %q", id, back)
 			}
 			if errs := sliceErrors(t, []resourceapi.Device{got}); len(errs) > 0 {

@@ -20,7 +20,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind"
-	"github.com/resclass/resclass/pkg/dra"
+	"github.com/resclass/resclass/pkg/dra/dradevice"
 	"github.com/resclass/resclass/pkg/draplugin"
 )
 
@@ -66,14 +66,14 @@ func (a *Agent) startDRA(ctx context.Context, node *corev1.Node, recorder record
 	logger := klog.FromContext(ctx)
 	c := a.config.DRA
 	if c.PluginDataDir == "" {
-		c.PluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, dra.DriverName)
+		c.PluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, dradevice.DriverName)
 	}
 	spec, err := a.newCDISpec(logger)
 	if err != nil {
 		return nil, err
 	}
 	plugin, err := draplugin.New(draplugin.Config{
-		NodeName: a.config.NodeName, DriverName: dra.DriverName, HostRoot: a.config.HostRoot,
+		NodeName: a.config.NodeName, DriverName: dradevice.DriverName, HostRoot: a.config.HostRoot,
 		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,
 		CDIDir: a.config.CDISpecDir, PluginDataDir: c.PluginDataDir, RegistrarDir: c.RegistrationDir,
 		Client: a.kube, Recorder: recorder, Metrics: a.metrics.dra,
@@ -84,7 +84,7 @@ func (a *Agent) startDRA(ctx context.Context, node *corev1.Node, recorder record
 	if err := plugin.Start(ctx, a.kube, node.UID); err != nil {
 		return nil, err
 	}
-	logger.Info("DRA mode: serving the DRA kubelet plugin", "driver", dra.DriverName, "pluginDir", c.PluginDataDir)
+	logger.Info("DRA mode: serving the DRA kubelet plugin", "driver", dradevice.DriverName, "pluginDir", c.PluginDataDir)
 	return &draSet{plugin: plugin, kinds: a.config.Kinds, cdi: spec, node: node, recorder: recorder, logger: logger}, nil
 }
 
@@ -115,10 +115,10 @@ func (s *draSet) update(ctx context.Context, devices []v1alpha1.Device) {
 			allocatable = append(allocatable, devices[i])
 		}
 	}
-	mapped, refused := dra.Devices(allocatable)
+	mapped, refused := dradevice.Devices(allocatable)
 	names := make(map[string]string, len(mapped))
 	for i := range mapped {
-		if id, ok := dra.ID(&mapped[i]); ok {
+		if id, ok := dradevice.ID(&mapped[i]); ok {
 			names[mapped[i].Name] = id
 		}
 	}
@@ -167,7 +167,7 @@ func errorsKey(errs []error) string {
 func (a *Agent) deleteStaleSlices(ctx context.Context) error {
 	sel := fields.AndSelectors(
 		fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, a.config.NodeName),
-		fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, dra.DriverName),
+		fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, dradevice.DriverName),
 	).String()
 	list, err := a.kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
 	if err != nil {

@@ -1,17 +1,18 @@
-// Package dra is resclass on Dynamic Resource Allocation (resource.k8s.io/v1):
-// how a resclass device becomes a DRA device (this file, the contract between
-// the node agent, which publishes ResourceSlices, and the DeviceClass
-// translation, which selects what it publishes) and how a ResourceClass's
-// selector becomes a DeviceClass's CEL selector (class.go).
+// Package dradevice is how a resclass device becomes a DRA device
+// (resource.k8s.io/v1): the contract between the node agent, which publishes
+// ResourceSlices, and pkg/dra's DeviceClass translation, which selects what it
+// publishes. It is a package of its own, without CEL, so that the node agent
+// does not link cel-go and the apiserver's CEL libraries (3.8 MB of its
+// binary's mapped text, docs/node-agent.md "Memory").
 //
 // The mapping is type-faithful or it refuses: every comparison a ResourceClass
 // makes on a resclass device, the translated CEL makes on the mapped DRA device
-// with the same result (the equivalence test and FuzzSelectorCELEquivalence
-// judge it). A device that cannot be mapped that way is refused as a whole with
-// a message, never published with an attribute dropped or retyped: dropping
-// one would turn NotIn and DoesNotExist from false to true. docs/dra.md
-// ("Devices") has the table.
-package dra
+// with the same result (pkg/dra's equivalence test and
+// FuzzSelectorCELEquivalence judge it). A device that cannot be mapped that way
+// is refused as a whole with a message, never published with an attribute
+// dropped or retyped: dropping one would turn NotIn and DoesNotExist from false
+// to true. docs/dra.md ("Devices") has the table.
+package dradevice
 
 import (
 	"crypto/sha256"
@@ -156,12 +157,12 @@ func Semver(v attrvalue.Version) (s string, ok bool) {
 	return strings.Join(parts, "."), true
 }
 
-// exact returns q in a format whose text (what a ResourceSlice or a CEL
+// Exact returns q in a format whose text (what a ResourceSlice or a CEL
 // literal carries) reads back as q's value exactly: the canonical text of a
 // binary-suffixed quantity rounds a fraction up (0.5Ki is 512, but 0.0001Ki
 // would be written 1Ki), so a binary quantity with a fraction is written in
 // decimal notation, exact down to 1n (attrvalue's bound).
-func exact(q resource.Quantity) resource.Quantity {
+func Exact(q resource.Quantity) resource.Quantity {
 	if q.Format == resource.BinarySI && q.AsDec().Scale() > 0 {
 		return *resource.NewDecimalQuantity(*q.AsDec(), resource.DecimalSI)
 	}
@@ -233,7 +234,7 @@ func Device(d *v1alpha1.Device) (resourceapi.Device, error) {
 		if isCapacity {
 			var q resource.Quantity
 			if a.QuantityValue != nil {
-				q = exact(*a.QuantityValue)
+				q = Exact(*a.QuantityValue)
 			} else {
 				// Problems above decoded it already.
 				q, _ = attrvalue.ParseBandwidth(*a.BandwidthValue)
