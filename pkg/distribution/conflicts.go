@@ -2,6 +2,7 @@ package distribution
 
 import (
 	"context"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -85,7 +86,8 @@ func (t *conflictTracker) recall(rd *v1alpha1.ResourceDistribution, now time.Tim
 		delete(t.byName, rd.Name)
 		return nil, false
 	}
-	return m.namespaces, !now.Before(m.retryAt)
+	// A copy: forgetNamespace may change the memory while the pass reads.
+	return maps.Clone(m.namespaces), !now.Before(m.retryAt)
 }
 
 // record keeps what a pass found: conflicts are the namespaces found
@@ -159,10 +161,10 @@ func (t *conflictTracker) forget(name string) {
 
 // conflictLook lists, as metadata, every object of the copy's kind and name
 // in the cluster (one request, whatever the number of namespaces) and
-// returns the namespaces where it is not this distribution's. Only the
-// remembered namespaces are read from the answer: those where the author's
-// create right was checked before the conflict was first reported.
-func (r *Reconciler) conflictLook(ctx context.Context, rd *v1alpha1.ResourceDistribution, res *Resource) (map[string]bool, error) {
+// returns those of the remembered namespaces where it is still not this
+// distribution's. Only they are read from the answer: any other namespace
+// tries its create, as the first time.
+func (r *Reconciler) conflictLook(ctx context.Context, rd *v1alpha1.ResourceDistribution, res *Resource, remembered map[string]bool) (map[string]bool, error) {
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind(res.Kind + "List"))
 	if err := r.APIReader.List(ctx, list, client.MatchingFields{"metadata.name": res.Name}); err != nil {
@@ -170,7 +172,7 @@ func (r *Reconciler) conflictLook(ctx context.Context, rd *v1alpha1.ResourceDist
 	}
 	foreign := map[string]bool{}
 	for i := range list.Items {
-		if obj := &list.Items[i]; obj.GetName() == res.Name && !res.Owned(obj, rd) {
+		if obj := &list.Items[i]; obj.GetName() == res.Name && remembered[obj.GetNamespace()] && !res.Owned(obj, rd) {
 			foreign[obj.GetNamespace()] = true
 		}
 	}

@@ -320,7 +320,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	foreign, due := r.conflicts.recall(rd, now)
 	looked := len(foreign) == 0 || due
 	if len(foreign) > 0 && due {
-		if foreign, err = r.conflictLook(ctx, rd, res); err != nil {
+		if foreign, err = r.conflictLook(ctx, rd, res, foreign); err != nil {
 			// Each namespace then tries its create, as the first time.
 			log.Error(err, "listing the objects of the copy's name; trying each conflicting namespace instead", "resource", res.String())
 			foreign = nil
