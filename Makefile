@@ -39,7 +39,7 @@ all: generate lint build test
 
 .PHONY: build
 build:
-	go build -ldflags '$(K8S_VERSION_LDFLAGS)' -o $(BIN)/ ./cmd/...
+	go build -tags grpcnotrace -ldflags '$(K8S_VERSION_LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 # The node agent and the compiled tests of e2e/realgpu in one tarball,
 # _output/resclass-gpu-bundle.tar.gz (docs/node-agent.md, "Testing on a real GPU").

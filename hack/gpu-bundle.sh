@@ -22,7 +22,7 @@ mkdir -p "$dir"
 cd "$root"
 export CGO_ENABLED=1
 # -s -w: no symbol tables or DWARF; the bundle is for running, not debugging.
-go build -trimpath -ldflags '-s -w' -o "$dir/node-agent" ./cmd/node-agent
+go build -trimpath -tags grpcnotrace -ldflags '-s -w' -o "$dir/node-agent" ./cmd/node-agent
 go test -c -trimpath -ldflags '-s -w' -o "$dir/realgpu.test" ./e2e/realgpu
 
 cat >"$dir/run.sh" <<'SCRIPT'
