@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -78,11 +79,7 @@ func (t *conflictTracker) recall(rd *v1alpha1.ResourceDistribution, now time.Tim
 	if m == nil {
 		return nil, false
 	}
-	fresh := false
-	for _, rv := range m.ours {
-		fresh = fresh || rv == rd.ResourceVersion
-	}
-	if m.uid != rd.UID || m.generation != rd.Generation || !fresh {
+	if m.uid != rd.UID || m.generation != rd.Generation || !slices.Contains(m.ours, rd.ResourceVersion) {
 		delete(t.byName, rd.Name)
 		return nil, false
 	}
@@ -108,7 +105,7 @@ func (t *conflictTracker) record(rd *v1alpha1.ResourceDistribution, conflicts []
 		t.byName[rd.Name] = m
 		looked = true
 	}
-	m.ours = []string{rd.ResourceVersion}
+	m.own(rd.ResourceVersion)
 	m.namespaces = make(map[string]bool, len(conflicts))
 	for _, ns := range conflicts {
 		m.namespaces[ns] = true
@@ -137,7 +134,24 @@ func (t *conflictTracker) wrote(rd *v1alpha1.ResourceDistribution, resourceVersi
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if m := t.byName[rd.Name]; m != nil && m.uid == rd.UID {
-		m.ours = append(m.ours, resourceVersion)
+		m.own(resourceVersion)
+	}
+}
+
+// ownVersions is how many of the controller's own resourceVersions of a
+// distribution are kept. A pass may read the distribution from a cache that
+// has not yet seen the status the previous pass wrote, and write it again:
+// every version either wrote may be the next one read.
+const ownVersions = 8
+
+// own adds rv to the versions that are the controller's own.
+func (m *conflictMemory) own(rv string) {
+	if slices.Contains(m.ours, rv) {
+		return
+	}
+	m.ours = append(m.ours, rv)
+	if len(m.ours) > ownVersions {
+		m.ours = slices.Delete(m.ours, 0, len(m.ours)-ownVersions)
 	}
 }
 

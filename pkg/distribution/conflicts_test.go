@@ -57,6 +57,21 @@ func TestConflictBackoff(t *testing.T) {
 		}
 	}
 
+	// A pass that reads the distribution from a cache behind the status the
+	// last pass wrote, and writes it again: every version either wrote is
+	// the controller's own, whichever the cache shows next.
+	stale := rd.ResourceVersion
+	tr.wrote(rd, "500")
+	rd.ResourceVersion = stale
+	tr.record(rd, []string{"a", "b"}, false, now)
+	tr.wrote(rd, "501")
+	for _, rv := range []string{"500", stale, "501"} {
+		rd.ResourceVersion = rv
+		if known, _ := tr.recall(rd, now); !known["a"] {
+			t.Errorf("resourceVersion %s, the controller's own: forgot the conflicts", rv)
+		}
+	}
+
 	// Someone else's write (kubectl annotate) forgets: the next pass looks
 	// at once, and the wait starts again from 1s.
 	rd.ResourceVersion = "999"
