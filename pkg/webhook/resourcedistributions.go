@@ -16,6 +16,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -390,9 +391,14 @@ const (
 // Limiter paces them (--distribution-review-qps) and, unlike client-go's,
 // gives up at once when a wait would pass the admission's deadline. On the
 // shared client (--kube-api-qps 100) 10 000 reviews took 100 s.
+//
+// In protobuf, not JSON: 10 000 reviews are 10 000 decodes and encodes on
+// the apiserver and here, and protobuf is the cheaper of the two for both.
 func reviewClient(cfg *rest.Config) (kubernetes.Interface, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS = -1 // no client-side limiter (rest.RESTClientFor)
+	cfg.ContentType = runtime.ContentTypeProtobuf
+	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
 	return kubernetes.NewForConfig(cfg)
 }
 
