@@ -463,6 +463,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if len(problems) > 0 {
 		status.Description = boundMessage("Resource distribution failed: "+strings.Join(problems, "; "), maxMessageBytes)
 	}
+	// Foreign objects are not watched: look again, soon at first, then less
+	// often while the conflicts stay (conflicts.go). Recorded before the
+	// status write, which notes its version in this memory, and also when
+	// some writes failed, whose retries would otherwise try every conflict.
+	var result reconcile.Result
+	result.RequeueAfter = r.conflicts.record(rd, conflicts, looked, now)
 	if err := r.writeStatus(ctx, rd, status); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -471,10 +477,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// retry.
 		return reconcile.Result{}, errors.New(failedMsg)
 	}
-	var result reconcile.Result
-	// Foreign objects are not watched: look again, soon at first, then less
-	// often while the conflicts stay (conflicts.go).
-	result.RequeueAfter = r.conflicts.record(rd, conflicts, looked, now)
 	if r.AuthorMaxAge > 0 && (result.RequeueAfter == 0 || authorLeft < result.RequeueAfter) {
 		// Again when the author record expires, to stop writing then.
 		result.RequeueAfter = authorLeft
