@@ -47,7 +47,7 @@ func TestDistributionAdmissionOutOfTime(t *testing.T) {
 	h := &resourceDistributions{
 		namespaces: nsCache,
 		authorizer: &distribution.Authorizer{
-			SAR: sar.client().AuthorizationV1().SubjectAccessReviews(), Workers: reviewWorkers, TTL: 10 * time.Second,
+			SAR: sar.client().AuthorizationV1().SubjectAccessReviews(), Workers: reviewWorkers, TTL: DefaultDistributionReviewTTL,
 			// 1000 a second: 2000 reviews take 2 s, the deadline is 300 ms.
 			Limiter: flowcontrol.NewTokenBucketRateLimiter(1000, 1),
 		},
@@ -68,7 +68,7 @@ func TestDistributionAdmissionOutOfTime(t *testing.T) {
 	msg := resp.Result.Message
 	for _, want := range []string{
 		`user "alice" may not create secrets cluster-wide, and checking the 2000 namespaces the request needs it in one by one did not finish in the time an admission has (`,
-		"the answers are remembered for 10s, so the same request made again goes on from there",
+		"the answers are remembered for 30s, so the same request made again goes on from there",
 		"or ask for create secrets in every namespace",
 	} {
 		if !strings.Contains(msg, want) {
