@@ -20,6 +20,7 @@ import (
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
+	"github.com/resclass/resclass/pkg/webhook"
 )
 
 // BenchmarkDistributionAtScale: a ResourceDistribution over 10 000
@@ -35,7 +36,7 @@ import (
 //     each namespace (a RoleBinding in each): a review per namespace,
 //     paced by --distribution-review-qps, within the admission's 8 s (the
 //     webhook's timeout, 10 s, less its margin). Each create is sent with
-//     nothing cached (12 s apart, past --distribution-review-ttl), and sent
+//     nothing cached (past --distribution-review-ttl), and sent
 //     again while it is refused for running out of time, as the refusal
 //     says to: s is the time from the first send to the admission, tries
 //     the sends it took. cached-s is the same request sent again at once.
@@ -190,7 +191,7 @@ func BenchmarkDistributionAtScale(b *testing.B) {
 		for b.Loop() {
 			for range 3 {
 				// Past the webhook's answer cache (--distribution-review-ttl).
-				time.Sleep(12 * time.Second)
+				time.Sleep(webhook.DefaultDistributionReviewTTL + 2*time.Second)
 				sars0, cpu0 := apiserverReviews(b, ctx), cpuSeconds(b, apiserver)
 				took, n := create()
 				cold = append(cold, took)
