@@ -36,8 +36,8 @@ import (
 //     writes spread evenly over the period, each a server-side apply of the
 //     NodeDevices status as the agent's publisher (pkg/inventory) makes it.
 //     It reports, besides pods/s and the ratio, the NodeDevices writes per
-//     second the churn made (writes/s): at 5000 nodes the machine may not
-//     keep up with the period, and this says what was measured.
+//     second the churn made (nodedevices-writes/s): the machine may not keep
+//     up with the period, and this says what was measured.
 //   - 5000-nodes/...: the same once more nodes joined the pool, to 5000,
 //     unless RESCLASS_BENCH_NODES_5000=0; RESCLASS_BENCH_NODES_5000=only
 //     runs these alone.
@@ -223,8 +223,9 @@ func (c *churn) add(ctx context.Context, names []string) {
 
 // start starts the writes (benchSide.during). They run for a tenth of the
 // period before it returns, so that the pods meet them going. stop ends
-// them and returns the writes per second made (writes/s) and, when some
-// failed, how many (failed-writes/s).
+// them and returns the NodeDevices writes per second made
+// (nodedevices-writes/s) and, when some failed, how many
+// (nodedevices-failed-writes/s).
 func (c *churn) start() func() map[string]float64 {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wrote, failed atomic.Int64
@@ -247,7 +248,8 @@ func (c *churn) start() func() map[string]float64 {
 	}
 	began := time.Now()
 	// A ticker drops the ticks a slow receiver misses: writes that fall
-	// behind are not made up for, and writes/s says how many were made.
+	// behind are not made up for, and nodedevices-writes/s says how many
+	// were made.
 	tick := time.NewTicker(c.period / time.Duration(len(c.nodes)))
 	wg.Go(func() {
 		defer close(next)
@@ -270,9 +272,9 @@ func (c *churn) start() func() map[string]float64 {
 		cancel()
 		wg.Wait()
 		seconds := time.Since(began).Seconds()
-		out := map[string]float64{"writes/s": float64(wrote.Load()) / seconds}
+		out := map[string]float64{"nodedevices-writes/s": float64(wrote.Load()) / seconds}
 		if n := failed.Load(); n > 0 {
-			out["failed-writes/s"] = float64(n) / seconds
+			out["nodedevices-failed-writes/s"] = float64(n) / seconds
 			benchLog(c.b, "churn: %d NodeDevices writes failed, the first: %v", n, firstErr.Load())
 		}
 		return out

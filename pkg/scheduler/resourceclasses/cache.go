@@ -53,9 +53,9 @@ type cache struct {
 	// dirty: a class changed since classNodes and numaUnsure were built, so
 	// the next reader rebuilds them over every node (rLockIndexed). A node's
 	// change only moves that node's part of them (indexNode): agents
-	// republish often (a hugepage pool's free pages, a NIC's link), and at
-	// 5000 nodes a rebuild per change, under the write lock, stalled Filter
-	// (docs/scheduler.md, "NodeDevices churn").
+	// republish often (a hugepage pool's free pages, a NIC's link), and a
+	// rebuild per change would hold the write lock, which Filter waits on,
+	// for a pass over every node (docs/scheduler.md, "NodeDevices churn").
 	dirty bool
 	// classGen counts class changes, so that a node matched outside the lock
 	// knows whether its snapshot of the classes is still current.
