@@ -2,7 +2,7 @@
 // (resource.k8s.io/v1): the contract between the node agent, which publishes
 // ResourceSlices, and pkg/dra's DeviceClass translation, which selects what it
 // publishes. It is a package of its own, without CEL, so that the node agent
-// does not link cel-go and the apiserver's CEL libraries (3.8 MB of its
+// does not link cel-go and the apiserver's CEL libraries (3.4 MB of its
 // binary's mapped text, docs/node-agent.md "Memory").
 //
 // The mapping is type-faithful or it refuses: every comparison a ResourceClass
