@@ -4,14 +4,17 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -1216,6 +1219,7 @@ func checkPodSpec(t *testing.T, set *objects, w workload) {
 		if _, ok := c.Resources.Limits[corev1.ResourceMemory]; !ok {
 			t.Errorf("%s: no memory limit", where)
 		}
+		checkGoMemoryLimit(t, where, c)
 		sc := c.SecurityContext
 		if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 			t.Errorf("%s: want securityContext.readOnlyRootFilesystem", where)
@@ -1352,6 +1356,54 @@ func configMapFile(t *testing.T, set *objects, spec corev1.PodSpec, file string)
 		t.Fatalf("ConfigMap %s has no key %s (for %s)", cm.Name, rel, file)
 	}
 	return data
+}
+
+// checkGoMemoryLimit holds docs/install.md's headroom rule ("Sizing"): every
+// container sets GOMEMLIMIT, below its memory limit by at least 15% for what
+// is not Go heap (the mapped binary, stacks, buffers; NVML in the node agent),
+// so that the collector works harder before the kernel kills the container;
+// and with GOGC=off, where the heap grows to GOMEMLIMIT whatever the load, the
+// memory request covers it.
+func checkGoMemoryLimit(t *testing.T, where string, c corev1.Container) {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			env[e.Name] = e.Value
+		}
+	}
+	goLimit, err := parseGoMemLimit(env["GOMEMLIMIT"])
+	if err != nil {
+		t.Errorf("%s: GOMEMLIMIT %q: %v", where, env["GOMEMLIMIT"], err)
+		return
+	}
+	limit, ok := c.Resources.Limits[corev1.ResourceMemory]
+	if !ok {
+		return
+	}
+	if float64(goLimit) > 0.85*float64(limit.Value()) {
+		t.Errorf("%s: GOMEMLIMIT %s is not below the memory limit %s by 15%%", where, env["GOMEMLIMIT"], limit.String())
+	}
+	if request := c.Resources.Requests[corev1.ResourceMemory]; env["GOGC"] == "off" && request.Value() < goLimit {
+		t.Errorf("%s: GOGC=off grows the heap to GOMEMLIMIT %s, above the memory request %s", where, env["GOMEMLIMIT"], request.String())
+	}
+}
+
+// parseGoMemLimit reads a GOMEMLIMIT as the Go runtime does: bytes, or a
+// number with one of the suffixes B, KiB, MiB, GiB, TiB.
+func parseGoMemLimit(s string) (int64, error) {
+	unit := int64(1)
+	for i, suffix := range []string{"TiB", "GiB", "MiB", "KiB", "B"} {
+		if n, ok := strings.CutSuffix(s, suffix); ok {
+			s, unit = n, int64(1)<<(10*(4-i))
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n > math.MaxInt64/unit {
+		return 0, errors.New("want a positive number of bytes, or one with a suffix B, KiB, MiB, GiB or TiB")
+	}
+	return n * unit, nil
 }
 
 func checkNodeAgent(t *testing.T, set *objects) {

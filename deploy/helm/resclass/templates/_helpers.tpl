@@ -200,3 +200,19 @@ limits.<name>; a pod's overhead counts in both).
 {{- end -}}
 {{- join " ||\n" $terms -}}
 {{- end }}
+
+{{/*
+A container's Go collector settings, from a component's gc value ({gogc,
+memoryLimit}; "" leaves the Go default): include "resclass.goEnv" $v.gc
+(docs/install.md, "Sizing").
+*/}}
+{{- define "resclass.goEnv" -}}
+{{- with .gogc }}
+- name: GOGC
+  value: {{ . | quote }}
+{{- end }}
+{{- with .memoryLimit }}
+- name: GOMEMLIMIT
+  value: {{ . }}
+{{- end }}
+{{- end }}
