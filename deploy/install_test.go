@@ -172,11 +172,12 @@ func checkAgent(t *testing.T, ds *appsv1.DaemonSet, privileged bool, strategy st
 			t.Errorf("node agent: probe %+v, want HTTPS (--metrics-secure)", p)
 		}
 	}
-	// Stopping drains the endpoints (5 s with the default --pod-wait and
-	// --pod-resources-timeout) and writes the Events (--shutdown-timeout,
-	// 10 s): the kubelet must not kill the agent before.
-	if g := pod.TerminationGracePeriodSeconds; g == nil || *g < 5+10+5 {
-		t.Errorf("node agent: terminationGracePeriodSeconds %v, want at least 20 (drain 5 s, Events 10 s, 5 s to spare)", g)
+	// Stopping announces it (AgentServing False, at most 5 s), serves on
+	// (--shutdown-delay, 2 s), drains the endpoints (5 s with the default
+	// --pod-wait and --pod-resources-timeout) and writes the Events
+	// (--shutdown-timeout, 10 s): the kubelet must not kill the agent before.
+	if g := pod.TerminationGracePeriodSeconds; g == nil || *g < 5+2+5+10+5 {
+		t.Errorf("node agent: terminationGracePeriodSeconds %v, want at least 27 (announce 5 s, delay 2 s, drain 5 s, Events 10 s, 5 s to spare)", g)
 	}
 	for _, a := range c.Args {
 		if strings.HasPrefix(a, "--metrics-secure") {

@@ -11,6 +11,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resclass/resclass/e2e/framework"
@@ -90,19 +91,33 @@ func TestSchedulerNodeAgentLiveness(t *testing.T) {
 	}
 	before := published()
 
-	// The agent stops (SIGTERM): its endpoint drains and goes, and the
-	// kubelet marks the class's devices unhealthy at once; its next status
+	// The agent stops (SIGTERM): it says so first (AgentServing False), and
+	// its endpoint serves on for the shutdown delay, then drains and goes.
+	// The kubelet marks the class's devices unhealthy at once; its next status
 	// sync (every 2 s on this harness's kubelets, 10 s by default) writes 0.
+	// The scheduler does not wait for that: the announcement is enough.
+	stopAt := time.Now()
 	if err := stop(); err != nil {
 		t.Fatalf("agent: %v", err)
 	}
-	t.Logf("the kubelet reported %s as 0 %v after the agent stopped", resourceName, allocatable("the class at 0 in the node's allocatable", 0).Round(time.Millisecond))
+	t.Logf("the agent stopped in %v (announced, served for the delay, drained)", time.Since(stopAt).Round(time.Millisecond))
+	serving := func() *metav1.Condition {
+		nd, err := rc.ResclassV1alpha1().NodeDevices().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return meta.FindStatusCondition(nd.Status.Conditions, v1alpha1.ConditionAgentServing)
+	}
+	if c := serving(); c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonAgentShuttingDown {
+		t.Fatalf("AgentServing after the agent stopped: %+v, want False/%s", c, v1alpha1.ReasonAgentShuttingDown)
+	}
 
 	if _, err := pods.Create(ctx, gpuPodOn(ns, "waiter", resclassScheduler, node, class, 1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	reason := "node agent not serving class " + class
-	t.Logf("FailedScheduling: %s", waitPodEvent(t, ctx, ns, "waiter", "FailedScheduling", reason))
+	t.Logf("FailedScheduling: %s", waitPodEvent(t, ctx, ns, "waiter", "FailedScheduling", reason+" (it is stopping)"))
+	t.Logf("the kubelet reported %s as 0 %v after the agent stopped", resourceName, allocatable("the class at 0 in the node's allocatable", 0).Round(time.Millisecond))
 	if p, err := pods.Get(ctx, "waiter", metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
 	} else if p.Spec.NodeName != "" {
@@ -150,20 +165,23 @@ func TestSchedulerNodeAgentLiveness(t *testing.T) {
 		t.Fatalf("running after the agent stopped: %+v", p.Status)
 	}
 
-	// The agent is back: the kubelet offers the class again, and the waiting
-	// pod is retried (agentBack) and placed. boundAssignment waits a minute:
-	// without an event that re-queues it, kube-scheduler retries a pod
-	// turned away only after 5 minutes.
+	// The agent is back: it says it serves (AgentServing True, which
+	// activates the waiting pods that fit the node), and the kubelet offers
+	// the class again (agentBack); the pod is placed once both are seen.
+	// boundAssignment waits a minute: without an event that re-queues it,
+	// kube-scheduler retries a pod turned away only after 5 minutes.
 	runAgent(t, ctx, nodeagent.New(cfg, arc, akc))
 	back := time.Now()
 	t.Logf("the kubelet reported %s as 8 %v after the agent started again", resourceName, allocatable("the class back in the node's allocatable", 8).Round(time.Millisecond))
 	_, got := boundAssignment(t, ctx, ns, "waiter")
-	// Whether the agent wrote its NodeDevices again (which activates every
-	// waiting pod of the plugin) or only the kubelet's allocatable moved
-	// (which the Node hint answers for the pods of the class alone).
-	t.Logf("waiter bound %v after the agent started again; NodeDevices rewritten meanwhile: %v",
-		time.Since(back).Round(time.Millisecond), published() != before)
+	t.Logf("waiter bound %v after the agent started again", time.Since(back).Round(time.Millisecond))
+	if published() == before {
+		t.Errorf("NodeDevices not written at the agent's stop and start")
+	}
 	podRunning(t, ctx, ns, "waiter")
+	if c := serving(); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("AgentServing with the agent back: %+v, want True", c)
+	}
 	_, held := boundAssignment(t, ctx, ns, "running")
 	for _, id := range got.DeviceIDs() {
 		for _, other := range held.DeviceIDs() {

@@ -61,6 +61,11 @@ type Config struct {
 	// ShutdownTimeout bounds how long the agent, when stopping, waits for its
 	// Events to be written. Default 10 seconds.
 	ShutdownTimeout time.Duration
+	// ShutdownDelay is how long a stopping agent keeps its endpoints serving
+	// after it announced that it stops: a pod the scheduler bound before it
+	// read the announcement still reaches the kubelet and gets its Allocate.
+	// Default 2 seconds; negative: none.
+	ShutdownDelay time.Duration
 	// StallTimeout is how long the worker may go without finishing a pass
 	// before Live fails (/healthz). Default six poll intervals, at least two
 	// minutes (stallTimeout).
@@ -154,6 +159,9 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 	if config.PodResourcesTimeout <= 0 {
 		config.PodResourcesTimeout = time.Second
 	}
+	if config.ShutdownDelay == 0 {
+		config.ShutdownDelay = 2 * time.Second
+	}
 	if config.ShutdownTimeout <= 0 {
 		config.ShutdownTimeout = 10 * time.Second
 	}
@@ -189,8 +197,11 @@ func newAgent(config Config, resclass versioned.Interface, kube kubernetes.Inter
 // resync is closed and tried again likewise: its devices are published once
 // it opens, with no restart.
 //
-// When ctx ends, Run shuts down in the reverse order of start: the work queue
-// and its triggers stop, the device-plugin endpoints drain (their sockets
+// When ctx ends, Run first announces it: NodeDevices' condition AgentServing
+// turns False, which the scheduler reads as "place nothing here", and the
+// endpoints go on serving for ShutdownDelay, for the pods bound before the
+// scheduler read it. Then it shuts down in the reverse order of start: the
+// work queue and its triggers stop, the device-plugin endpoints drain (their sockets
 // removed at once, the kubelet's calls in flight let finish, with the pods
 // informer still running for them), the introspection API stops and its
 // socket is removed, the informers stop, the health watchers
@@ -214,6 +225,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	r.work(ctx)
 	logger.Info("shutting down")
+	r.announceStop(logger)
 	if r.modeChanged {
 		return ErrModeChanged
 	}
@@ -262,8 +274,13 @@ type running struct {
 	dra         *draSet
 	modeChanged bool
 
+	// stopServing stops the device-plugin endpoints, which serve past ctx's
+	// end until the stop is announced (announceStop); nil without them.
+	stopServing context.CancelFunc
+
 	// The worker's state (the opened sources' is in src).
 	prev      map[string]v1alpha1.Device
+	published *v1alpha1.NodeDevicesStatus // the last status published
 	isolation *isolation
 	retryAt   time.Time // no publish before: the last one failed
 }
@@ -380,8 +397,10 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 		manager := a.newManager(allocator)
 		a.endpoints.Store(manager)
 		r.onStop(func() { a.endpoints.Store(nil) })
+		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+		r.stopServing = stopServing
 		r.goroutine(func() {
-			if err := manager.Run(ctx); err != nil {
+			if err := manager.Run(serveCtx); err != nil {
 				logger.Error(err, "device plugins stopped")
 			}
 		})
@@ -417,6 +436,9 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 // informers, and each step waits for what it started.
 func (r *running) stop() {
 	r.cancel()
+	if r.stopServing != nil {
+		r.stopServing()
+	}
 	r.bg.Wait()
 	for i := len(r.stops) - 1; i >= 0; i-- {
 		r.stops[i]()
@@ -550,6 +572,10 @@ func (r *running) publishPass(ctx context.Context) {
 	// Judged on the GPUs found, before DRA mode empties the published list.
 	isolated := r.isolation.check(int(status.Summary.GPUs))
 	meta.SetStatusCondition(&status.Conditions, isolated)
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+		Type: v1alpha1.ConditionAgentServing, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAgentServing,
+		Message: "the node agent serves this node's devices",
+	})
 	r.isolation.report(ctx, r.recorder, r.node, a.metrics, isolated)
 	r.prev = a.reportHealth(ctx, r.recorder, r.node, r.introspect.HealthHub, r.prev, status.Devices)
 	a.metrics.observe(status.Devices)
@@ -582,7 +608,42 @@ func (r *running) publishPass(ctx context.Context) {
 	}
 	r.publishing.Forget(passPublish)
 	r.retryAt = time.Time{}
+	r.published = &status
 	a.published.Store(true)
+}
+
+// announceTimeout bounds the write that announces the stop: an apiserver
+// that does not answer within it is not waited for, the kubelet will say it.
+const announceTimeout = 5 * time.Second
+
+// announceStop publishes the last status with AgentServing False, so that
+// the scheduler places no more pods here, and keeps the endpoints serving
+// for ShutdownDelay: a pod bound before the scheduler read it reaches the
+// kubelet within moments and gets its Allocate. Without this, the scheduler
+// learns that the agent is gone from the kubelet's next node status sync (10 s
+// by default), and the pods it binds meanwhile fail admission. A failed
+// announcement costs only that: the kubelet still says it.
+func (r *running) announceStop(logger klog.Logger) {
+	if r.published == nil || r.pub == nil {
+		return // nothing published: the scheduler places nothing here
+	}
+	status := r.published.DeepCopy()
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+		Type: v1alpha1.ConditionAgentServing, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonAgentShuttingDown,
+		Message: "the node agent is stopping; its device-plugin endpoints drain",
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), announceTimeout)
+	defer cancel()
+	if err := r.a.publish(ctx, r.pub, r.nodeDevices, r.nodes, *status); err != nil {
+		logger.Error(err, "the stop not announced: the scheduler learns it from the kubelet's next node status")
+		return
+	}
+	if r.stopServing == nil || r.a.config.ShutdownDelay <= 0 {
+		logger.Info("the stop announced")
+		return
+	}
+	logger.Info("the stop announced; the endpoints serve the pods bound before it", "delay", r.a.config.ShutdownDelay)
+	time.Sleep(r.a.config.ShutdownDelay)
 }
 
 // waitForNode gets the agent's Node, waiting for it to be registered and for

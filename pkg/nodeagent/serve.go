@@ -59,6 +59,7 @@ type serveOptions struct {
 	nvml            nvmldiscovery.Library
 	nvmlRetryMax    time.Duration
 	shutdownTimeout time.Duration
+	shutdownDelay   time.Duration
 	deviceGrace     time.Duration
 	gpuFaultFile    string
 	stallTimeout    time.Duration
@@ -100,7 +101,8 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.DurationVar(&o.deviceGrace, "device-grace-period", DefaultDeviceGracePeriod, "how long GPUs described before stay published, served to the kubelet and named in the CDI spec when NVML fails (kept with their last health; NVMLAvailable=False says what is kept and until when) or stops listing one (kept unhealthy); a GPU not described again within it is removed, with a DevicesRemoved Event. 0 removes them at once")
 	f.StringVar(&o.gpuFaultFile, "gpu-fault-file", "/var/run/resclass/gpu-faults.json", "where GPU faults reported by NVML events (XIDs, double-bit ECC) are kept across agent restarts, so that a GPU waiting for a reset is not published healthy again; cleared per GPU on a reset (its volatile ECC count drops) or by the recovery rule of --gpu-recovery-after, and wholly by a reboot (the file records the boot id). A corrupt file is set aside as <file>.corrupt. \"\" keeps none")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", 0, "/healthz fails (and the kubelet's liveness probe restarts the agent) when its worker has finished no discovery and publish pass for this long: a call that does not return, such as a hung NVML call; 0 means six --poll-interval, at least 2m")
-	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM the agent drains its device-plugin endpoints (their sockets removed at once; calls in flight get --pod-wait plus --pod-resources-timeout plus 1s to finish), then waits at most this long for its Events to be written, and exits 0; keep the sum below the pod's terminationGracePeriodSeconds")
+	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM the agent first sets its NodeDevices condition AgentServing to False, so that the scheduler places no more pods here (at most 5s), keeps its device-plugin endpoints serving for --shutdown-delay, then drains them (their sockets removed at once; calls in flight get --pod-wait plus --pod-resources-timeout plus 1s to finish), then waits at most this long for its Events to be written, and exits 0; keep the sum below the pod's terminationGracePeriodSeconds")
+	f.DurationVar(&o.shutdownDelay, "shutdown-delay", 2*time.Second, "how long a stopping agent keeps its device-plugin endpoints serving after it set AgentServing to False: a pod the scheduler bound before it read that still reaches the kubelet and is admitted; 0 drains at once")
 	// Device list strategy, CDI and the metrics endpoint's access.
 	f.Var(&o.deviceListStrategies, "device-list-strategy", "how a container's GPUs are named to the container runtime, one or more of (comma-separated): envvar (NVIDIA_VISIBLE_DEVICES and the device nodes, for NVIDIA's container runtime), cdi-cri (CDI names in the CRI field, for containerd 1.7+/2.x and CRI-O with CDI), cdi-annotations (CDI names in a cdi.k8s.io/ container annotation); with a CDI strategy the agent writes the CDI spec of the node's GPUs into --cdi-spec-dir. envvar works only where NVIDIA's runtime takes the variable from unprivileged containers, which lets any container that sets it reach every GPU of the node: the agent reports it as unisolated (GPUIsolation condition)")
 	f.StringVar(&o.cdiSpecDir, "cdi-spec-dir", cdispec.DefaultDir, "directory the CDI spec ("+cdispec.FileName+") is written to with a CDI --device-list-strategy: one the container runtime reads (its cdi_spec_dirs)")
@@ -148,6 +150,7 @@ func (o *serveOptions) run(ctx context.Context) error {
 		OpenRetryMax:        o.nvmlRetryMax,
 		DeviceGracePeriod:   grace,
 		ShutdownTimeout:     o.shutdownTimeout,
+		ShutdownDelay:       noneIfZero(o.shutdownDelay),
 		StallTimeout:        o.stallTimeout,
 		PollInterval:        o.poll,
 		ResyncInterval:      o.resync,
@@ -311,3 +314,12 @@ func (l *xidList) Set(s string) error {
 }
 
 func (l *xidList) Type() string { return "xids" }
+
+// noneIfZero maps a flag's 0 ("none") to a Config's negative: a Config's zero
+// value is its default.
+func noneIfZero(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}

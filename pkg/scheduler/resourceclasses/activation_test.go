@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/component-base/metrics/testutil"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -131,6 +132,29 @@ func TestGrownClasses(t *testing.T) {
 		if got := set(step.devs...); !slices.Equal(got, step.want) {
 			t.Errorf("%s: grew %v, want %v", step.name, got, step.want)
 		}
+	}
+
+	// The agent says it stops: nothing grows, though the devices are as
+	// before; it serves again: every class of the node has room again.
+	serving := func(status metav1.ConditionStatus) []string {
+		t.Helper()
+		version++
+		nd := nodeDevices("n1", gpu("g0", 1, "80Gi"), hugePool("hp0", 0, "2Gi", 8, 1))
+		nd.ResourceVersion = strconv.Itoa(version)
+		nd.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionAgentServing, Status: status}}
+		before := len(grown)
+		c.setNodeDevices(nd)
+		if len(grown) == before {
+			return nil
+		}
+		return grown[len(grown)-1]
+	}
+	set(gpu("g0", 1, "80Gi"), hugePool("hp0", 0, "2Gi", 8, 1))
+	if got := serving(metav1.ConditionFalse); got != nil {
+		t.Errorf("the agent stopping: grew %v, want nothing", got)
+	}
+	if got, want := serving(metav1.ConditionTrue), []string{"gpu", "gpu-big", "hp-1g"}; !slices.Equal(got, want) {
+		t.Errorf("the agent serving again: grew %v, want %v", got, want)
 	}
 
 	// A pod whose assignment names a device the node does not publish holds

@@ -103,6 +103,9 @@ type nodeState struct {
 	// kubelet is the Node's kubelet's report of the class resources, which
 	// recount folds into counts (quickCounts.unserved).
 	kubelet kubeletClasses
+	// stopping: the node's agent said it is stopping (AgentServing False),
+	// which recount folds into counts as well (liveness.go).
+	stopping bool
 }
 
 type deviceState struct {
@@ -404,7 +407,7 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) (invalid []invalidDevic
 
 // newNodeState decodes a node's published devices.
 func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
-	n := &nodeState{resourceVersion: nd.ResourceVersion, index: map[string]int{}, matches: map[string][]int{}}
+	n := &nodeState{resourceVersion: nd.ResourceVersion, index: map[string]int{}, matches: map[string][]int{}, stopping: agentStopping(nd)}
 	places := map[string]int{} // PCIe roots and switches, numbered
 	place := func(a v1alpha1.DeviceAttribute) int {
 		if a.StringValue == nil {
@@ -499,7 +502,7 @@ func grownClasses(old *nodeState, oldBlocked map[string]int, n *nodeState) []str
 	for class, k := range oldBlocked {
 		fewerBlocked = fewerBlocked || n.blocked[class] < k
 	}
-	if fewerBlocked || (len(grown) > 0 && len(n.blocked) > 0) {
+	if fewerBlocked || (len(grown) > 0 && len(n.blocked) > 0) || (old != nil && old.stopping && !n.stopping) {
 		grown = slices.Collect(maps.Keys(n.matches))
 	}
 	slices.Sort(grown)
@@ -990,7 +993,7 @@ func (c *cache) fits(name string, v *nodeView, d *demand) (why unfit, ok bool) {
 				return unfit{reason: "Insufficient free devices of class " + class}, false
 			}
 			if q.unserved {
-				return unfit{unresolvable: true, reason: notServing(class)}, false
+				return unfit{unresolvable: true, reason: shared.notServing(class)}, false
 			}
 			return unfit{}, true
 		}
@@ -1026,7 +1029,7 @@ func (n *nodeState) served(d *demand) (unfit, bool) {
 	if n != nil {
 		for _, class := range d.classes {
 			if q := n.countsOf(class); q != nil && q.unserved {
-				return unfit{unresolvable: true, reason: notServing(class)}, false
+				return unfit{unresolvable: true, reason: n.notServing(class)}, false
 			}
 		}
 	}

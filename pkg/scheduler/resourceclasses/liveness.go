@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -71,8 +73,24 @@ func (k kubeletClasses) unserves(class string) bool {
 
 // notServing is Filter's reason for a node whose agent does not serve class.
 // It names no node, so that FailedScheduling counts the nodes under one reason.
-func notServing(class string) string {
+func (n *nodeState) notServing(class string) string {
+	if n.stopping {
+		return "node agent not serving class " + class + " (it is stopping)"
+	}
 	return "node agent not serving class " + class + " (the kubelet offers no " + v1alpha1.ResourceNamePrefix + class + ")"
+}
+
+// agentStopping: the node's agent said that it is stopping, and has not said
+// since that it serves again (v1alpha1.ConditionAgentServing). Where the agent
+// says nothing of it (an older agent, a simulated node), the kubelet's word
+// decides alone. A stopping agent says it before its endpoints go, where the
+// kubelet says it at its next node status sync, up to 10 s later: the pods
+// bound to the node in between failed admission (TestSoakFleetFaults counts
+// them). Only that one write, at the agent's stop, and the one that turns the
+// condition back at its start: no write while it runs.
+func agentStopping(nd *v1alpha1.NodeDevices) bool {
+	c := meta.FindStatusCondition(nd.Status.Conditions, v1alpha1.ConditionAgentServing)
+	return c != nil && c.Status == metav1.ConditionFalse
 }
 
 // agentBack queues a pod when a node's kubelet starts offering a class the

@@ -3,6 +3,7 @@ package resourceclasses
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -66,13 +67,19 @@ func TestFilterRefusesNodeWhoseAgentIsGone(t *testing.T) {
 		nodeDevices("dead", gpu("g0", 0, "80Gi"), nic("eth0", 0)),
 		nodeDevices("half", gpu("g0", 0, "80Gi"), nic("eth0", 0)),
 		nodeDevices("sim", gpu("g0", 0, "80Gi"), nic("eth0", 0)),
+		nodeDevices("stopping", gpu("g0", 0, "80Gi"), nic("eth0", 0)),
 	}
+	// The agent said it stops; its kubelet has not noticed yet.
+	nds[4].Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionAgentServing, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonAgentShuttingDown}}
 	nodes := []*corev1.Node{
 		kubeletNode("live", map[corev1.ResourceName]int64{cls("gpu"): 1, cls("gpu-big"): 1, cls("nic"): 1}),
 		kubeletNode("dead", map[corev1.ResourceName]int64{cls("gpu"): 0, cls("gpu-big"): 0, cls("nic"): 0}),
 		kubeletNode("half", map[corev1.ResourceName]int64{cls("gpu"): 1, cls("gpu-big"): 1}),
 		kubeletNode("sim", nil), // a simulated node: no device manager
+		kubeletNode("stopping", map[corev1.ResourceName]int64{cls("gpu"): 1, cls("gpu-big"): 1, cls("nic"): 1}),
 	}
+	kubeletSays := (&nodeState{}).notServing
+	stopping := (&nodeState{stopping: true}).notServing
 	h := newHarness(t, FirstFit, nds, allClasses)
 	// The kubelets' status reaches the plugin through the scheduler's Node
 	// informer, as in the scheduler.
@@ -96,12 +103,14 @@ func TestFilterRefusesNodeWhoseAgentIsGone(t *testing.T) {
 		reason string // "": fits
 	}{
 		{gpuPod("one", "gpu", 1), "live", ""},
-		{gpuPod("one", "gpu", 1), "dead", notServing("gpu")},
+		{gpuPod("one", "gpu", 1), "dead", kubeletSays("gpu")},
+		{gpuPod("one", "gpu", 1), "stopping", stopping("gpu")},
 		{gpuPod("one", "gpu", 1), "half", ""},
 		{gpuPod("one", "gpu", 1), "sim", ""},
 		{pair, "live", ""},
-		{pair, "dead", notServing("gpu")},
-		{pair, "half", notServing("nic")},
+		{pair, "dead", kubeletSays("gpu")},
+		{pair, "half", kubeletSays("nic")},
+		{pair, "stopping", stopping("gpu")},
 		{pair, "sim", ""},
 		// The devices decide first: a node that could not take the pod with
 		// its agent up says why.
@@ -124,7 +133,7 @@ func TestFilterRefusesNodeWhoseAgentIsGone(t *testing.T) {
 				if !st.IsSuccess() || !f.Fits {
 					t.Errorf("Filter %v, snapshot %+v; want it to fit", st, f)
 				}
-			case tc.reason == notServing("gpu") || tc.reason == notServing("nic"):
+			case strings.HasPrefix(tc.reason, "node agent not serving"):
 				wantCode(t, st, fwk.UnschedulableAndUnresolvable, tc.reason)
 				if f.Fits || f.Reason != tc.reason || !f.Unresolvable {
 					t.Errorf("snapshot %+v, want unresolvable %q", f, tc.reason)
@@ -137,12 +146,12 @@ func TestFilterRefusesNodeWhoseAgentIsGone(t *testing.T) {
 			}
 		})
 	}
-	// Without the Nodes (no right to read them), the snapshot judges by the
-	// devices alone.
+	// Without the Nodes (no right to read them), the snapshot judges by
+	// NodeDevices alone: the devices, and the agent's word that it stops.
 	_, fits, _ := snapshotOf(nds, allClasses).Fit(gpuPod("one", "gpu", 1))
 	for _, f := range fits {
-		if !f.Fits {
-			t.Errorf("without Nodes: %+v, want every node to fit", f)
+		if want := f.Node != "stopping"; f.Fits != want || (!want && f.Reason != stopping("gpu")) {
+			t.Errorf("without Nodes: %+v, want every node but stopping to fit", f)
 		}
 	}
 }
@@ -199,8 +208,8 @@ func TestAgentBackUpdatesTheCacheFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if why, ok := c.fits("n1", nil, d); ok || why.reason != notServing("gpu") {
-		t.Fatalf("agent gone: fits = %+v, %v; want %q", why, ok, notServing("gpu"))
+	if why, ok := c.fits("n1", nil, d); ok || why.reason != (&nodeState{}).notServing("gpu") {
+		t.Fatalf("agent gone: fits = %+v, %v; want %q", why, ok, (&nodeState{}).notServing("gpu"))
 	}
 	p := &Plugin{shared: &shared{cache: c}}
 	back := kubeletNode("n1", map[corev1.ResourceName]int64{cls("gpu"): 1})
@@ -235,5 +244,5 @@ func TestPreemptionFindsNoRoomWhereTheAgentIsGone(t *testing.T) {
 	if st := h.fw.RunPreFilterExtensionRemovePod(h.ctx, what, high, podInfo(t, low), h.nodes["n1"]); !st.IsSuccess() {
 		t.Fatalf("RemovePod: %v", st)
 	}
-	wantCode(t, h.filter(what, high, "n1"), fwk.UnschedulableAndUnresolvable, notServing("gpu"))
+	wantCode(t, h.filter(what, high, "n1"), fwk.UnschedulableAndUnresolvable, (&nodeState{}).notServing("gpu"))
 }

@@ -398,8 +398,9 @@ type quickCounts struct {
 	// perNUMA counts the free ones by NUMA node; perNUMA[maxNUMA] those on
 	// another NUMA node or on none.
 	perNUMA [maxNUMA + 1]int
-	// unserved: the node's kubelet offers none of the class, so its agent
-	// does not serve it (liveness.go); set by recount.
+	// unserved: the node's agent said it is stopping, or its kubelet offers
+	// none of the class, so its agent does not serve it (liveness.go); set
+	// by recount.
 	unserved bool
 }
 
@@ -443,7 +444,7 @@ func (n *nodeState) recount() {
 	counts := make([]classCounts, 0, len(n.matches))
 	for class, idx := range n.matches {
 		q := *n.count(idx)
-		q.unserved = n.kubelet.unserves(class)
+		q.unserved = n.stopping || n.kubelet.unserves(class)
 		counts = append(counts, classCounts{class: class, quickCounts: q})
 	}
 	slices.SortFunc(counts, func(a, b classCounts) int { return strings.Compare(a.class, b.class) })

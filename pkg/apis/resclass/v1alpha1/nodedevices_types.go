@@ -49,6 +49,22 @@ type NodeDevicesStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
+// ConditionAgentServing is the NodeDevices condition by which the node agent
+// says whether it serves the node's devices: True while it runs, False
+// (reason ReasonAgentShuttingDown) from the moment it starts to stop. The
+// scheduler places no class pod on a node where it is False. The kubelet says
+// as much once the agent's endpoints are gone, but only at its next node
+// status sync (10 s by default); this says it before the endpoints go, so
+// that a stopping agent has no pod bound to it that it cannot admit. An
+// object without it (an older agent) is judged by the kubelet's word alone.
+const ConditionAgentServing = "AgentServing"
+
+// Reasons of ConditionAgentServing.
+const (
+	ReasonAgentServing      = "Serving"
+	ReasonAgentShuttingDown = "ShuttingDown"
+)
+
 // DeviceSummary counts a node's devices.
 type DeviceSummary struct {
 	// GPUs is the number of devices of kind nvidia-gpu.
