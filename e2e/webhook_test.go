@@ -90,7 +90,7 @@ func TestWebhookPolicies(t *testing.T) {
 	}
 	pods := func(ns string) podClient { return podClient{t: t, ctx: ctx, ns: ns} }
 
-	t.Run("seed000/empty namespaceSelector is rejected, with what to write instead", func(t *testing.T) {
+	t.Run("affinity/empty namespaceSelector is rejected, with what to write instead", func(t *testing.T) {
 		ns := newNamespace(t, ctx, webhookLabel)
 		quotaFor(t, ctx, ns, "cross-ns", corev1.ResourceList{corev1.ResourcePods: resource.MustParse("10")},
 			corev1.ScopedResourceSelectorRequirement{ScopeName: corev1.ResourceQuotaScopeCrossNamespacePodAffinity, Operator: corev1.ScopeSelectorOpExists})
@@ -185,7 +185,7 @@ spec:
 			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}}},
 	}})
 
-	t.Run("seed000/cross-namespace affinity only where a quota covers it", func(t *testing.T) {
+	t.Run("affinity/cross-namespace affinity only where a quota covers it", func(t *testing.T) {
 		bare, covered := newNamespace(t, ctx, webhookLabel), newNamespace(t, ctx, webhookLabel)
 		wantDenied(t, pods(bare).create("cross", crossNS),
 			"insufficient quota to match these scopes: [{CrossNamespacePodAffinity Exists []}]")
@@ -207,7 +207,7 @@ spec:
 		wantDenied(t, pods(covered).create("cross-3", crossNS), "exceeded quota: cross-ns")
 	})
 
-	t.Run("seed000/disable cross-namespace affinity in foo-ns", func(t *testing.T) {
+	t.Run("affinity/disable cross-namespace affinity in foo-ns", func(t *testing.T) {
 		foo := newNamespace(t, ctx, webhookLabel)
 		quotaFor(t, ctx, foo, "disable-cross-namespace-affinity", corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")},
 			corev1.ScopedResourceSelectorRequirement{ScopeName: corev1.ResourceQuotaScopeCrossNamespacePodAffinity, Operator: corev1.ScopeSelectorOpExists})
@@ -229,7 +229,7 @@ spec:
 		}
 	})
 
-	t.Run("seed001/story1 cluster-services only where a quota covers it", func(t *testing.T) {
+	t.Run("priority/story1 cluster-services only where a quota covers it", func(t *testing.T) {
 		user := newNamespace(t, ctx, webhookLabel)
 		wantDenied(t, pods(user).create("critical", withPriority("cluster-services")),
 			`admission webhook "pods.resclass.io" denied the request: insufficient quota to match these scopes: [{PriorityClass In [cluster-services]}]`)
@@ -293,7 +293,7 @@ spec:
 		}
 	})
 
-	t.Run("seed001/story2 reloads the config; a bad one keeps the last good", func(t *testing.T) {
+	t.Run("priority/story2 reloads the config; a bad one keeps the last good", func(t *testing.T) {
 		ns := newNamespace(t, ctx, webhookLabel)
 		quotaFor(t, ctx, ns, "pods-cluster-services", corev1.ResourceList{corev1.ResourcePods: resource.MustParse("10")},
 			corev1.ScopedResourceSelectorRequirement{ScopeName: corev1.ResourceQuotaScopePriorityClass, Operator: corev1.ScopeSelectorOpIn, Values: []string{"cluster-services"}})

@@ -159,7 +159,7 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		return err
 	}
 
-	p.section("10. Seed 002: one ConfigMap or Secret, kept in many namespaces (ResourceDistribution)")
+	p.section("10. One ConfigMap or Secret, kept in many namespaces (ResourceDistribution)")
 	ctl, err := startDistribution(ctx, p, cluster)
 	if err != nil {
 		return err

@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Seed 001's quota for both stories, verbatim (a YAML list).
-const seed001Quota = `- apiVersion: v1
+// The ResourceQuota of the "Priority in ResourceQuota" proposal's two user stories, verbatim (a YAML list).
+const priorityQuotaList = `- apiVersion: v1
   kind: ResourceQuota
   metadata:
     name: pods-cluster-services
@@ -32,7 +32,7 @@ const seed001Quota = `- apiVersion: v1
 func seedQuota(t *testing.T) *corev1.ResourceQuota {
 	t.Helper()
 	var list []corev1.ResourceQuota
-	if err := yaml.UnmarshalStrict([]byte(seed001Quota), &list); err != nil || len(list) != 1 {
+	if err := yaml.UnmarshalStrict([]byte(priorityQuotaList), &list); err != nil || len(list) != 1 {
 		t.Fatalf("decoding the seed quota: %v (%d items)", err, len(list))
 	}
 	return &list[0]
@@ -182,30 +182,30 @@ func TestCheck(t *testing.T) {
 		// from the apiserver (see the package doc), skipped by TestCheckMatchesUpstream.
 		notUpstream bool
 	}{
-		// Seed 001, story 1.
-		{name: "story 1: cluster-services without quota", config: seed001Story1, pod: makePod(priorityClass("cluster-services")),
+		// Priority in ResourceQuota, story 1.
+		{name: "story 1: cluster-services without quota", config: priorityQuotaStory1, pod: makePod(priorityClass("cluster-services")),
 			wantReason: ReasonUncoveredScopes, wantMessage: msgClusterServices},
-		{name: "story 1: cluster-services with the seed quota", config: seed001Story1, pod: makePod(priorityClass("cluster-services")),
+		{name: "story 1: cluster-services with the seed quota", config: priorityQuotaStory1, pod: makePod(priorityClass("cluster-services")),
 			quotas: []*corev1.ResourceQuota{nil /* seed quota added in the test */}},
-		{name: "story 1: cluster-services with an unscoped quota", config: seed001Story1, pod: makePod(priorityClass("cluster-services")),
+		{name: "story 1: cluster-services with an unscoped quota", config: priorityQuotaStory1, pod: makePod(priorityClass("cluster-services")),
 			quotas: []*corev1.ResourceQuota{makeQuota("all", pods10)}, wantReason: ReasonUncoveredScopes, wantMessage: msgClusterServices},
-		{name: "story 1: cluster-services with a quota for another class", config: seed001Story1, pod: makePod(priorityClass("cluster-services")),
+		{name: "story 1: cluster-services with a quota for another class", config: priorityQuotaStory1, pod: makePod(priorityClass("cluster-services")),
 			quotas:     []*corev1.ResourceQuota{makeQuota("other", pods10, scopeSelector(priorityReq(corev1.ScopeSelectorOpIn, "high")))},
 			wantReason: ReasonUncoveredScopes, wantMessage: msgClusterServices},
-		{name: "story 1: cluster-services with a BestEffort quota", config: seed001Story1, pod: makePod(priorityClass("cluster-services"), bestEffort),
+		{name: "story 1: cluster-services with a BestEffort quota", config: priorityQuotaStory1, pod: makePod(priorityClass("cluster-services"), bestEffort),
 			quotas: []*corev1.ResourceQuota{makeQuota("be", pods10, scopes(corev1.ResourceQuotaScopeBestEffort))}, wantReason: ReasonUncoveredScopes, wantMessage: msgClusterServices},
-		{name: "story 1: no priority class", config: seed001Story1, pod: makePod()},
-		{name: "story 1: another priority class", config: seed001Story1, pod: makePod(priorityClass("high"))},
+		{name: "story 1: no priority class", config: priorityQuotaStory1, pod: makePod()},
+		{name: "story 1: another priority class", config: priorityQuotaStory1, pod: makePod(priorityClass("high"))},
 
-		// Seed 001, story 2.
-		{name: "story 2: cluster-services with the seed quota", config: seed001Story2, pod: makePod(priorityClass("cluster-services")),
+		// Priority in ResourceQuota, story 2.
+		{name: "story 2: cluster-services with the seed quota", config: priorityQuotaStory2, pod: makePod(priorityClass("cluster-services")),
 			quotas: []*corev1.ResourceQuota{nil}},
-		{name: "story 2: high with the seed quota", config: seed001Story2, pod: makePod(priorityClass("high")),
+		{name: "story 2: high with the seed quota", config: priorityQuotaStory2, pod: makePod(priorityClass("high")),
 			quotas: []*corev1.ResourceQuota{nil}, wantReason: ReasonUncoveredScopes, wantMessage: msgAnyPriority},
-		{name: "story 2: no priority class", config: seed001Story2, pod: makePod()},
-		{name: "story 2: high with an Exists quota", config: seed001Story2, pod: makePod(priorityClass("high")),
+		{name: "story 2: no priority class", config: priorityQuotaStory2, pod: makePod()},
+		{name: "story 2: high with an Exists quota", config: priorityQuotaStory2, pod: makePod(priorityClass("high")),
 			quotas: []*corev1.ResourceQuota{makeQuota("any", pods10, scopeSelector(priorityReq(corev1.ScopeSelectorOpExists)))}},
-		{name: "story 2: high with a NotIn quota", config: seed001Story2, pod: makePod(priorityClass("high")),
+		{name: "story 2: high with a NotIn quota", config: priorityQuotaStory2, pod: makePod(priorityClass("high")),
 			quotas: []*corev1.ResourceQuota{nil, makeQuota("rest", pods10, scopeSelector(priorityReq(corev1.ScopeSelectorOpNotIn, "cluster-services")))}},
 
 		// PriorityClass NotIn and DoesNotExist match pods without a class.
@@ -221,22 +221,22 @@ func TestCheck(t *testing.T) {
 			quotas: []*corev1.ResourceQuota{makeQuota("rest", pods10, scopeSelector(priorityReq(corev1.ScopeSelectorOpNotIn, "x")))}},
 		{name: "DoesNotExist: pod with a class is not limited", config: rqConfig(cfgNoClass), pod: makePod(priorityClass("high"))},
 
-		// Seed 000: CrossNamespacePodAffinity.
-		{name: "cross-namespace: namespaces", config: seed000, pod: makePod(podAffinity(nsTerm)),
+		// Cross-namespace pod affinity (CrossNamespacePodAffinity).
+		{name: "cross-namespace: namespaces", config: crossNamespaceAffinityQuota, pod: makePod(podAffinity(nsTerm)),
 			wantReason: ReasonUncoveredScopes, wantMessage: msgCrossNamespace},
-		{name: "cross-namespace: empty namespaceSelector", config: seed000,
+		{name: "cross-namespace: empty namespaceSelector", config: crossNamespaceAffinityQuota,
 			pod:        makePod(podAffinity(withNamespaceSelector(appTerm, &metav1.LabelSelector{}))),
 			wantReason: ReasonUncoveredScopes, wantMessage: msgCrossNamespace},
-		{name: "cross-namespace: preferred anti-affinity with namespaceSelector", config: seed000,
+		{name: "cross-namespace: preferred anti-affinity with namespaceSelector", config: crossNamespaceAffinityQuota,
 			pod:        makePod(preferredPodAntiAffinity(withNamespaceSelector(appTerm, &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}}))),
 			quotas:     []*corev1.ResourceQuota{makeQuota("all", pods10)},
 			wantReason: ReasonUncoveredScopes, wantMessage: msgCrossNamespace},
-		{name: "cross-namespace: same-namespace affinity is not limited", config: seed000, pod: makePod(podAffinity(appTerm))},
-		{name: "cross-namespace: same-namespace preferred anti-affinity is not limited", config: seed000, pod: makePod(preferredPodAntiAffinity(appTerm))},
-		{name: "cross-namespace: no affinity", config: seed000, pod: makePod()},
-		{name: "cross-namespace: covered by spec.scopes", config: seed000, pod: makePod(podAffinity(nsTerm)),
+		{name: "cross-namespace: same-namespace affinity is not limited", config: crossNamespaceAffinityQuota, pod: makePod(podAffinity(appTerm))},
+		{name: "cross-namespace: same-namespace preferred anti-affinity is not limited", config: crossNamespaceAffinityQuota, pod: makePod(preferredPodAntiAffinity(appTerm))},
+		{name: "cross-namespace: no affinity", config: crossNamespaceAffinityQuota, pod: makePod()},
+		{name: "cross-namespace: covered by spec.scopes", config: crossNamespaceAffinityQuota, pod: makePod(podAffinity(nsTerm)),
 			quotas: []*corev1.ResourceQuota{makeQuota("xns", pods10, scopes(corev1.ResourceQuotaScopeCrossNamespacePodAffinity))}},
-		{name: "cross-namespace: covered by scopeSelector", config: seed000, pod: makePod(preferredPodAntiAffinity(nsTerm)),
+		{name: "cross-namespace: covered by scopeSelector", config: crossNamespaceAffinityQuota, pod: makePod(preferredPodAntiAffinity(nsTerm)),
 			quotas: []*corev1.ResourceQuota{makeQuota("xns", pods10, scopeSelector(scopeCrossNamespace))}},
 
 		// Several limited scopes and quotas.
@@ -413,7 +413,7 @@ func TestUpstreamAppliesAllMatchScopesToPods(t *testing.T) {
 }
 
 func TestCheckBrokenQuota(t *testing.T) {
-	cfg := parseTestConfig(t, seed001Story1)
+	cfg := parseTestConfig(t, priorityQuotaStory1)
 	broken := makeQuota("broken", pods10, scopeSelector(priorityReq(corev1.ScopeSelectorOpIn, "not a label value")))
 	if _, err := cfg.Check(makePod(priorityClass("cluster-services")), []*corev1.ResourceQuota{broken}); err == nil || !strings.Contains(err.Error(), "quota broken") {
 		t.Errorf("Check with a broken quota for a limited pod: err = %v, want one naming the quota", err)

@@ -8,8 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Seed 001 (Priority in ResourceQuota), sample user story 1, verbatim.
-const seed001Story1 = `apiVersion: apiserver.k8s.io/v1alpha1
+// The "Priority in ResourceQuota" proposal's sample user story 1, verbatim.
+const priorityQuotaStory1 = `apiVersion: apiserver.k8s.io/v1alpha1
 kind: AdmissionConfiguration
 plugins:
 - name: "ResourceQuota"
@@ -24,8 +24,8 @@ plugins:
         values: ["cluster-services"]
 `
 
-// Seed 001, sample user story 2, verbatim (note "operator :").
-const seed001Story2 = `apiVersion: apiserver.k8s.io/v1alpha1
+// Its sample user story 2, verbatim (note "operator :").
+const priorityQuotaStory2 = `apiVersion: apiserver.k8s.io/v1alpha1
 kind: AdmissionConfiguration
 plugins:
 - name: "ResourceQuota"
@@ -39,9 +39,9 @@ plugins:
         scopeName: PriorityClass
 `
 
-// Seed 000 (KEP-2249), the kube-apiserver configuration, verbatim: the
+// Cross-namespace affinity quota (KEP-2249), the kube-apiserver configuration, verbatim: the
 // proposal's scope spelling and no operator.
-const seed000 = `apiVersion: apiserver.config.k8s.io/v1
+const crossNamespaceAffinityQuota = `apiVersion: apiserver.config.k8s.io/v1
 kind: AdmissionConfiguration
 plugins:
 - name: "ResourceQuota"
@@ -88,17 +88,17 @@ func TestParse(t *testing.T) {
 	}{
 		{
 			name:       "covering-quota story 1: AdmissionConfiguration v1alpha1, Configuration v1alpha1",
-			data:       seed001Story1,
+			data:       priorityQuotaStory1,
 			wantScopes: []corev1.ScopedResourceSelectorRequirement{scopeClusterServices},
 		},
 		{
 			name:       "covering-quota story 2: Exists",
-			data:       seed001Story2,
+			data:       priorityQuotaStory2,
 			wantScopes: []corev1.ScopedResourceSelectorRequirement{scopeAnyPriority},
 		},
 		{
 			name:       "namespaceSelector proposal: alias and missing operator normalized",
-			data:       seed000,
+			data:       crossNamespaceAffinityQuota,
 			wantScopes: []corev1.ScopedResourceSelectorRequirement{scopeCrossNamespace},
 		},
 		{
@@ -236,7 +236,7 @@ func TestParseErrors(t *testing.T) {
 		},
 		{
 			name: "unknown field inside inline configuration",
-			data: strings.Replace(seed000, "    - resource: pods\n", "    - resource: pods\n      matchScopez: []\n", 1),
+			data: strings.Replace(crossNamespaceAffinityQuota, "    - resource: pods\n", "    - resource: pods\n      matchScopez: []\n", 1),
 			want: []string{`plugins[0].configuration: decoding ResourceQuota configuration`, `unknown field "limitedResources[0].matchScopez"`},
 		},
 		{
@@ -336,7 +336,7 @@ plugins:
 		},
 		{
 			name: "inline configuration of another kind",
-			data: strings.Replace(seed000, "kind: ResourceQuotaConfiguration", "kind: PodSecurityConfiguration", 1),
+			data: strings.Replace(crossNamespaceAffinityQuota, "kind: ResourceQuotaConfiguration", "kind: PodSecurityConfiguration", 1),
 			want: []string{"plugins[0].configuration: decoding ResourceQuota configuration", "PodSecurityConfiguration"},
 		},
 	}

@@ -17,7 +17,7 @@ import (
 
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{
-		seed001Story1, seed001Story2, seed000, bareV1,
+		priorityQuotaStory1, priorityQuotaStory2, crossNamespaceAffinityQuota, bareV1,
 		rqConfig(cfgExtended), rqConfig(cfgNotIn), rqConfig(cfgNoClass), rqConfig(cfgTwo), rqConfig(cfgQoS), rqConfig(cfgBoth),
 		`{"apiVersion": "apiserver.config.k8s.io/v1", "kind": "ResourceQuotaConfiguration", "limitedResources": [{"resource": "pods", "matchContains": ["a"]}]}`,
 		`{"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration", "plugins": [{"name": "ResourceQuota", "configuration": {"apiVersion": "resourcequota.admission.k8s.io/v1beta1", "kind": "Configuration", "limitedResources": []}}]}`,
@@ -122,11 +122,11 @@ func FuzzCheck(f *testing.F) {
 // an invalid content keeps the last good configuration in use and reports
 // itself; a valid one is what Current returns afterwards.
 func FuzzReload(f *testing.F) {
-	for _, s := range []string{seed001Story1, seed000, "", "hello", "limitedResources: []\n", rqConfig(cfgTwo)} {
+	for _, s := range []string{priorityQuotaStory1, crossNamespaceAffinityQuota, "", "hello", "limitedResources: []\n", rqConfig(cfgTwo)} {
 		f.Add(s)
 	}
 	path := filepath.Join(f.TempDir(), "quota.yaml")
-	if err := os.WriteFile(path, []byte(seed000), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(crossNamespaceAffinityQuota), 0o600); err != nil {
 		f.Fatal(err)
 	}
 	file, err := NewFile(path, 0, logr.Discard())
@@ -137,7 +137,7 @@ func FuzzReload(f *testing.F) {
 		watchdog.Run(t, func() {
 			// Back to a known good state first, so each input is judged
 			// against the same configuration.
-			if err := os.WriteFile(path, []byte(seed000), 0o600); err != nil {
+			if err := os.WriteFile(path, []byte(crossNamespaceAffinityQuota), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			if err := file.Reload(); err != nil {

@@ -27,7 +27,7 @@ import (
 
 // fuzzQuotaConfig limits both scopes of the seeds and the class resources,
 // so that a fuzzed pod can reach every part of the covering-quota check.
-const fuzzQuotaConfig = seedQuotaConfig + `  matchContains: ["class.resclass.io/"]
+const fuzzQuotaConfig = coveringQuotaConfig + `  matchContains: ["class.resclass.io/"]
 `
 
 // reviewOracle decodes an AdmissionReview body as controller-runtime's

@@ -30,7 +30,7 @@ const (
 )
 
 // podPolicies admits pod creations under the namespaceSelector and
-// covering-quota policies (seeds 000 and 001).
+// covering-quota policies (cross-namespace affinity and priority classes).
 type podPolicies struct {
 	// allowEmptyNamespaceSelector turns off the {} rejection (upstream's reading:
 	// all namespaces).

@@ -66,11 +66,11 @@ func mustParseQuotaConfig(tb testing.TB, data string) *quota.Config {
 	return cfg
 }
 
-// seedQuotaConfig is the covering-quota rule of seeds 001 (story 1) and 000
-// in the apiserver's own file format: pods of priority class
+// coveringQuotaConfig is the covering-quota rule of priority classes (story
+// 1) and cross-namespace affinity, in the apiserver's own file format: pods of priority class
 // cluster-services, and pods with cross-namespace affinity terms, need a
 // ResourceQuota for that scope in their namespace.
-const seedQuotaConfig = `apiVersion: apiserver.config.k8s.io/v1
+const coveringQuotaConfig = `apiVersion: apiserver.config.k8s.io/v1
 kind: ResourceQuotaConfiguration
 limitedResources:
 - resource: pods
@@ -345,7 +345,7 @@ func TestEmptyNamespaceSelectors(t *testing.T) {
 // without a look, and the denial metric.
 func TestPodPoliciesHandle(t *testing.T) {
 	s := newTestScheme(t)
-	seeds := mustParseQuotaConfig(t, seedQuotaConfig)
+	seeds := mustParseQuotaConfig(t, coveringQuotaConfig)
 	// Only a non-pod entry: parsed, but Empty.
 	nonPods := mustParseQuotaConfig(t, `apiVersion: apiserver.config.k8s.io/v1
 kind: ResourceQuotaConfiguration
@@ -460,7 +460,7 @@ limitedResources:
 		{name: "object of another kind", req: podRequest(admissionv1.Create, "team-a", []byte(`{"apiVersion":"resclass.io/v1alpha1","kind":"ResourceClass","metadata":{"name":"x"}}`)),
 			want: want{code: http.StatusBadRequest, contains: []string{"decoding the pod"}, denial: reasonBadRequest}},
 
-		// The covering-quota rule (seeds 000 and 001).
+		// The covering-quota rule (cross-namespace affinity and priority classes).
 		{name: "limited priority class without quota", req: create(clusterServicesPod), config: seeds,
 			want: want{code: http.StatusForbidden, prefix: insufficient, contains: []string{scopeCS, namespaceTeam}, denial: quota.ReasonUncoveredScopes}},
 		{name: "limited priority class with quota", req: create(clusterServicesPod), config: seeds,
@@ -554,7 +554,7 @@ func checkResponse(t *testing.T, resp admission.Response, allowed bool, code int
 // TestPodPoliciesDenialMetric: the series an alert on uncovered pods would
 // use, read as an operator's dashboard does, by its labels.
 func TestPodPoliciesDenialMetric(t *testing.T) {
-	cfg := mustParseQuotaConfig(t, seedQuotaConfig)
+	cfg := mustParseQuotaConfig(t, coveringQuotaConfig)
 	h := &podPolicies{
 		config: func() *quota.Config { return cfg },
 		quotas: quotaIndex(t),

@@ -60,7 +60,7 @@ func withTemplate(pod *corev1.Pod) []templated {
 }
 
 func TestWorkloadPolicies(t *testing.T) {
-	cfg := mustParseQuotaConfig(t, seedQuotaConfig)
+	cfg := mustParseQuotaConfig(t, coveringQuotaConfig)
 	h := &workloadPolicies{pods: &podPolicies{config: func() *quota.Config { return cfg }, quotas: quotaIndex(t)}}
 	ctx := context.Background()
 	emptySel := newPod(affinity(requiredAffinity(affinityTerm(&metav1.LabelSelector{}))))
