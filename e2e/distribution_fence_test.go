@@ -214,6 +214,20 @@ func TestResourceDistributionOwners(t *testing.T) {
 		if err := addOwner(rc, rd.Name, ownedBy(cr), false); err != nil {
 			t.Fatal(err)
 		}
+		// The garbage collector orphans the dependents its graph knows of
+		// when it handles the owner's deletion. Deleted before its informer
+		// delivered the ownerReference, the owner goes with no dependent
+		// orphaned, and the distribution then names a missing owner and is
+		// collected (seen in CI under load). A barrier: a second
+		// distribution given a missing owner after it, which the collector
+		// deletes only once its graph took in the events before it, ours
+		// among them (one informer delivers them in order).
+		barrier := d.create("orphaned-barrier", secret("orphaned-barrier", map[string]string{"k": "v"}), v1alpha1.ResourceDistributionTargets{
+			IncludedNamespaces: []v1alpha1.ResourceDistributionNamespace{{Name: a}}})
+		if err := addOwner(rc, barrier.Name, missing, false); err != nil {
+			t.Fatal(err)
+		}
+		gone(t, barrier.Name)
 		if err := cluster.Client.RbacV1().ClusterRoles().Delete(ctx, cr.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationOrphan)}); err != nil {
 			t.Fatal(err)
 		}
