@@ -28,6 +28,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
 
@@ -473,17 +474,7 @@ func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string, twe
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		cfg := nodeagent.Config{
-			NodeName: nodeName, HostRoot: root, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
-			IntrospectionSocket: filepath.Join(t.TempDir(), "agent.sock"),
-			Kinds:               kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
-			// As deployed (--pod-resources-socket): the hand-off asks the
-			// kubelet which pod it admits (docs/node-agent.md).
-			PodResourcesSocket: kn.PodResourcesSocket(),
-			// The default device-list strategy, cdi-cri, writes its spec
-			// here rather than into the host's /var/run/cdi.
-			CDISpecDir: filepath.Join(t.TempDir(), "cdi"),
-		}
+		cfg := mockGPUAgent(kn, dgx, root, t.TempDir())
 		for _, f := range tweak {
 			f(kn, &cfg)
 		}
@@ -493,15 +484,41 @@ func agentGPUNode(t *testing.T, ctx context.Context, nodeName, class string, twe
 		}
 	}()
 	t.Cleanup(func() { stopAgent(); <-done })
-	poll(t, ctx, time.Minute, "the agent's endpoint in the node's allocatable", func(ctx context.Context) (bool, error) {
-		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	waitClassAllocatable(t, ctx, "the agent's endpoint in the node's allocatable", nodeName, class, 8)
+	return kn
+}
+
+// mockGPUAgent is the node agent's configuration on kn with go-nvml's mock
+// dgx as NVML (its sysfs under root), as the DaemonSet runs it; its
+// introspection socket and CDI spec go in dir.
+func mockGPUAgent(kn *framework.KubeletNode, dgx *nvmlmock.Server, root, dir string) nodeagent.Config {
+	return nodeagent.Config{
+		NodeName: kn.Name, HostRoot: root, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
+		IntrospectionSocket: filepath.Join(dir, "agent.sock"),
+		Kinds:               kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
+		// As deployed (--pod-resources-socket): the hand-off asks the
+		// kubelet which pod it admits (docs/node-agent.md).
+		PodResourcesSocket: kn.PodResourcesSocket(),
+		// The default device-list strategy, cdi-cri, writes its spec here
+		// rather than into the host's /var/run/cdi.
+		CDISpecDir: filepath.Join(dir, "cdi"),
+	}
+}
+
+// waitClassAllocatable waits until node's kubelet reports want devices of
+// class in its allocatable, and returns how long that took.
+func waitClassAllocatable(t *testing.T, ctx context.Context, what, node, class string, want int64) time.Duration {
+	t.Helper()
+	start := time.Now()
+	poll(t, ctx, time.Minute, what, func(ctx context.Context) (bool, error) {
+		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
-		q := n.Status.Allocatable[corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)]
-		return q.Value() == 8, nil
+		q, ok := n.Status.Allocatable[corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)]
+		return ok && q.Value() == want, nil
 	})
-	return kn
+	return time.Since(start)
 }
 
 // podRunning waits until pod ns/name runs; a failed pod fails the test with

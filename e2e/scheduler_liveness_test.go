@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,10 +15,6 @@ import (
 
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
-	"github.com/resclass/resclass/pkg/devicekind/kinds"
-	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
-	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
-	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
 
@@ -45,28 +40,11 @@ func TestSchedulerNodeAgentLiveness(t *testing.T) {
 	t.Cleanup(func() { deleteNodes([]string{node}) })
 	dgx, root := mockDGX(t)
 	arc, akc := agentClients(t, node)
-	cfg := nodeagent.Config{
-		NodeName: node, HostRoot: root, PluginDir: kn.PluginDir(), WaitForPod: 2 * time.Second,
-		IntrospectionSocket: filepath.Join(t.TempDir(), "agent.sock"),
-		Kinds:               kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
-		PodResourcesSocket:  kn.PodResourcesSocket(),
-		CDISpecDir:          filepath.Join(t.TempDir(), "cdi"),
-	}
+	cfg := mockGPUAgent(kn, dgx, root, t.TempDir())
 	resourceName := corev1.ResourceName(v1alpha1.ResourceNamePrefix + class)
-	// allocatable waits until the kubelet reports want of the class and
-	// returns how long that took.
 	allocatable := func(what string, want int64) time.Duration {
 		t.Helper()
-		start := time.Now()
-		poll(t, ctx, time.Minute, what, func(ctx context.Context) (bool, error) {
-			n, err := cluster.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			q, ok := n.Status.Allocatable[resourceName]
-			return ok && q.Value() == want, nil
-		})
-		return time.Since(start)
+		return waitClassAllocatable(t, ctx, what, node, class, want)
 	}
 	stop, _ := runAgent(t, ctx, nodeagent.New(cfg, arc, akc))
 	allocatable("the agent's endpoint in the node's allocatable", 8)

@@ -24,10 +24,6 @@ import (
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
-	"github.com/resclass/resclass/pkg/devicekind/kinds"
-	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
-	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
-	"github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/nodeagent"
 )
@@ -180,14 +176,7 @@ func startSoakNode(t *testing.T, ctx context.Context, name, class string, labels
 	n.dgx, n.root = mockDGX(t)
 	n.rc, n.kc = agentClients(t, name)
 	n.startAgent(t, ctx)
-	poll(t, ctx, time.Minute, name+"'s agent endpoint in the node's allocatable", func(ctx context.Context) (bool, error) {
-		node, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		q := node.Status.Allocatable[corev1.ResourceName(v1alpha1.ResourceNamePrefix+class)]
-		return q.Value() == soakGPUs, nil
-	})
+	waitClassAllocatable(t, ctx, name+"'s agent endpoint in the node's allocatable", name, class, soakGPUs)
 	return n
 }
 
@@ -196,16 +185,12 @@ func startSoakNode(t *testing.T, ctx context.Context, name, class string, labels
 func (n *soakNode) startAgent(t *testing.T, ctx context.Context) {
 	n.starts++
 	n.started = append(n.started, time.Now())
-	cfg := nodeagent.Config{
-		NodeName: n.name, HostRoot: n.root, PluginDir: n.kn.PluginDir(), WaitForPod: 2 * time.Second,
-		IntrospectionSocket: filepath.Join(n.dir, fmt.Sprintf("agent-%d.sock", n.starts)),
-		Kinds:               kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: n.dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
-		PodResourcesSocket:  n.kn.PodResourcesSocket(),
-		CDISpecDir:          filepath.Join(n.dir, "cdi"),
-		// NVML is asked every second, so a fault is seen within the soak.
-		ResyncInterval: time.Second, OpenRetryMax: time.Second,
-		DeviceGracePeriod: 3 * time.Minute,
-	}
+	cfg := mockGPUAgent(n.kn, n.dgx, n.root, n.dir)
+	// A socket of its own each time: the stopped agent may not have removed its own yet.
+	cfg.IntrospectionSocket = filepath.Join(n.dir, fmt.Sprintf("agent-%d.sock", n.starts))
+	// NVML is asked every second, so a fault is seen within the soak.
+	cfg.ResyncInterval, cfg.OpenRetryMax = time.Second, time.Second
+	cfg.DeviceGracePeriod = 3 * time.Minute
 	n.stop, _ = runAgent(t, ctx, nodeagent.New(cfg, n.rc, n.kc))
 }
 
