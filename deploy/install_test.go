@@ -1364,7 +1364,8 @@ func configMapFile(t *testing.T, set *objects, spec corev1.PodSpec, file string)
 // is not Go heap (the mapped binary, stacks, buffers; NVML in the node agent),
 // so that the collector works harder before the kernel kills the container;
 // and with GOGC=off, where the heap grows to GOMEMLIMIT whatever the load, the
-// memory request covers it.
+// memory request is the limit, so that the scheduler counts what the pod will
+// use.
 func checkGoMemoryLimit(t *testing.T, where string, c corev1.Container) {
 	t.Helper()
 	env := map[string]string{}
@@ -1385,8 +1386,21 @@ func checkGoMemoryLimit(t *testing.T, where string, c corev1.Container) {
 	if float64(goLimit) > 0.85*float64(limit.Value()) {
 		t.Errorf("%s: GOMEMLIMIT %s is not below the memory limit %s by 15%%", where, env["GOMEMLIMIT"], limit.String())
 	}
-	if request := c.Resources.Requests[corev1.ResourceMemory]; env["GOGC"] == "off" && request.Value() < goLimit {
-		t.Errorf("%s: GOGC=off grows the heap to GOMEMLIMIT %s, above the memory request %s", where, env["GOMEMLIMIT"], request.String())
+	if request := c.Resources.Requests[corev1.ResourceMemory]; env["GOGC"] == "off" && request.Cmp(limit) != 0 {
+		t.Errorf("%s: GOGC=off grows the heap to GOMEMLIMIT %s whatever the load: request the memory limit %s, not %s", where, env["GOMEMLIMIT"], limit.String(), request.String())
+	}
+}
+
+func TestParseGoMemLimit(t *testing.T) {
+	for in, want := range map[string]int64{"400MiB": 400 << 20, "1GiB": 1 << 30, "1024": 1024, "12B": 12, "3KiB": 3 << 10, "1TiB": 1 << 40} {
+		if got, err := parseGoMemLimit(in); err != nil || got != want {
+			t.Errorf("parseGoMemLimit(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "MiB", "400M", "-1", "0", "1.5GiB", "99999999999TiB"} {
+		if got, err := parseGoMemLimit(in); err == nil {
+			t.Errorf("parseGoMemLimit(%q) = %d, want an error", in, got)
+		}
 	}
 }
 

@@ -10,15 +10,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"runtime"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -341,62 +338,6 @@ func literalEnv(c *corev1.Container) map[string]string {
 		env[e.Name] = e.Value
 	}
 	return env
-}
-
-// TestDeployedGCFitsTheMemoryLimit: the webhook's GOMEMLIMIT leaves the
-// memory limit room for what is not heap, and with GOGC=off (the heap grows
-// to GOMEMLIMIT whatever the load) the memory request is the limit, so the
-// scheduler counts what the pod will use.
-func TestDeployedGCFitsTheMemoryLimit(t *testing.T) {
-	c, err := deploymentContainer(webhookDeployment, "webhook")
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := literalEnv(c)
-	limit := c.Resources.Limits.Memory()
-	if env["GOMEMLIMIT"] == "" {
-		t.Fatal("the Deployment sets no GOMEMLIMIT, which docs/webhook.md (\"Performance\") relies on")
-	}
-	goLimit, err := parseMemLimit(env["GOMEMLIMIT"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if limit.IsZero() || float64(goLimit) > 0.85*float64(limit.Value()) {
-		t.Errorf("GOMEMLIMIT %s leaves less than 15%% of the memory limit %s to what is not heap", env["GOMEMLIMIT"], limit)
-	}
-	if req := c.Resources.Requests.Memory(); env["GOGC"] == "off" && req.Cmp(*limit) != 0 {
-		t.Errorf("with GOGC=off the heap grows to GOMEMLIMIT: request the memory limit %s, not %s", limit, req)
-	}
-}
-
-func TestParseMemLimit(t *testing.T) {
-	for in, want := range map[string]int64{"400MiB": 400 << 20, "1GiB": 1 << 30, "1024": 1024, "12B": 12, "3KiB": 3 << 10, "1TiB": 1 << 40} {
-		if got, err := parseMemLimit(in); err != nil || got != want {
-			t.Errorf("parseMemLimit(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "MiB", "400M", "-1", "1.5GiB", "99999999999TiB"} {
-		if got, err := parseMemLimit(in); err == nil {
-			t.Errorf("parseMemLimit(%q) = %d, want an error", in, got)
-		}
-	}
-}
-
-// parseMemLimit reads a GOMEMLIMIT as the Go runtime does: bytes, or a number
-// with one of the suffixes B, KiB, MiB, GiB, TiB.
-func parseMemLimit(s string) (int64, error) {
-	unit := int64(1)
-	for i, suffix := range []string{"TiB", "GiB", "MiB", "KiB", "B"} {
-		if n, ok := strings.CutSuffix(s, suffix); ok {
-			s, unit = n, int64(1)<<(10*(4-i))
-			break
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 || n > math.MaxInt64/unit {
-		return 0, fmt.Errorf("not a memory limit: %q", s)
-	}
-	return n * unit, nil
 }
 
 // disturbed fails the benchmark: its figures are not worth reporting.
