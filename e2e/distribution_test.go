@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/resclass/resclass/e2e/framework"
@@ -388,10 +389,13 @@ func (d *distEnv) create(name string, resource []byte, targets v1alpha1.Resource
 }
 
 // tryUpdate updates the spec, retrying when the controller's status write
-// came in between.
+// came in between. Under churn (TestResourceDistributionChaos: a namespace
+// event every 20 ms, each a status write) retry.DefaultRetry's five tries
+// within about 100 ms all met a newer status; these last some seconds.
 func (d *distEnv) tryUpdate(name string, mutate func(*v1alpha1.ResourceDistribution)) error {
 	rds := d.rc.ResclassV1alpha1().ResourceDistributions()
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	backoff := wait.Backoff{Steps: 12, Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.5, Cap: time.Second}
+	return retry.RetryOnConflict(backoff, func() error {
 		rd, err := rds.Get(d.ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
