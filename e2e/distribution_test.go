@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	jsonpatch "github.com/evanphx/json-patch/v5"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -16,8 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/util/retry"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -388,22 +388,33 @@ func (d *distEnv) create(name string, resource []byte, targets v1alpha1.Resource
 	return rd
 }
 
-// tryUpdate updates the spec, retrying when the controller's status write
-// came in between. Under churn (TestResourceDistributionChaos: a namespace
-// event every 20 ms, each a status write) retry.DefaultRetry's five tries
-// within about 100 ms all met a newer status; these last some seconds.
+// tryUpdate changes what mutate changes, sent as a JSON merge patch without a
+// resourceVersion: what kubectl apply, edit or patch send. An Update would
+// carry the resourceVersion it read, and under churn
+// (TestResourceDistributionChaos: a namespace event every 20 ms, each a status
+// write, which moves the resourceVersion too) even seconds of retries on
+// conflict were not enough once in CI.
 func (d *distEnv) tryUpdate(name string, mutate func(*v1alpha1.ResourceDistribution)) error {
 	rds := d.rc.ResclassV1alpha1().ResourceDistributions()
-	backoff := wait.Backoff{Steps: 12, Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.5, Cap: time.Second}
-	return retry.RetryOnConflict(backoff, func() error {
-		rd, err := rds.Get(d.ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		mutate(rd)
-		_, err = rds.Update(d.ctx, rd, metav1.UpdateOptions{})
+	rd, err := rds.Get(d.ctx, name, metav1.GetOptions{})
+	if err != nil {
 		return err
-	})
+	}
+	before, err := json.Marshal(rd)
+	if err != nil {
+		return err
+	}
+	mutate(rd)
+	after, err := json.Marshal(rd)
+	if err != nil {
+		return err
+	}
+	patch, err := jsonpatch.CreateMergePatch(before, after)
+	if err != nil {
+		return err
+	}
+	_, err = rds.Patch(d.ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
 }
 
 func (d *distEnv) update(name string, mutate func(*v1alpha1.ResourceDistribution)) {
