@@ -46,6 +46,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	sigsjson "sigs.k8s.io/json"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
 
 const (
@@ -84,7 +86,17 @@ type Container struct {
 	// Classes maps a class name (without the class.resclass.io/ prefix) to device
 	// ids.
 	Classes map[string][]string `json:"classes"`
+	// Shares maps each share class of the container (docs/sharing.md) to what
+	// it takes of that class's one device, by capacity name: memory in
+	// bytes, compute in percent. The amounts are written here, not derived
+	// from the class, so that a class deleted and made again with another
+	// unit does not change what running pods hold.
+	Shares map[string]Share `json:"shares,omitempty"`
 }
+
+// Share is what a container's share takes of a device, by capacity name
+// (v1alpha1.CapacityMemory in bytes, v1alpha1.CapacityCompute in percent).
+type Share map[string]int64
 
 // Encode validates a and returns its annotation value.
 func Encode(a *Assignment) (string, error) {
@@ -191,9 +203,58 @@ func Validate(a *Assignment) error {
 				}
 			}
 		}
+		errs = append(errs, checkShares(p.Child("shares"), c)...)
 	}
 	return errs.ToAggregate()
 }
+
+// checkShares: each share is of a class the container has exactly one device
+// of, and takes a known capacity within its bounds.
+func checkShares(p *field.Path, c Container) field.ErrorList {
+	var errs field.ErrorList
+	for _, class := range slices.Sorted(maps.Keys(c.Shares)) {
+		ids, ok := c.Classes[class]
+		if !ok {
+			// Its name was not checked: not echoed, it may be huge.
+			if len(class) > maxClassNameLength {
+				class = class[:maxClassNameLength] + "…"
+			}
+			errs = append(errs, field.Invalid(p, class, "a share of a class the container has no device of"))
+			continue
+		}
+		sp := p.Key(strconv.Quote(class))
+		if len(ids) != 1 {
+			errs = append(errs, field.Invalid(sp, len(ids), "a share is of exactly one device"))
+		}
+		share := c.Shares[class]
+		if len(share) == 0 {
+			errs = append(errs, field.Required(sp, "a share takes memory, compute or both"))
+		}
+		for _, name := range slices.Sorted(maps.Keys(share)) {
+			v := share[name]
+			switch name {
+			case v1alpha1.CapacityMemory:
+				if v <= 0 || v > MaxShareMemory {
+					errs = append(errs, field.Invalid(sp.Key(name), v, fmt.Sprintf("memory must be more than 0 and at most %d bytes", MaxShareMemory)))
+				}
+			case v1alpha1.CapacityCompute:
+				if v <= 0 || v > 100 {
+					errs = append(errs, field.Invalid(sp.Key(name), v, "compute must be a percentage from 1 to 100"))
+				}
+			default:
+				if len(name) > 63 {
+					name = name[:63] + "…"
+				}
+				errs = append(errs, field.NotSupported(sp, name, []string{v1alpha1.CapacityMemory, v1alpha1.CapacityCompute}))
+			}
+		}
+	}
+	return errs
+}
+
+// MaxShareMemory bounds a share's memory: 4Ei, the most a device may
+// publish (docs/resource-classes.md, "Bounds").
+const MaxShareMemory = 4 * v1alpha1.MaxShareMemoryBytes
 
 // checkName reports an empty, too long or malformed name without echoing a huge
 // value into the error.

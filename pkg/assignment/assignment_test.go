@@ -343,6 +343,8 @@ func FuzzDecode(f *testing.F) {
 		`{"node":"n","containers":[{"name":"c","classes":{"x":["d"],"x":["e"]}}]}`,
 		`{"NODE":"n","containers":null}`,
 		`{"node":"n","containers":[{"name":"c","classes":{"x":["a\bb","\u0041"]}}]}`,
+		`{"node":"n","containers":[{"name":"c","classes":{"x":["d"]},"shares":{"x":{"memory":1073741824,"compute":25}}}]}`,
+		`{"node":"n","containers":[{"name":"c","classes":{"x":["d"]},"shares":{"x":{"memory":1e40,"compute":"25"},"y":null}}]}`,
 		"\xff\xfe",
 		``,
 	} {
@@ -390,4 +392,47 @@ func FuzzCompatKey(f *testing.F) {
 			}
 		})
 	})
+}
+
+// TestShares: a share names one device of its class and known capacities
+// within their bounds, and survives a round trip with its amounts.
+func TestShares(t *testing.T) {
+	share := func(classes map[string][]string, shares map[string]Share) *Assignment {
+		return &Assignment{Node: "n", Containers: []Container{{Name: "c", Classes: classes, Shares: shares}}}
+	}
+	one := map[string][]string{"small": {gpuA}}
+	good := share(one, map[string]Share{"small": {"memory": 20 << 30, "compute": 50}})
+	s, err := Encode(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"shares":{"small":{"compute":50,"memory":21474836480}}`; !strings.Contains(s, want) {
+		t.Errorf("Encode: %s lacks %s", s, want)
+	}
+	back, err := Decode(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(good, back); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+	for name, tc := range map[string]struct {
+		a    *Assignment
+		want string
+	}{
+		"class without device":  {share(one, map[string]Share{"other": {"memory": 1}}), "a share of a class the container has no device of"},
+		"two devices":           {share(map[string][]string{"small": {gpuA, gpuB}}, map[string]Share{"small": {"memory": 1}}), "a share is of exactly one device"},
+		"empty":                 {share(one, map[string]Share{"small": {}}), "a share takes memory, compute or both"},
+		"zero memory":           {share(one, map[string]Share{"small": {"memory": 0}}), "memory must be more than 0"},
+		"negative compute":      {share(one, map[string]Share{"small": {"compute": -1}}), "compute must be a percentage from 1 to 100"},
+		"compute over 100":      {share(one, map[string]Share{"small": {"compute": 101}}), "compute must be a percentage from 1 to 100"},
+		"memory over the bound": {share(one, map[string]Share{"small": {"memory": MaxShareMemory + 1}}), "at most"},
+		"unknown capacity":      {share(one, map[string]Share{"small": {"bandwidth": 1}}), `Unsupported value: "bandwidth"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := Encode(tc.a); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Encode: got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
 }

@@ -172,6 +172,10 @@ const (
 	// MIG mode, which is served through its MIG devices: giving the whole GPU
 	// too would hand the same silicon to two pods.
 	Unallocatable
+	// Shared devices serve shares: pods of share classes take parts of their
+	// capacity (Device.Sharing, docs/sharing.md), and the kubelet sees each
+	// as one slot device per unit of each share class that selects it.
+	Shared
 )
 
 // Handoff is what ContainerEdits may read from the node agent's hand-off.

@@ -43,6 +43,9 @@ type Device struct {
 	// attrs are sorted by name, in one slice: a map per device took several
 	// times the memory (docs/scheduler.md, "5000 nodes and the scheduler's heap").
 	attrs []namedAttribute
+	// sharing is nil for a device served whole (most devices: kept small).
+	sharing    *sharing
+	sharingErr error
 }
 
 type namedAttribute struct {
@@ -58,6 +61,7 @@ func NewDevice(d *v1alpha1.Device) *Device {
 		dev.attrs = append(dev.attrs, namedAttribute{name: name, attribute: decodeAttribute(name, a)})
 	}
 	slices.SortFunc(dev.attrs, func(a, b namedAttribute) int { return strings.Compare(a.name, b.name) })
+	dev.sharing, dev.sharingErr = decodeSharing(d.Sharing)
 	return dev
 }
 
@@ -122,6 +126,9 @@ func (d *Device) Problems() []error {
 		if a.err != nil {
 			errs = append(errs, a.err)
 		}
+	}
+	if d.sharingErr != nil {
+		errs = append(errs, d.sharingErr)
 	}
 	return errs
 }

@@ -154,6 +154,7 @@ type expression struct {
 // Class is a compiled ResourceClassSpec. It is immutable and safe for concurrent use.
 type Class struct {
 	selectors [][]expression
+	share     *Share // nil: the class takes whole devices
 }
 
 // Compile validates spec and compiles it. fldPath is the path of spec in its object
@@ -177,6 +178,9 @@ func Compile(spec *v1alpha1.ResourceClassSpec, fldPath *field.Path) (*Class, fie
 		})
 		c.selectors = append(c.selectors, exprs)
 	}
+	share, shareErrs := compileShare(spec.Share, fldPath.Child("share"))
+	errs = append(errs, shareErrs...)
+	c.share = share
 	if len(errs) > 0 {
 		return nil, errs
 	}
@@ -325,6 +329,9 @@ func (e *expression) eval(d *Device) outcome {
 // Matches reports whether the class selects d. Health is not considered: whether an
 // unhealthy device may be used is the caller's decision.
 func (c *Class) Matches(d *Device) bool {
+	if !c.servesClass(d) {
+		return false
+	}
 	for _, exprs := range c.selectors {
 		if len(exprs) > 0 && allMatch(exprs, d) {
 			return true
@@ -348,6 +355,9 @@ func allMatch(exprs []expression, d *Device) bool {
 func (c *Class) Explain(d *Device) (bool, []string) {
 	if len(c.selectors) == 0 {
 		return false, []string{"the class has no selectors, so it selects no device"}
+	}
+	if !c.servesClass(d) {
+		return false, []string{c.whyNotServed(d)}
 	}
 	var why []string
 	for i, exprs := range c.selectors {

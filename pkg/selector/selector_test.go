@@ -299,3 +299,95 @@ func TestMatchesDoesNotAllocate(t *testing.T) {
 		t.Errorf("Matches allocated %v times per run, want 0", allocs)
 	}
 }
+
+// TestShareSelection: a share class selects only devices that serve shares
+// with room for one unit, a class without a share only devices served
+// whole, and Explain says which rule a device fails.
+func TestShareSelection(t *testing.T) {
+	q := resource.MustParse
+	gpu := func(mode v1alpha1.SharingMode, capacity map[string]resource.Quantity) *v1alpha1.Device {
+		d := &v1alpha1.Device{ID: "g", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true}
+		if mode != "" {
+			d.Sharing = &v1alpha1.DeviceSharing{Mode: mode, Capacity: capacity}
+		}
+		return d
+	}
+	any := []v1alpha1.ResourcePropertySelector{{MatchExpressions: []v1alpha1.ResourceSelectorRequirement{{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{"nvidia-gpu"}}}}}
+	mem := q("10Gi")
+	compute := int32(30)
+	whole := &v1alpha1.ResourceClassSpec{ResourceSelector: any}
+	shares := &v1alpha1.ResourceClassSpec{ResourceSelector: any, Share: &v1alpha1.ResourceShare{Memory: &mem, Compute: &compute}}
+	cap80 := map[string]resource.Quantity{"memory": q("80Gi"), "compute": q("100")}
+	for name, tc := range map[string]struct {
+		spec    *v1alpha1.ResourceClassSpec
+		dev     *v1alpha1.Device
+		matches bool
+		why     string
+	}{
+		"whole class, no sharing":        {whole, gpu("", nil), true, ""},
+		"whole class, exclusive":         {whole, gpu(v1alpha1.SharingExclusive, nil), true, ""},
+		"whole class, mps":               {whole, gpu(v1alpha1.SharingMPS, cap80), false, "serves shares (MPS)"},
+		"share class, whole device":      {shares, gpu("", nil), false, "served whole"},
+		"share class, exclusive":         {shares, gpu(v1alpha1.SharingExclusive, cap80), false, "served whole"},
+		"share class, mps":               {shares, gpu(v1alpha1.SharingMPS, cap80), true, ""},
+		"share class, time-slicing":      {shares, gpu(v1alpha1.SharingTimeSlicing, cap80), true, ""},
+		"share class, too little memory": {shares, gpu(v1alpha1.SharingMPS, map[string]resource.Quantity{"memory": q("8Gi"), "compute": q("100")}), false, "more than the device's"},
+		"share class, no compute":        {shares, gpu(v1alpha1.SharingMPS, map[string]resource.Quantity{"memory": q("80Gi")}), false, "no compute capacity"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, errs := Compile(tc.spec, field.NewPath("spec"))
+			if len(errs) > 0 {
+				t.Fatal(errs)
+			}
+			d := NewDevice(tc.dev)
+			if got := c.Matches(d); got != tc.matches {
+				t.Errorf("Matches = %v, want %v", got, tc.matches)
+			}
+			ok, why := c.Explain(d)
+			if ok != tc.matches || (tc.why != "" && !strings.Contains(strings.Join(why, "; "), tc.why)) {
+				t.Errorf("Explain = %v %q, want %v and %q", ok, why, tc.matches, tc.why)
+			}
+		})
+	}
+}
+
+// TestShareValidation: the unit is checked as the CRD's schema checks it,
+// for a client that got past the schema.
+func TestShareValidation(t *testing.T) {
+	q := resource.MustParse
+	i32 := func(v int32) *int32 { return &v }
+	qp := func(s string) *resource.Quantity { v := q(s); return &v }
+	for name, tc := range map[string]struct {
+		share *v1alpha1.ResourceShare
+		want  string
+	}{
+		"empty":            {&v1alpha1.ResourceShare{}, "a share takes memory, compute or both"},
+		"zero memory":      {&v1alpha1.ResourceShare{Memory: qp("0")}, "must be more than 0"},
+		"negative memory":  {&v1alpha1.ResourceShare{Memory: qp("-1Gi")}, "must be more than 0"},
+		"memory over 1Ei":  {&v1alpha1.ResourceShare{Memory: qp("2Ei")}, "at most 1Ei"},
+		"compute 0":        {&v1alpha1.ResourceShare{Compute: i32(0)}, "percentage from 1 to 100"},
+		"compute over 100": {&v1alpha1.ResourceShare{Compute: i32(101)}, "percentage from 1 to 100"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			spec := &v1alpha1.ResourceClassSpec{ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: []v1alpha1.ResourceSelectorRequirement{{Key: "kind", Operator: v1alpha1.ResourceSelectorOpExists}}}}, Share: tc.share}
+			errs := Validate(spec, field.NewPath("spec"))
+			if len(errs) == 0 || !strings.Contains(errs.ToAggregate().Error(), tc.want) {
+				t.Errorf("Validate = %v, want an error with %q", errs, tc.want)
+			}
+		})
+	}
+}
+
+// TestShareFits: units fit by division, so no request overflows.
+func TestShareFits(t *testing.T) {
+	s := Share{Memory: 10 << 30, Compute: 25}
+	c := Capacity{Memory: 80 << 30, Compute: 100}
+	for units, want := range map[int64]bool{0: true, 1: true, 4: true, 5: false, 1 << 62: false} {
+		if got, _ := s.Fits(units, c); got != want {
+			t.Errorf("Fits(%d) = %v, want %v", units, got, want)
+		}
+	}
+	if got := s.Times(3); got != (Share{Memory: 30 << 30, Compute: 75}) {
+		t.Errorf("Times(3) = %+v", got)
+	}
+}

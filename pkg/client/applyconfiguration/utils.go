@@ -20,6 +20,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &resclassv1alpha1.DeviceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DeviceAttribute"):
 		return &resclassv1alpha1.DeviceAttributeApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DeviceSharing"):
+		return &resclassv1alpha1.DeviceSharingApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DeviceSummary"):
 		return &resclassv1alpha1.DeviceSummaryApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("NodeDevices"):
@@ -48,6 +50,10 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &resclassv1alpha1.ResourcePropertySelectorApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ResourceSelectorRequirement"):
 		return &resclassv1alpha1.ResourceSelectorRequirementApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ResourceShare"):
+		return &resclassv1alpha1.ResourceShareApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("SharingEnforcement"):
+		return &resclassv1alpha1.SharingEnforcementApplyConfiguration{}
 
 	}
 	return nil

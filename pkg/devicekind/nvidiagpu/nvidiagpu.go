@@ -168,10 +168,18 @@ func (Kind) Attributes() map[string]v1alpha1.AttributeType {
 }
 
 // Allocation: a GPU in MIG mode is served through its MIG devices; giving the
-// whole GPU too would hand the same silicon to two pods.
+// whole GPU too would hand the same silicon to two pods. A GPU in a sharing
+// mode serves shares (MIG devices are not shared: MPS on MIG is not
+// supported).
 func (Kind) Allocation(d *v1alpha1.Device) devicekind.Allocation {
-	if b := d.Attributes[v1alpha1.AttributeMIGEnabled].BoolValue; d.Kind == v1alpha1.DeviceKindNvidiaGPU && b != nil && *b {
+	if d.Kind != v1alpha1.DeviceKindNvidiaGPU {
+		return devicekind.Exclusive
+	}
+	if b := d.Attributes[v1alpha1.AttributeMIGEnabled].BoolValue; b != nil && *b {
 		return devicekind.Unallocatable
+	}
+	if d.Sharing != nil && d.Sharing.Mode.Shares() {
+		return devicekind.Shared
 	}
 	return devicekind.Exclusive
 }

@@ -107,6 +107,12 @@ type Device struct {
 	// +optional
 	// +kubebuilder:validation:MaxProperties=64
 	Attributes map[string]DeviceAttribute `json:"attributes,omitempty"`
+
+	// Sharing is how the device serves pods, for a device that can be
+	// shared (a GPU): whole to one pod, or in shares to several. Absent, the
+	// device is served whole.
+	// +optional
+	Sharing *DeviceSharing `json:"sharing,omitempty"`
 }
 
 // DeviceAttribute is one typed value. Exactly one field is set.

@@ -49,6 +49,14 @@ type ResourceClassSpec struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=16
 	ResourceSelector []ResourcePropertySelector `json:"resourceSelector,omitempty"`
+
+	// Share, when set, makes this a share class: it selects only devices
+	// that serve shares (DeviceSharing), and a container's request of N
+	// units gets N times Share on one device (docs/sharing.md). Without it
+	// the class selects only devices served whole, and a request of N gets
+	// N devices.
+	// +optional
+	Share *ResourceShare `json:"share,omitempty"`
 }
 
 // ResourcePropertySelector matches a device when ALL of its expressions match. A

@@ -20,6 +20,10 @@ type DeviceApplyConfiguration struct {
 	Reason *string `json:"reason,omitempty"`
 	// Attributes describe the device; ResourceClass selectors compare them by type.
 	Attributes map[string]DeviceAttributeApplyConfiguration `json:"attributes,omitempty"`
+	// Sharing is how the device serves pods, for a device that can be
+	// shared (a GPU): whole to one pod, or in shares to several. Absent, the
+	// device is served whole.
+	Sharing *DeviceSharingApplyConfiguration `json:"sharing,omitempty"`
 }
 
 // DeviceApplyConfiguration constructs a declarative configuration of the Device type for use with
@@ -71,5 +75,13 @@ func (b *DeviceApplyConfiguration) WithAttributes(entries map[string]DeviceAttri
 	for k, v := range entries {
 		b.Attributes[k] = v
 	}
+	return b
+}
+
+// WithSharing sets the Sharing field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Sharing field is set to the value of the last call.
+func (b *DeviceApplyConfiguration) WithSharing(value *DeviceSharingApplyConfiguration) *DeviceApplyConfiguration {
+	b.Sharing = value
 	return b
 }

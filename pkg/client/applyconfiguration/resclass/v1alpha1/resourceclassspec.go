@@ -10,6 +10,12 @@ type ResourceClassSpecApplyConfiguration struct {
 	// ResourceSelector selects a device when ANY of its entries matches. A null or
 	// empty list selects no device.
 	ResourceSelector []ResourcePropertySelectorApplyConfiguration `json:"resourceSelector,omitempty"`
+	// Share, when set, makes this a share class: it selects only devices
+	// that serve shares (DeviceSharing), and a container's request of N
+	// units gets N times Share on one device (docs/sharing.md). Without it
+	// the class selects only devices served whole, and a request of N gets
+	// N devices.
+	Share *ResourceShareApplyConfiguration `json:"share,omitempty"`
 }
 
 // ResourceClassSpecApplyConfiguration constructs a declarative configuration of the ResourceClassSpec type for use with
@@ -28,5 +34,13 @@ func (b *ResourceClassSpecApplyConfiguration) WithResourceSelector(values ...*Re
 		}
 		b.ResourceSelector = append(b.ResourceSelector, *values[i])
 	}
+	return b
+}
+
+// WithShare sets the Share field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Share field is set to the value of the last call.
+func (b *ResourceClassSpecApplyConfiguration) WithShare(value *ResourceShareApplyConfiguration) *ResourceClassSpecApplyConfiguration {
+	b.Share = value
 	return b
 }
