@@ -204,6 +204,27 @@ type ContainerEdits struct {
 	// Annotations are container annotations (CDI requests, for runtimes that
 	// read them there).
 	Annotations map[string]string
+	// Mounts are host directories the container gets (an MPS server's pipe
+	// directory); the kubelet keeps the first mount of a container path when
+	// several classes' responses name it.
+	Mounts []Mount
+}
+
+// Mount is a host directory a container gets at ContainerPath.
+type Mount struct {
+	HostPath      string
+	ContainerPath string
+	ReadOnly      bool
+}
+
+// ShareEditor is a Kind whose shared devices (Allocation Shared) need edits
+// of their own for a container's share: the limits of an MPS client. The
+// hand-off calls it, after ContainerEdits, for each device the container
+// holds a share of; share is what the container takes of d, summed over its
+// share classes, by capacity name (v1alpha1.CapacityMemory in bytes,
+// v1alpha1.CapacityCompute in percent).
+type ShareEditor interface {
+	ShareEdits(h *Handoff, d *v1alpha1.Device, share map[string]int64, e *ContainerEdits) error
 }
 
 // AddDeviceNodes adds paths to e.DeviceNodes, taking the slice itself when

@@ -33,6 +33,9 @@
 //
 // Hugepage pools are shared: the kubelet sees each pool as Config.PoolSlots
 // slot devices "<pool>/<n>" (docs/hugepages.md); the assignment names the pool.
+// A device that serves shares is, to each share class, one slot per unit
+// "<device>/share/<n>" (share.go); the assignment names the device and the
+// container's share, and a container's slots are all of that device.
 package handoff
 
 import (
@@ -58,6 +61,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/kubeletpods"
@@ -146,8 +150,11 @@ type Record struct {
 	Name      string
 	Container string
 	Class     string
-	// Devices are the device ids (pools, not slots).
+	// Devices are the device ids (pools and shared devices, not slots).
 	Devices []string
+	// Share is what the container's share of its one device takes, for a
+	// share class (docs/sharing.md).
+	Share assignment.Share
 	// Time is when the agent answered, or, for what it rebuilt from the
 	// kubelet's checkpoint after a restart, when it read the checkpoint.
 	Time time.Time
@@ -288,20 +295,27 @@ func (a *Allocator) SetDevices(devices []v1alpha1.Device) {
 
 func (a *Allocator) device(id string) *v1alpha1.Device { return (*a.devices.Load())[id] }
 
-// KubeletIDs are the ids the kubelet knows d by: its own, or slots of a pool.
-func KubeletIDs(kinds *devicekind.Registry, d *v1alpha1.Device, slots int) []string {
-	if kinds.Allocation(d) != devicekind.Pool {
-		return []string{d.ID}
+// KubeletIDs are the ids the kubelet knows d by, for one class: its own,
+// poolSlots slots of a pool, or shareSlots share slots of a device that
+// serves shares (ShareSlots of the class's unit; 0 for a class without one,
+// which selects no such device).
+func KubeletIDs(kinds *devicekind.Registry, d *v1alpha1.Device, poolSlots, shareSlots int) []string {
+	switch kinds.Allocation(d) {
+	case devicekind.Pool:
+		ids := make([]string, poolSlots)
+		for i := range ids {
+			ids[i] = d.ID + "/" + strconv.Itoa(i)
+		}
+		return ids
+	case devicekind.Shared:
+		return ShareSlotIDs(d.ID, shareSlots)
 	}
-	ids := make([]string, slots)
-	for i := range ids {
-		ids[i] = d.ID + "/" + strconv.Itoa(i)
-	}
-	return ids
+	return []string{d.ID}
 }
 
-// DeviceID is the device a kubelet id names: a slot's pool, or the id itself.
-// Device ids never contain "/" (PCI addresses, UUIDs, pool names).
+// DeviceID is the device a kubelet id names: a slot's pool or shared device,
+// or the id itself. Device ids never contain "/" (PCI addresses, UUIDs, pool
+// names).
 func DeviceID(kubeletID string) string {
 	id, _, _ := strings.Cut(kubeletID, "/")
 	return id
@@ -379,7 +393,8 @@ func (a *Allocator) waitFor(ctx context.Context, try func() bool) bool {
 type match struct {
 	pod       *podInfo
 	container string
-	devices   []string // assigned device ids for the class
+	devices   []string         // assigned device ids for the class
+	share     assignment.Share // the container's share, for a share class
 }
 
 func (m *match) key(class string) allocKey {
@@ -391,7 +406,7 @@ func (m *match) key(class string) allocKey {
 // for class accept takes, and whether another pod has one too. known, if set,
 // keeps to the pods it names. It makes one pass without sorting or allocating:
 // on a shared pool every pod of the node may be indexed under the key.
-func (a *Allocator) first(index, key, class string, accept func(ids []string) bool, known kubeletpods.Pods) (best match, found, others bool) {
+func (a *Allocator) first(index, key, class string, accept acceptFunc, known kubeletpods.Pods) (best match, found, others bool) {
 	objs, err := a.informer.GetIndexer().ByIndex(index, key)
 	if err != nil {
 		return match{}, false, false
@@ -404,12 +419,13 @@ func (a *Allocator) first(index, key, class string, accept func(ids []string) bo
 		if known != nil && !known[types.NamespacedName{Namespace: p.Namespace, Name: p.Name}] {
 			continue
 		}
-		for _, c := range p.assignment.Containers {
+		for i := range p.assignment.Containers {
+			c := &p.assignment.Containers[i]
 			ids, ok := c.Classes[class]
-			if !ok || !accept(ids) {
+			if !ok || !accept(p, c, ids) {
 				continue
 			}
-			m := match{pod: p, container: c.Name, devices: ids}
+			m := match{pod: p, container: c.Name, devices: ids, share: c.Shares[class]}
 			if !a.isAllocated(m.key(class)) {
 				if found {
 					others = true
@@ -425,11 +441,15 @@ func (a *Allocator) first(index, key, class string, accept func(ids []string) bo
 	return best, found, others
 }
 
+// acceptFunc says whether container c of pod p, assigned ids of the class,
+// is the one a kubelet call is about.
+type acceptFunc func(p *podInfo, c *assignment.Container, ids []string) bool
+
 // choose is first, asking the kubelet which pods it knows when several
 // qualify: the one it admits is among them. ok false: no pod qualifies yet
 // (the caller waits for the informer). A kubelet that does not answer leaves
 // the guess of the order.
-func (a *Allocator) choose(ctx context.Context, call, index, key, class string, accept func(ids []string) bool) (match, bool) {
+func (a *Allocator) choose(ctx context.Context, call, index, key, class string, accept acceptFunc) (match, bool) {
 	best, found, others := a.first(index, key, class, accept, nil)
 	if !others || a.cfg.KubeletPods == nil {
 		return best, found
@@ -471,8 +491,11 @@ func (a *Allocator) Preferred(ctx context.Context, resource string, req *plugina
 		must[DeviceID(id)] = id
 	}
 	size := int(req.GetAllocationSize())
-	fits := func(ids []string) bool {
-		if len(ids) != size {
+	if isShareRequest(req.GetAvailableDeviceIDs()) || isShareRequest(req.GetMustIncludeDeviceIDs()) {
+		return a.preferredShare(ctx, start, class, size, available, req.GetMustIncludeDeviceIDs())
+	}
+	fits := func(_ *podInfo, c *assignment.Container, ids []string) bool {
+		if _, share := c.Shares[class]; share || len(ids) != size {
 			return false
 		}
 		for _, id := range ids {
@@ -514,20 +537,94 @@ func (a *Allocator) Preferred(ctx context.Context, resource string, req *plugina
 	return out
 }
 
+// isShareRequest says whether the kubelet's ids are share slots: a share
+// class's endpoint advertises nothing else.
+func isShareRequest(kubeletIDs []string) bool {
+	for _, id := range kubeletIDs {
+		if _, kind, ok := ParseKubeletID(id); ok && kind == shareSlot {
+			return true
+		}
+	}
+	return false
+}
+
+// preferredShare is Preferred for a share class: the container whose
+// assignment names one device with a share of the class and who requests
+// size units gets size slots of that device preferred, the must-include
+// ones first.
+func (a *Allocator) preferredShare(ctx context.Context, start time.Time, class string, size int, available map[string][]string, mustIDs []string) []string {
+	must := map[string][]string{} // device id -> its must-include slots
+	for _, id := range mustIDs {
+		must[DeviceID(id)] = append(must[DeviceID(id)], id)
+	}
+	fits := func(p *podInfo, c *assignment.Container, ids []string) bool {
+		if _, share := c.Shares[class]; !share || len(ids) != 1 || p.count(c.Name, class) != int64(size) {
+			return false
+		}
+		if len(must) > 1 || (len(must) == 1 && must[ids[0]] == nil) {
+			return false
+		}
+		return len(must[ids[0]])+len(available[ids[0]]) >= size
+	}
+	var chosen match
+	found := a.waitFor(ctx, func() bool {
+		var ok bool
+		chosen, ok = a.choose(ctx, "preferred", byClass, class, class, fits)
+		return ok
+	})
+	a.cfg.Metrics.observe("preferred", start)
+	if !found {
+		klog.FromContext(ctx).V(2).Info("no pending share fits the kubelet's request; leaving the choice to the kubelet", "class", class, "size", size)
+		return nil
+	}
+	dev := chosen.devices[0]
+	out := slices.Clone(must[dev])
+	slots := slices.Clone(available[dev])
+	slices.SortFunc(slots, compareSlots)
+	for _, id := range slots {
+		if len(out) == size {
+			break
+		}
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// compareSlots orders slot ids by number, so that preferences are the
+// lowest free slots.
+func compareSlots(x, y string) int {
+	nx, _ := strconv.Atoi(x[strings.LastIndexByte(x, '/')+1:])
+	ny, _ := strconv.Atoi(y[strings.LastIndexByte(y, '/')+1:])
+	if c := nx - ny; c != 0 {
+		return c
+	}
+	return strings.Compare(x, y)
+}
+
 // Allocate implements deviceplugin.Handler.
 func (a *Allocator) Allocate(ctx context.Context, resource string, kubeletIDs []string) (*pluginapi.ContainerAllocateResponse, error) {
 	start := time.Now()
 	defer a.cfg.Metrics.observe("allocate", start)
 	class := strings.TrimPrefix(resource, v1alpha1.ResourceNamePrefix)
-	devices, err := a.deviceIDs(kubeletIDs)
+	devices, shares, err := a.deviceIDs(kubeletIDs)
 	if err != nil {
 		a.cfg.Metrics.outcome(class, "invalid")
 		return nil, fmt.Errorf("%s: %w", resource, err)
 	}
 	want := slices.Sorted(slices.Values(devices))
 	// Ids are unique within a container's class (assignment.Validate), so equal
-	// lengths and containment are set equality.
-	exact := func(ids []string) bool {
+	// lengths and containment are set equality. Share slots go to a container
+	// with a share of the class that requested as many units; the slots of
+	// its one device are then exactly what it was assigned.
+	exact := func(p *podInfo, c *assignment.Container, ids []string) bool {
+		if _, share := c.Shares[class]; share != shares {
+			return false
+		}
+		if shares && p.count(c.Name, class) != int64(len(kubeletIDs)) {
+			return false
+		}
 		if len(ids) != len(want) {
 			return false
 		}
@@ -544,7 +641,7 @@ func (a *Allocator) Allocate(ctx context.Context, resource string, kubeletIDs []
 		m, ok = a.choose(ctx, "allocate", byDevice, deviceKey(class, want[0]), class, exact)
 		return ok
 	}) {
-		return nil, a.refuse(ctx, class, want)
+		return nil, a.refuse(ctx, class, want, shares, kubeletIDs)
 	}
 	resp, err := a.response(m, class)
 	if err != nil {
@@ -558,37 +655,69 @@ func (a *Allocator) Allocate(ctx context.Context, resource string, kubeletIDs []
 	return resp, nil
 }
 
-// deviceIDs maps the kubelet's ids to device ids, refusing what the kubelet
-// never sends: nothing, duplicates, ids of no device here.
-func (a *Allocator) deviceIDs(kubeletIDs []string) ([]string, error) {
+// deviceIDs maps the kubelet's ids to device ids, and says whether they are
+// share slots, refusing what the kubelet never sends: nothing, duplicates,
+// ids of no device here or not of the form the device is advertised in,
+// share slots mixed with other ids.
+func (a *Allocator) deviceIDs(kubeletIDs []string) (devices []string, shares bool, err error) {
 	if len(kubeletIDs) == 0 {
-		return nil, errors.New("allocate request names no devices")
+		return nil, false, errors.New("allocate request names no devices")
 	}
 	seen := make(map[string]bool, len(kubeletIDs))
 	out := make([]string, 0, len(kubeletIDs))
-	for _, kid := range kubeletIDs {
+	for i, kid := range kubeletIDs {
 		if seen[kid] {
-			return nil, fmt.Errorf("device %q requested twice", kid)
+			return nil, false, fmt.Errorf("device %q requested twice", kid)
 		}
 		seen[kid] = true
-		id := DeviceID(kid)
-		if a.device(id) == nil {
-			return nil, fmt.Errorf("no device %q on this node", kid)
+		id, kind, ok := ParseKubeletID(kid)
+		d := a.device(id)
+		if !ok || d == nil {
+			return nil, false, fmt.Errorf("no device %q on this node", kid)
+		}
+		if want := a.slotKind(d); kind != want {
+			return nil, false, fmt.Errorf("no device %q on this node: %s is advertised %s", kid, id, [...]string{"by its id", "as pool slots", "as share slots"}[want])
+		}
+		if i == 0 {
+			shares = kind == shareSlot
+		} else if shares != (kind == shareSlot) {
+			return nil, false, errors.New("allocate request mixes share slots with other devices")
 		}
 		if !slices.Contains(out, id) {
 			out = append(out, id)
 		}
 	}
-	return out, nil
+	return out, shares, nil
+}
+
+// slotKind is how d is advertised.
+func (a *Allocator) slotKind(d *v1alpha1.Device) slotKind {
+	switch a.kinds.Allocation(d) {
+	case devicekind.Pool:
+		return poolSlot
+	case devicekind.Shared:
+		return shareSlot
+	}
+	return wholeID
 }
 
 // refuse explains why no container has exactly these devices, records it on the
 // pod the kubelet most likely meant, and returns the error for the kubelet.
-func (a *Allocator) refuse(ctx context.Context, class string, devices []string) error {
+func (a *Allocator) refuse(ctx context.Context, class string, devices []string, shares bool, kubeletIDs []string) error {
 	logger := klog.FromContext(ctx)
-	if m, ok, _ := a.first(byClass, class, class, func(ids []string) bool { return len(ids) == len(devices) }, nil); ok {
+	likely := func(_ *podInfo, c *assignment.Container, ids []string) bool {
+		if _, share := c.Shares[class]; share != shares {
+			return false
+		}
+		return shares || len(ids) == len(devices)
+	}
+	if m, ok, _ := a.first(byClass, class, class, likely, nil); ok {
 		msg := fmt.Sprintf("the kubelet chose %s devices %v for container %q, but the resclass scheduler assigned %v: refusing to run on devices the scheduler did not account for",
 			class, devices, m.container, m.devices)
+		if shares {
+			msg = fmt.Sprintf("the kubelet chose %s share slots %v for container %q, but the resclass scheduler assigned a share of %v with %d units: refusing shares the scheduler did not account for",
+				class, kubeletIDs, m.container, m.devices, m.pod.count(m.container, class))
+		}
 		a.cfg.Metrics.outcome(class, "mismatch")
 		a.record(m, class, msg)
 		if a.cfg.Recorder != nil {
@@ -621,7 +750,7 @@ func (a *Allocator) refuse(ctx context.Context, class string, devices []string) 
 func (a *Allocator) record(m match, class, message string) {
 	r := &Record{
 		PodUID: m.pod.UID, Namespace: m.pod.Namespace, Name: m.pod.Name, Container: m.container,
-		Class: class, Devices: slices.Clone(m.devices), Time: time.Now(), Refused: message != "", Message: message,
+		Class: class, Devices: slices.Clone(m.devices), Share: m.share, Time: time.Now(), Refused: message != "", Message: message,
 	}
 	a.recordsMu.Lock()
 	defer a.recordsMu.Unlock()

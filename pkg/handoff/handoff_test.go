@@ -337,7 +337,7 @@ func TestHugepagePoolSlots(t *testing.T) {
 	b := pod("b", map[string]map[string][]string{"fwd": {"hugepages-1gig": {pool}}})
 	f := newFixture(t, a, b)
 	res := v1alpha1.ResourceNamePrefix + "hugepages-1gig"
-	slots := KubeletIDs(kinds.Builtin, &inventory()[4], 4)
+	slots := KubeletIDs(kinds.Builtin, &inventory()[4], 4, 0)
 	if len(slots) != 4 || slots[3] != pool+"/3" || DeviceID(slots[3]) != pool {
 		t.Fatalf("slots %v", slots)
 	}

@@ -30,6 +30,25 @@ type podInfo struct {
 	// requested: the classes the pod's containers request, so a pod that
 	// requests a class but has no assignment can be told why it gets nothing.
 	requested []string
+	// counts: how many of each class each container requests; a share
+	// class's count is the slots the kubelet passes for it, which tells two
+	// containers with shares of one device apart.
+	counts []classCount
+}
+
+type classCount struct {
+	container, class string
+	n                int64
+}
+
+// count is how many of class container requests, 0 when it requests none.
+func (p *podInfo) count(container, class string) int64 {
+	for _, c := range p.counts {
+		if c.container == container && c.class == class {
+			return c.n
+		}
+	}
+	return 0
 }
 
 // DeepCopyObject returns a shallow copy: a podInfo is never modified once made.
@@ -64,10 +83,15 @@ func toPodInfo(obj any) (any, error) {
 		p.assignment, p.assignmentErr = assignment.Decode(s)
 	}
 	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
-		for name := range c.Resources.Limits {
-			if class, ok := strings.CutPrefix(string(name), v1alpha1.ResourceNamePrefix); ok && !slices.Contains(p.requested, class) {
+		for name, q := range c.Resources.Limits {
+			class, ok := strings.CutPrefix(string(name), v1alpha1.ResourceNamePrefix)
+			if !ok {
+				continue
+			}
+			if !slices.Contains(p.requested, class) {
 				p.requested = append(p.requested, class)
 			}
+			p.counts = append(p.counts, classCount{container: c.Name, class: class, n: q.Value()})
 		}
 	}
 	return p, nil
@@ -83,6 +107,9 @@ const (
 	byUnassigned = "unassigned"
 	// byUID: the pod's UID (the kubelet's checkpoint names pods by UID).
 	byUID = "uid"
+	// byHeld: every device a live pod is assigned, whole or in shares (the
+	// node agent waits for them before changing a device's sharing mode).
+	byHeld = "held"
 )
 
 func deviceKey(class, id string) string { return class + "\x00" + id }
@@ -124,6 +151,23 @@ var indexers = cache.Indexers{
 			return nil, nil
 		}
 		return p.requested, nil
+	},
+	byHeld: func(obj any) ([]string, error) {
+		p := obj.(*podInfo)
+		if p.terminal() || p.assignment == nil {
+			return nil, nil
+		}
+		var keys []string
+		for _, c := range p.assignment.Containers {
+			for _, ids := range c.Classes {
+				for _, id := range ids {
+					if !slices.Contains(keys, id) {
+						keys = append(keys, id)
+					}
+				}
+			}
+		}
+		return keys, nil
 	},
 	byUID: func(obj any) ([]string, error) {
 		return []string{string(obj.(*podInfo).UID)}, nil

@@ -46,12 +46,24 @@ func (a *Allocator) response(m match, class string) (*pluginapi.ContainerAllocat
 	if err != nil {
 		return nil, err
 	}
+	// Every class's response carries the container's shares, as its devices
+	// of each kind (the note above).
+	for _, c := range m.pod.assignment.Containers {
+		if c.Name == m.container {
+			if err := ShareEdits(a.kinds, &a.handoff, c.Shares, c.Classes, &e); err != nil {
+				return nil, err
+			}
+		}
+	}
 	resp := &pluginapi.ContainerAllocateResponse{Envs: e.Env, Annotations: e.Annotations}
 	for _, p := range ExistingDeviceNodes(a.cfg.HostRoot, e.DeviceNodes) {
 		resp.Devices = append(resp.Devices, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: p, Permissions: "rw"})
 	}
 	for _, n := range e.CDIDevices {
 		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: n})
+	}
+	for _, mnt := range e.Mounts {
+		resp.Mounts = append(resp.Mounts, &pluginapi.Mount{ContainerPath: mnt.ContainerPath, HostPath: mnt.HostPath, ReadOnly: mnt.ReadOnly})
 	}
 	return resp, nil
 }

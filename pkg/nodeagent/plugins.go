@@ -74,7 +74,14 @@ func (m *classMatcher) endpoints(classes []*v1alpha1.ResourceClass, devices []v1
 			if n := devices[i].Attributes[v1alpha1.AttributeNUMANode].IntValue; n != nil {
 				numa = int(*n)
 			}
-			for _, id := range handoff.KubeletIDs(m.kinds, &devices[i], m.poolSlots) {
+			// A share class (which selects only devices that serve shares)
+			// sees each device as the units of its share that fit it.
+			shareSlots := 0
+			if unit, ok := c.Share(); ok {
+				_, capacity, _ := d.Sharing()
+				shareSlots = handoff.ShareSlots(unit, capacity)
+			}
+			for _, id := range handoff.KubeletIDs(m.kinds, &devices[i], m.poolSlots, shareSlots) {
 				list = append(list, deviceplugin.Device{ID: id, Healthy: devices[i].Healthy, NUMANode: numa})
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +29,7 @@ import (
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvlink"
+	"github.com/resclass/resclass/pkg/mpsstate"
 )
 
 // EnvVisibleDevices names the container's GPUs and MIG devices (every class's)
@@ -45,6 +47,19 @@ const (
 	LabelMemory = devicekind.LabelPrefix + "gpu.memory"
 	// LabelMIG is "true" when a GPU is in MIG mode.
 	LabelMIG = devicekind.LabelPrefix + "gpu.mig"
+	// LabelMPS is "true" while a GPU of the node is in MPS mode: the MPS
+	// control DaemonSet runs on the nodes it marks (docs/sharing.md). It is
+	// the mode in force, not the one asked for: a GPU leaving MPS keeps its
+	// daemon until the last client is gone.
+	LabelMPS = devicekind.LabelPrefix + "gpu-sharing-mps"
+)
+
+// The environment of a container given an MPS share (docs/sharing.md): the
+// server's pipe directory and the client limits of its share.
+const (
+	EnvMPSPipeDirectory = "CUDA_MPS_PIPE_DIRECTORY"
+	EnvMPSMemLimit      = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+	EnvMPSThreads       = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 )
 
 // cdiAnnotationPlugin is the plugin part of the cdi.k8s.io/ annotation key
@@ -60,8 +75,13 @@ const Condition = "NVMLAvailable"
 
 // Kind is the nvidia-gpu kind. NVML is how the node agent reads the GPUs
 // (nvmlsource.NVML); nil in the binaries that do not discover.
+//
+// MPSDir is the host directory of the MPS control daemons
+// (mpsstate.DefaultDir when empty): a container given an MPS share mounts
+// its GPU's pipe directory and the clients' /dev/shm from it.
 type Kind struct {
-	NVML NVML
+	NVML   NVML
+	MPSDir string
 }
 
 // NVML is the kind's source (package nvmlsource).
@@ -97,6 +117,7 @@ var (
 	_ devicekind.Opener          = Kind{}
 	_ devicekind.HealthInheritor = Kind{}
 	_ devicekind.CDIKind         = Kind{}
+	_ devicekind.ShareEditor     = Kind{}
 )
 
 // PeerLinks, ParsePeerLinks and MaxNVLinks are the nvlinkPeerLinks codec
@@ -185,7 +206,9 @@ func (Kind) Allocation(d *v1alpha1.Device) devicekind.Allocation {
 }
 
 // LabelKeys lists the labels of the kind.
-func (Kind) LabelKeys() []string { return []string{LabelCount, LabelProduct, LabelMemory, LabelMIG} }
+func (Kind) LabelKeys() []string {
+	return []string{LabelCount, LabelProduct, LabelMemory, LabelMIG, LabelMPS}
+}
 
 // Labels summarise the whole GPUs (MIG devices are not counted).
 func (Kind) Labels(devices []*v1alpha1.Device) map[string]string {
@@ -196,6 +219,7 @@ func (Kind) Labels(devices []*v1alpha1.Device) map[string]string {
 		productOK = true
 		minMemory *resource.Quantity
 		mig       bool
+		mps       bool
 	)
 	for _, d := range devices {
 		if d.Kind != v1alpha1.DeviceKindNvidiaGPU {
@@ -213,6 +237,9 @@ func (Kind) Labels(devices []*v1alpha1.Device) map[string]string {
 		}
 		if b := a[v1alpha1.AttributeMIGEnabled].BoolValue; b != nil && *b {
 			mig = true
+		}
+		if d.Sharing != nil && d.Sharing.Mode == v1alpha1.SharingMPS {
+			mps = true
 		}
 	}
 	if gpus == 0 {
@@ -234,6 +261,9 @@ func (Kind) Labels(devices []*v1alpha1.Device) map[string]string {
 	}
 	if mig {
 		labels[LabelMIG] = "true"
+	}
+	if mps {
+		labels[LabelMPS] = "true"
 	}
 	return labels
 }
@@ -279,6 +309,40 @@ func (Kind) ContainerEdits(h *devicekind.Handoff, class, all []*v1alpha1.Device,
 			e.Annotations = map[string]string{}
 		}
 		e.Annotations[key] = value
+	}
+	return nil
+}
+
+// ShareEdits: a share of a GPU in MPS mode is an MPS client of the GPU's
+// server: its pipe directory and the clients' /dev/shm, mounted from the
+// host's MPSDir, and the share's limits as client limits (soft:
+// docs/sharing.md, "Enforcement"). The memory limit names device 0: an MPS
+// client sees only the devices of its server, which serves this GPU alone.
+// A container's MPS shares must all be of one GPU, as one pipe directory
+// serves it. Nothing for a GPU time-sliced: its shares are accounting only.
+func (k Kind) ShareEdits(_ *devicekind.Handoff, d *v1alpha1.Device, share map[string]int64, e *devicekind.ContainerEdits) error {
+	if d.Sharing == nil || d.Sharing.Mode != v1alpha1.SharingMPS {
+		return nil
+	}
+	pipe := path.Join(mpsstate.DefaultDir, d.ID, mpsstate.PipeDir)
+	if other, ok := e.Env[EnvMPSPipeDirectory]; ok && other != pipe {
+		return fmt.Errorf("the container's MPS shares are of two GPUs (%s and %s): an MPS client has one server", other, pipe)
+	}
+	dir := k.MPSDir
+	if dir == "" {
+		dir = mpsstate.DefaultDir
+	}
+	e.Env[EnvMPSPipeDirectory] = pipe
+	e.Mounts = append(e.Mounts,
+		devicekind.Mount{HostPath: path.Join(dir, d.ID, mpsstate.PipeDir), ContainerPath: pipe},
+		devicekind.Mount{HostPath: path.Join(dir, mpsstate.ShmDir), ContainerPath: "/dev/shm"},
+	)
+	if m := share[v1alpha1.CapacityMemory]; m > 0 {
+		// Whole MiB, at least one: the variable takes no bytes.
+		e.Env[EnvMPSMemLimit] = "0=" + strconv.FormatInt(max(m>>20, 1), 10) + "M"
+	}
+	if c := share[v1alpha1.CapacityCompute]; c > 0 {
+		e.Env[EnvMPSThreads] = strconv.FormatInt(c, 10)
 	}
 	return nil
 }
