@@ -2,6 +2,7 @@ package resourceclasses
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -43,6 +44,11 @@ const (
 
 var strategies = []Strategy{FirstFit, BinPack, Spread, NUMAAligned, Topology}
 
+// shareStrategies are the strategies a share class's shares are placed with
+// on a node (Args.ShareStrategy): the GPU with the least room that takes the
+// share (BinPack), or the most (Spread).
+var shareStrategies = []Strategy{BinPack, Spread}
+
 // AssignmentWrite is how the assignment annotations reach the pod.
 type AssignmentWrite string
 
@@ -65,12 +71,19 @@ const (
 //	- name: ResourceClasses
 //	  args:
 //	    strategy: NUMAAligned
+//	    shareStrategy: BinPack
 //	    assignmentWrite: Binding
 //	    statusUpdateInterval: 2s
 type Args struct {
 	// Strategy is one of FirstFit (default), BinPack, Spread, NUMAAligned,
 	// Topology.
 	Strategy Strategy `json:"strategy,omitempty"`
+	// ShareStrategy is how a share class's shares take a node's GPUs
+	// (docs/sharing.md): BinPack (default) puts a share on the GPU with the
+	// least room that takes it, so that whole GPUs stay free for pods that
+	// need a whole one and for mode changes; Spread on the one with the most,
+	// for isolation. Strategy still scores nodes and places whole devices.
+	ShareStrategy Strategy `json:"shareStrategy,omitempty"`
 	// AssignmentWrite is Binding (default) or PreBind.
 	AssignmentWrite AssignmentWrite `json:"assignmentWrite,omitempty"`
 	// StatusUpdateInterval is the debounce of ResourceClass status writes: changes
@@ -113,6 +126,9 @@ func DecodeArgs(obj runtime.Object, podNamespace string) (*Args, error) {
 	if args.Strategy == "" {
 		args.Strategy = FirstFit
 	}
+	if args.ShareStrategy == "" {
+		args.ShareStrategy = BinPack
+	}
 	if args.AssignmentWrite == "" {
 		args.AssignmentWrite = WriteInBinding
 	}
@@ -145,6 +161,9 @@ func ValidateArgs(a *Args, p *field.Path) field.ErrorList {
 	}
 	if !valid {
 		errs = append(errs, field.NotSupported(p.Child("strategy"), a.Strategy, names))
+	}
+	if !slices.Contains(shareStrategies, a.ShareStrategy) {
+		errs = append(errs, field.NotSupported(p.Child("shareStrategy"), a.ShareStrategy, shareStrategies))
 	}
 	if a.AssignmentWrite != WriteInBinding && a.AssignmentWrite != WriteInPreBind {
 		errs = append(errs, field.NotSupported(p.Child("assignmentWrite"), a.AssignmentWrite, []string{string(WriteInBinding), string(WriteInPreBind)}))

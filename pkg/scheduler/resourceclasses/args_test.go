@@ -22,6 +22,7 @@ func decode(t *testing.T, raw, podNamespace string) (*Args, error) {
 func TestDecodeArgsDefaults(t *testing.T) {
 	want := &Args{
 		Strategy:             FirstFit,
+		ShareStrategy:        BinPack,
 		AssignmentWrite:      WriteInBinding,
 		StatusUpdateInterval: &metav1.Duration{Duration: time.Second},
 		StatusLeaseNamespace: metav1.NamespaceSystem,
@@ -54,12 +55,12 @@ func TestDecodeArgsDefaults(t *testing.T) {
 }
 
 func TestDecodeArgsValues(t *testing.T) {
-	got, err := decode(t, `{"strategy":"NUMAAligned","assignmentWrite":"PreBind","statusUpdateInterval":"0s","statusLeaseNamespace":"sched","statusLeaseName":"my.lease"}`, "other")
+	got, err := decode(t, `{"strategy":"NUMAAligned","shareStrategy":"Spread","assignmentWrite":"PreBind","statusUpdateInterval":"0s","statusLeaseNamespace":"sched","statusLeaseName":"my.lease"}`, "other")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// 0 is kept, not defaulted: it turns status writing off.
-	want := &Args{Strategy: NUMAAligned, AssignmentWrite: WriteInPreBind, StatusUpdateInterval: &metav1.Duration{}, StatusLeaseNamespace: "sched", StatusLeaseName: "my.lease"}
+	want := &Args{Strategy: NUMAAligned, ShareStrategy: Spread, AssignmentWrite: WriteInPreBind, StatusUpdateInterval: &metav1.Duration{}, StatusLeaseNamespace: "sched", StatusLeaseName: "my.lease"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
@@ -76,6 +77,7 @@ func TestDecodeArgsRejects(t *testing.T) {
 		{"duplicate field", `{"strategy":"BinPack","strategy":"Spread"}`, "", []string{"duplicate field", "strategy"}},
 		{"unsupported strategy", `{"strategy":"Random"}`, "", []string{"args.strategy", `"Random"`, `"FirstFit"`, `"BinPack"`, `"Spread"`, `"NUMAAligned"`, `"Topology"`}},
 		{"strategy in the wrong case", `{"strategy":"binpack"}`, "", []string{"args.strategy", "supported values"}},
+		{"unsupported share strategy", `{"shareStrategy":"NUMAAligned"}`, "", []string{"args.shareStrategy", `"NUMAAligned"`, `"BinPack"`, `"Spread"`}},
 		{"unsupported assignmentWrite", `{"assignmentWrite":"Patch"}`, "", []string{"args.assignmentWrite", `"Patch"`, `"Binding"`, `"PreBind"`}},
 		{"negative interval", `{"statusUpdateInterval":"-1s"}`, "", []string{"args.statusUpdateInterval", "must not be negative"}},
 		{"interval not a duration", `{"statusUpdateInterval":"soon"}`, "", []string{"soon"}},
@@ -107,12 +109,12 @@ func TestDecodeArgsRejects(t *testing.T) {
 }
 
 func TestValidateArgsReportsEveryProblem(t *testing.T) {
-	errs := ValidateArgs(&Args{Strategy: "x", AssignmentWrite: "y", StatusUpdateInterval: &metav1.Duration{Duration: -time.Second}, StatusLeaseNamespace: "", StatusLeaseName: "UPPER"}, field.NewPath("args"))
+	errs := ValidateArgs(&Args{Strategy: "x", ShareStrategy: "FirstFit", AssignmentWrite: "y", StatusUpdateInterval: &metav1.Duration{Duration: -time.Second}, StatusLeaseNamespace: "", StatusLeaseName: "UPPER"}, field.NewPath("args"))
 	fields := map[string]bool{}
 	for _, e := range errs {
 		fields[e.Field] = true
 	}
-	for _, f := range []string{"args.strategy", "args.assignmentWrite", "args.statusUpdateInterval", "args.statusLeaseNamespace", "args.statusLeaseName"} {
+	for _, f := range []string{"args.strategy", "args.shareStrategy", "args.assignmentWrite", "args.statusUpdateInterval", "args.statusLeaseNamespace", "args.statusLeaseName"} {
 		if !fields[f] {
 			t.Errorf("no error for %s in %v", f, errs)
 		}
@@ -143,7 +145,7 @@ func FuzzDecodeArgs(f *testing.F) {
 				}
 				return
 			}
-			if args.Strategy == "" || args.AssignmentWrite == "" || args.StatusUpdateInterval == nil || args.StatusLeaseNamespace == "" || args.StatusLeaseName == "" {
+			if args.Strategy == "" || args.ShareStrategy == "" || args.AssignmentWrite == "" || args.StatusUpdateInterval == nil || args.StatusLeaseNamespace == "" || args.StatusLeaseName == "" {
 				t.Fatalf("args not defaulted: %+v", args)
 			}
 			if errs := ValidateArgs(args, field.NewPath("args")); len(errs) > 0 {

@@ -97,6 +97,10 @@ type nodeState struct {
 	// more per node than this (docs/scheduler.md, "Filter at 5000 nodes").
 	counts  []classCounts
 	invalid []invalidDevice // in published order
+	// shareUnits[class] is the unit of each share class that selects a
+	// device of n (docs/sharing.md): placement and status read it where they
+	// read matches. Nil on the many nodes without one.
+	shareUnits map[string]selector.Share
 	// blocked[class] is how many devices of class pods hold whose assignment
 	// cannot be trusted: which ones is unknown (see holding.blocked).
 	blocked map[string]int
@@ -115,8 +119,13 @@ type deviceState struct {
 	excluded bool
 	invalid  bool // an attribute cannot be read: selected by no class
 	sel      *selector.Device
-	pool     *poolState // huge-pages only
-	holders  int        // pods holding an exclusive device (more than 1 is a conflict)
+	pool     *poolState  // huge-pages only
+	shared   *shareState // a GPU in a sharing mode (devicekind.Shared) only
+	holders  int         // pods holding an exclusive device (more than 1 is a conflict)
+	// draining: the device's sharing mode is to change and waits for the
+	// pods that hold it (Sharing.RequestedMode). It takes no new pod of
+	// either kind, so it is excluded as well; its holders stay charged.
+	draining bool
 	// Where it sits, for the Topology strategy: its PCIe root complex and
 	// switch, numbered per node (-1: not published), and its NVLink peers.
 	root, sw int
@@ -137,10 +146,68 @@ func (p *poolState) freeBytes() int64 {
 	return max(0, min(p.free, p.total-p.charged))
 }
 
+// shareState is a device that serves shares: what the shares of it may take
+// together and what the shares pods hold take now. Shares are placed and
+// charged by amount, as a pool's pages are, not by holders.
+type shareState struct {
+	mode     v1alpha1.SharingMode
+	capacity selector.Capacity // -1: a capacity the device does not publish
+	used     selector.Share
+}
+
+// free is what a new share may still take of the device.
+func (s *shareState) free() selector.Capacity {
+	return less(s.capacity, s.used)
+}
+
+// less is c less what s takes of it, never below 0; a capacity c does not
+// publish stays unpublished (-1).
+func less(c selector.Capacity, s selector.Share) selector.Capacity {
+	if c.Memory >= 0 {
+		c.Memory = max(0, c.Memory-s.Memory)
+	}
+	if c.Compute >= 0 {
+		c.Compute = max(0, c.Compute-s.Compute)
+	}
+	return c
+}
+
+// addShare is a plus sign times b.
+func addShare(a selector.Share, sign int, b selector.Share) selector.Share {
+	return selector.Share{Memory: a.Memory + int64(sign)*b.Memory, Compute: a.Compute + int64(sign)*b.Compute}
+}
+
+// unitsIn is how many units of unit fit in c.
+func unitsIn(unit selector.Share, c selector.Capacity) int64 {
+	n := int64(math.MaxInt64)
+	if unit.Memory > 0 {
+		n = min(n, max(0, c.Memory)/unit.Memory)
+	}
+	if unit.Compute > 0 {
+		n = min(n, max(0, c.Compute)/unit.Compute)
+	}
+	if n == math.MaxInt64 {
+		return 0 // a unit takes something: compiled classes never get here
+	}
+	return n
+}
+
 type classState struct {
 	uid        types.UID
 	generation int64
 	compiled   *selector.Class // nil: the class does not compile and selects nothing
+	// unit is the class's share unit when share is set (a share class): its
+	// requests are placed as amounts on one shared device each.
+	unit  selector.Share
+	share bool
+}
+
+// shareUnit is the class's unit, nil for a class of whole devices (or none).
+func (cl *classState) shareUnit() *selector.Share {
+	if cl == nil || !cl.share {
+		return nil
+	}
+	return &cl.unit
 }
 
 // holding is what one pod holds: its devices per class and, for hugepage pools,
@@ -164,17 +231,25 @@ type holding struct {
 	trusted bool                          // decided by Reserve, or learned and found consistent
 	devices map[string][]string           // class -> distinct devices across the pod's containers
 	users   map[string][]*containerDemand // device id -> the containers using it, for pool charges
+	shares  map[string]selector.Share     // device id -> what the pod's shares take of it, as assigned
 	raw     string                        // the annotation the devices come from (annotationState), to tell changes apart
 
 	// For a holding learned from a pod's annotation:
 	fresh map[string][]string // class -> the devices of the pod's fresh draws, as the annotation has them
 	draws map[string]int      // class -> the pod's fresh draws: what it holds when blocked
 	flaw  *inconsistency      // why the annotation does not fit the pod itself; nil if it does
+	// claims are the containers' devices of each class, with the share the
+	// annotation gives them: checked against the classes when charged, and
+	// charged to the shared devices they name when not believed.
+	claims []shareClaim
 
 	// What charge did, so that uncharging undoes exactly that: blocked counts
 	// per class on the node state chargedOn.
 	blocked   map[string]int
 	chargedOn *nodeState
+	// blockedShares is what block charged to the shared devices of chargedOn
+	// for claims not believed, by device id.
+	blockedShares map[string]selector.Share
 	// reported is the annotation value last reported as not believed, so that a
 	// pod's status updates do not report it again.
 	reported string
@@ -199,6 +274,17 @@ const (
 	absentAnnotation = "-"
 	notReported      = ""
 )
+
+// shareClaim is one container's devices of one class in a learned
+// annotation, and the share it says the container takes (claimed: it says
+// one).
+type shareClaim struct {
+	container, class string
+	ids              []string
+	amount           selector.Share
+	claimed          bool
+	units            int64 // what the container requests of the class
+}
 
 // inconsistency is why a pod's annotation is not believed: reason is the
 // metric's label, detail what the Event and the log say.
@@ -363,19 +449,19 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) (invalid []invalidDevic
 	n := newNodeState(nd)
 	n.kubelet = kubelet
 	for name, cl := range classes {
-		n.setMatches(name, n.selectedBy(cl))
+		n.setMatches(name, n.selectedBy(cl), cl)
 	}
 
 	c.mu.Lock()
 	if c.classGen != gen {
 		for name, cl := range c.classes {
 			if classes[name] != cl {
-				n.setMatches(name, n.selectedBy(cl))
+				n.setMatches(name, n.selectedBy(cl), cl)
 			}
 		}
 		for name := range classes {
 			if c.classes[name] == nil {
-				n.setMatches(name, nil)
+				n.setMatches(name, nil, nil)
 			}
 		}
 	}
@@ -436,6 +522,15 @@ func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 			}
 			peerLinks[len(n.devices)-1] = links
 		}
+		// The device's kind says how it is counted (a GPU in MIG mode, for
+		// one, is given out only through its MIG devices).
+		allocation := kinds.Builtin.Allocation(d)
+		mode, capacity, shares := ds.sel.Sharing()
+		if shares && allocation != devicekind.Shared {
+			// Its kind serves no shares (a NIC, a GPU in MIG mode): given as
+			// shares it would serve two pods what one may take.
+			problems = append(problems, fmt.Errorf("it publishes sharing mode %s, but a %s device in its state serves no shares", mode, d.Kind))
+		}
 		if len(problems) > 0 {
 			// Nothing else reads the attributes of such a device: a pool's
 			// size, for one, is only safe to convert once it is in bounds.
@@ -453,9 +548,7 @@ func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 				gpuAt[v] = len(n.devices) - 1
 			}
 		}
-		// The device's kind says how it is counted (a GPU in MIG mode, for
-		// one, is given out only through its MIG devices).
-		switch kinds.Builtin.Allocation(d) {
+		switch allocation {
 		case devicekind.Unallocatable:
 			ds.excluded = true
 		case devicekind.Pool:
@@ -463,6 +556,11 @@ func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 			if ds.pool == nil {
 				ds.healthy = false
 			}
+		case devicekind.Shared:
+			ds.shared = &shareState{mode: mode, capacity: capacity}
+		}
+		if s := d.Sharing; s != nil && s.RequestedMode != "" && s.RequestedMode != s.Mode {
+			ds.draining, ds.excluded = true, true
 		}
 	}
 	// Peers are named by NVML index; one no GPU of the node has is left out.
@@ -524,16 +622,21 @@ func (n *nodeState) newRoom(class string, i int, old *nodeState) bool {
 		return true
 	}
 	was := old.devices[j]
-	if !was.givable() || !slices.Contains(old.matches[class], j) || (dev.pool == nil) != (was.pool == nil) {
+	if !was.givable() || !slices.Contains(old.matches[class], j) || (dev.pool == nil) != (was.pool == nil) || (dev.shared == nil) != (was.shared == nil) {
 		return true
+	}
+	if dev.shared != nil {
+		// A share released, or capacity grown.
+		f, g := dev.shared.free(), was.shared.free()
+		return f.Memory > g.Memory || f.Compute > g.Compute
 	}
 	return dev.pool != nil && (dev.pool.resourceName != was.pool.resourceName || dev.pool.freeBytes() > was.pool.freeBytes())
 }
 
-// givable: a pod may be given d now: healthy, allocatable and, unless it is
-// a pool, which pods share, held by nobody.
+// givable: a pod may be given d now: healthy, allocatable and, unless pods
+// share it (a pool, a shared device), held by nobody.
 func (d *deviceState) givable() bool {
-	return d.healthy && !d.excluded && (d.pool != nil || d.holders == 0)
+	return d.healthy && !d.excluded && (d.pool != nil || d.shared != nil || d.holders == 0)
 }
 
 func (n *nodeState) invalidOrNil() []invalidDevice {
@@ -619,14 +722,22 @@ func (n *nodeState) selectedBy(cl *classState) []int {
 	return idx
 }
 
-// setMatches records the devices class selects on n. It changes n in place:
-// only for the cache's own node states, under its write lock, never for a
-// view (viewLocked).
-func (n *nodeState) setMatches(class string, idx []int) {
+// setMatches records the devices class (cl, nil once deleted) selects on n.
+// It changes n in place: only for the cache's own node states, under its
+// write lock, never for a view (viewLocked).
+func (n *nodeState) setMatches(class string, idx []int, cl *classState) {
 	if len(idx) == 0 {
 		delete(n.matches, class)
 	} else {
 		n.matches[class] = idx
+	}
+	if unit := cl.shareUnit(); unit != nil && len(idx) > 0 {
+		if n.shareUnits == nil {
+			n.shareUnits = map[string]selector.Share{}
+		}
+		n.shareUnits[class] = *unit
+	} else {
+		delete(n.shareUnits, class)
 	}
 	n.recount()
 }
@@ -649,6 +760,7 @@ func (c *cache) setClass(rc *v1alpha1.ResourceClass) {
 	cl := &classState{uid: rc.UID, generation: rc.Generation}
 	if compiled, errs := selector.Compile(&rc.Spec, field.NewPath("spec")); len(errs) == 0 {
 		cl.compiled = compiled
+		cl.unit, cl.share = compiled.Share()
 	}
 	selected := make(map[string][]int, len(nodes))
 	for name, n := range nodes {
@@ -660,9 +772,9 @@ func (c *cache) setClass(rc *v1alpha1.ResourceClass) {
 	c.classGen++
 	for name, n := range c.nodes {
 		if nodes[name] == n {
-			n.setMatches(rc.Name, selected[name])
+			n.setMatches(rc.Name, selected[name], cl)
 		} else {
-			n.setMatches(rc.Name, n.selectedBy(cl))
+			n.setMatches(rc.Name, n.selectedBy(cl), cl)
 		}
 	}
 	c.dirty = true
@@ -676,7 +788,7 @@ func (c *cache) deleteClass(name string) {
 	delete(c.classes, name)
 	c.classGen++
 	for _, n := range c.nodes {
-		n.setMatches(name, nil)
+		n.setMatches(name, nil, nil)
 	}
 	c.dirty = true
 	c.mu.Unlock()
@@ -693,7 +805,7 @@ func (c *cache) charge(n *nodeState, h *holding, sign int) {
 		if !h.trusted {
 			flaw := h.flaw
 			if flaw == nil {
-				flaw = h.checkOn(n)
+				flaw = h.checkOn(n, c.classes)
 			}
 			if flaw == nil {
 				h.trusted = true
@@ -711,29 +823,85 @@ func (c *cache) charge(n *nodeState, h *holding, sign int) {
 }
 
 // block charges h's draws of exclusive devices to n as devices held, which
-// ones unknown (addBlocked).
+// ones unknown (addBlocked), and its claimed shares to the shared devices
+// they name (claimedShares).
 func (c *cache) block(n *nodeState, h *holding) {
 	h.chargedOn, h.blocked = n, n.addBlocked(h.draws)
+	h.blockedShares = n.claimedShares(h.claims, c.classes)
+	n.chargeShares(h.blockedShares, 1, n.deviceAt)
 }
 
 // unblock undoes block, on the node state it was charged to.
 func (c *cache) unblock(h *holding) {
 	if n := h.chargedOn; n != nil {
 		n.removeBlocked(h.blocked)
+		n.chargeShares(h.blockedShares, -1, n.deviceAt)
 	}
-	h.chargedOn, h.blocked = nil, nil
+	h.chargedOn, h.blocked, h.blockedShares = nil, nil, nil
+}
+
+// deviceAt is n's device i itself, for chargeDevices and chargeShares on the
+// cache's own node states.
+func (n *nodeState) deviceAt(i int) *deviceState { return n.devices[i] }
+
+// claimedShares is what an annotation not believed is charged on the shared
+// devices of n it names, one per container and class: the larger of the
+// share it claims and what the container requests of the class as it is
+// now, at most the device's capacity. A forged smaller share never makes the
+// scheduler count less than the pod may take; which device a container that
+// names none runs on is unknown, and nothing is charged for it (docs/scheduler.md,
+// "Sharing GPUs").
+func (n *nodeState) claimedShares(claims []shareClaim, classes map[string]*classState) map[string]selector.Share {
+	var out map[string]selector.Share
+	for _, cl := range claims {
+		if len(cl.ids) != 1 {
+			continue
+		}
+		i, ok := n.index[cl.ids[0]]
+		if !ok || n.devices[i].shared == nil {
+			continue
+		}
+		capacity := n.devices[i].shared.capacity
+		amount := cl.amount
+		if unit := classes[cl.class].shareUnit(); unit != nil {
+			want := selector.Share{Memory: max(0, capacity.Memory), Compute: max(0, capacity.Compute)}
+			if fits, _ := unit.Fits(cl.units, capacity); fits {
+				want = unit.Times(cl.units)
+			}
+			amount = selector.Share{Memory: max(amount.Memory, want.Memory), Compute: max(amount.Compute, want.Compute)}
+		}
+		amount = selector.Share{Memory: min(amount.Memory, max(0, capacity.Memory)), Compute: min(amount.Compute, max(0, capacity.Compute))}
+		if out == nil {
+			out = map[string]selector.Share{}
+		}
+		out[cl.ids[0]] = addShare(out[cl.ids[0]], 1, amount)
+	}
+	return out
+}
+
+// chargeShares adds (sign 1) or removes (sign -1) amounts, by device id, on
+// n's shared devices, through own, which returns the device to change.
+func (n *nodeState) chargeShares(amounts map[string]selector.Share, sign int, own func(i int) *deviceState) {
+	for id, amount := range amounts {
+		if i, ok := n.index[id]; ok && n.devices[i].shared != nil {
+			d := own(i)
+			d.shared.used = addShare(d.shared.used, sign, amount)
+		}
+	}
 }
 
 // addBlocked counts draws (class -> devices) as held on n, which devices
 // unknown: rows of the matching that whatever a pod takes must leave room for
-// (blockedRows). Pools are shared and their free pages are published by the
-// node agent, so pool classes are not counted. It returns what it counted,
+// (blockedRows). Pools and shared devices serve many pods, and a row of the
+// matching takes a device whole: pool classes are not counted (the node agent
+// publishes their free pages), nor share classes (a share is charged to the
+// device its annotation names, claimedShares). It returns what it counted,
 // for removeBlocked.
 func (n *nodeState) addBlocked(draws map[string]int) map[string]int {
 	added := map[string]int{}
 	for class, k := range draws {
 		idx := n.matches[class]
-		if k == 0 || len(idx) == 0 || slices.ContainsFunc(idx, func(i int) bool { return n.devices[i].pool != nil }) {
+		if k == 0 || len(idx) == 0 || slices.ContainsFunc(idx, func(i int) bool { return n.devices[i].pool != nil || n.devices[i].shared != nil }) {
 			continue
 		}
 		if n.blocked == nil {
@@ -1136,13 +1304,14 @@ type reservation struct {
 	annotations map[string]string // that carry the assignment to the node agent
 }
 
-// reserve chooses d's devices on node name with strategy s and holds them for
-// pod (assumed until the pod is seen bound), in one step under the write lock:
-// nothing comes between the choice and the hold. u says why d does not fit;
-// err that the assignment cannot be written.
-func (c *cache) reserve(pod *corev1.Pod, name string, d *demand, s Strategy) (r reservation, u *unfit, err error) {
+// reserve chooses d's devices on node name with strategy s (and its shares
+// with share strategy ss) and holds them for pod (assumed until the pod is
+// seen bound), in one step under the write lock: nothing comes between the
+// choice and the hold. u says why d does not fit; err that the assignment
+// cannot be written.
+func (c *cache) reserve(pod *corev1.Pod, name string, d *demand, s, ss Strategy) (r reservation, u *unfit, err error) {
 	c.mu.Lock()
-	pl, u := c.nodes[name].place(d, s)
+	pl, u := c.nodes[name].placeWith(d, s, ss)
 	if u != nil {
 		c.mu.Unlock()
 		return r, u, nil
@@ -1209,6 +1378,7 @@ func holdingFromPod(pod *corev1.Pod) *holding {
 		h.flaw = &inconsistency{reason: "garbled", detail: err.Error()}
 		return h
 	}
+	h.claims = claimsOf(a, d)
 	if a.Node != pod.Spec.NodeName {
 		h.flaw = &inconsistency{reason: "node", detail: "the assignment names node " + a.Node + " but the pod is bound to " + pod.Spec.NodeName}
 		return h
@@ -1217,8 +1387,45 @@ func holdingFromPod(pod *corev1.Pod) *holding {
 		return h
 	}
 	learned := newHolding(pod.UID, a, d)
-	h.devices, h.users, h.fresh = learned.devices, learned.users, freshDraws(a, d)
+	h.devices, h.users, h.shares, h.fresh = learned.devices, learned.users, learned.shares, freshDraws(a, d)
 	return h
+}
+
+// claimsOf lists each container's devices of each class in a, with the
+// share a gives it and what it requests of the class in d (nil: nothing).
+func claimsOf(a *assignment.Assignment, d *demand) []shareClaim {
+	var out []shareClaim
+	for _, ac := range a.Containers {
+		var requested map[string]int
+		if d != nil {
+			if i := slices.IndexFunc(d.containers, func(c containerDemand) bool { return c.name == ac.Name }); i >= 0 {
+				requested = d.containers[i].classes
+			}
+		}
+		for _, class := range slices.Sorted(maps.Keys(ac.Classes)) {
+			share, claimed := ac.Shares[class]
+			out = append(out, shareClaim{container: ac.Name, class: class, ids: ac.Classes[class],
+				amount: shareOf(share), claimed: claimed, units: int64(requested[class])})
+		}
+	}
+	return out
+}
+
+// shareOf is an assignment's share in numbers.
+func shareOf(s assignment.Share) selector.Share {
+	return selector.Share{Memory: s[v1alpha1.CapacityMemory], Compute: s[v1alpha1.CapacityCompute]}
+}
+
+// assignmentShare is s as an assignment writes it: the capacities it takes.
+func assignmentShare(s selector.Share) assignment.Share {
+	out := assignment.Share{}
+	if s.Memory > 0 {
+		out[v1alpha1.CapacityMemory] = s.Memory
+	}
+	if s.Compute > 0 {
+		out[v1alpha1.CapacityCompute] = s.Compute
+	}
+	return out
 }
 
 // checkAgainstDemand: every container the assignment names requests devices of
@@ -1242,6 +1449,13 @@ func checkAgainstDemand(a *assignment.Assignment, d *demand) *inconsistency {
 				return bad("container %q does not request class %s", ac.Name, class)
 			}
 		}
+		// A share is one container's, on one device, whatever its units
+		// (whether the class takes shares is checked against the class, checkOn).
+		for class := range ac.Shares {
+			if c := d.containers[i]; c.init && !c.restartable {
+				return bad("init container %q holds a share of class %s: a share is one container's, and the kubelet hands an init container's devices on", ac.Name, class)
+			}
+		}
 	}
 	for _, class := range d.classes {
 		var reusable []string
@@ -1251,6 +1465,12 @@ func checkAgainstDemand(a *assignment.Assignment, d *demand) *inconsistency {
 				continue
 			}
 			ids := a.Devices(c.name, class)
+			if hasShare(a, c.name, class) {
+				if len(reusable) > 0 {
+					return bad("container %q holds a share of class %s, whose devices earlier init containers leave for reuse", c.name, class)
+				}
+				n = 1
+			}
 			if len(ids) != n {
 				return bad("container %q holds %d devices of class %s but requests %d", c.name, len(ids), class, n)
 			}
@@ -1265,6 +1485,17 @@ func checkAgainstDemand(a *assignment.Assignment, d *demand) *inconsistency {
 		}
 	}
 	return nil
+}
+
+// hasShare reports whether a gives container a share of class.
+func hasShare(a *assignment.Assignment, container, class string) bool {
+	for _, c := range a.Containers {
+		if c.Name == container {
+			_, ok := c.Shares[class]
+			return ok
+		}
+	}
+	return false
 }
 
 // freshDraws lists, per class, the devices of the pod's fresh draws in a (a
@@ -1289,10 +1520,12 @@ func freshDraws(a *assignment.Assignment, d *demand) map[string][]string {
 	return out
 }
 
-// checkOn checks a learned assignment against n: every device exists there and
-// is selected by its class, and no exclusive device serves two draws of the
-// pod (the kubelet gives each draw its own).
-func (h *holding) checkOn(n *nodeState) *inconsistency {
+// checkOn checks a learned assignment against n and the classes: every
+// device exists there and is selected by its class, no exclusive device
+// serves two draws of the pod (the kubelet gives each draw its own), and
+// each container's share of a share class is on one shared device and is
+// what it requests of the class as the class is now (checkShares).
+func (h *holding) checkOn(n *nodeState, classes map[string]*classState) *inconsistency {
 	seen := map[string]string{}
 	for _, class := range slices.Sorted(maps.Keys(h.fresh)) {
 		for _, id := range h.fresh[class] {
@@ -1303,13 +1536,40 @@ func (h *holding) checkOn(n *nodeState) *inconsistency {
 			if !slices.Contains(n.matches[class], i) {
 				return &inconsistency{reason: "class", detail: fmt.Sprintf("class %s does not select device %s of node %s", class, id, h.node)}
 			}
-			if n.devices[i].pool != nil {
-				continue // a pool serves many draws
+			if n.devices[i].pool != nil || n.devices[i].shared != nil {
+				continue // a pool or a shared device serves many draws
 			}
 			if other, dup := seen[id]; dup {
 				return &inconsistency{reason: "requests", detail: fmt.Sprintf("device %s serves two draws (classes %s and %s)", id, other, class)}
 			}
 			seen[id] = class
+		}
+	}
+	return h.checkShares(n, classes)
+}
+
+// checkShares: a container's devices of a share class are one device that
+// serves shares, with the share the container requests (its units times the
+// class's unit, which fit the device); a class of whole devices has no share.
+func (h *holding) checkShares(n *nodeState, classes map[string]*classState) *inconsistency {
+	for _, cl := range h.claims {
+		unit := classes[cl.class].shareUnit()
+		if unit == nil {
+			if cl.claimed {
+				return &inconsistency{reason: "class", detail: fmt.Sprintf("container %q holds a share of class %s, which takes whole devices", cl.container, cl.class)}
+			}
+			continue
+		}
+		if !cl.claimed || len(cl.ids) != 1 {
+			return &inconsistency{reason: "requests", detail: fmt.Sprintf("class %s takes shares, and container %q holds no share of one device of it", cl.class, cl.container)}
+		}
+		i, ok := n.index[cl.ids[0]]
+		if !ok || n.devices[i].shared == nil {
+			return &inconsistency{reason: "class", detail: fmt.Sprintf("device %s of class %s does not serve shares", cl.ids[0], cl.class)}
+		}
+		if fits, _ := unit.Fits(cl.units, n.devices[i].shared.capacity); !fits || cl.amount != unit.Times(cl.units) {
+			return &inconsistency{reason: "requests", detail: fmt.Sprintf("container %q holds a share of class %s of %s, not the %d units it requests (%s)",
+				cl.container, cl.class, describeShare(cl.amount), cl.units, describeUnits(*unit, cl.units))}
 		}
 	}
 	return nil
@@ -1336,6 +1596,14 @@ func newHolding(uid types.UID, a *assignment.Assignment, d *demand) *holding {
 					h.users[id] = append(h.users[id], cd)
 				}
 			}
+		}
+		// Validate made each share's class one device.
+		for class, share := range ac.Shares {
+			if h.shares == nil {
+				h.shares = map[string]selector.Share{}
+			}
+			id := ac.Classes[class][0]
+			h.shares[id] = addShare(h.shares[id], 1, shareOf(share))
 		}
 	}
 	return h

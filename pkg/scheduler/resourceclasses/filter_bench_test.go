@@ -112,7 +112,7 @@ func BenchmarkFilterPerNode(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, u, err := c.reserve(pod, n.Name, d, FirstFit); err != nil || u != nil {
+				if _, u, err := c.reserve(pod, n.Name, d, FirstFit, BinPack); err != nil || u != nil {
 					b.Fatalf("reserve: %v %v", err, u)
 				}
 			}

@@ -3,25 +3,37 @@ package resourceclasses
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/resclass/resclass/pkg/scheduler/matching"
+	"github.com/resclass/resclass/pkg/selector"
 )
 
 // placement is a pod's devices on one node: per class, one device id per draw
-// (a pool id may serve several draws).
+// (a pool id may serve several draws); for a share class, one device per
+// container that requests it, in the pod's order, with its share.
 type placement struct {
 	drawn     map[string][]string
-	numas     int   // distinct NUMA nodes among the chosen devices
-	aligned   bool  // all on one NUMA node
-	util      int64 // 0..100: share of the requested classes' devices in use once placed
-	quality   int64 // 0..100: how well the exclusive devices are connected (Topology only)
-	exclusive int   // how many exclusive devices (Topology only)
+	shares    map[string][]placedShare // share class -> per entry of drawn
+	numas     int                      // distinct NUMA nodes among the chosen devices
+	aligned   bool                     // all on one NUMA node
+	util      int64                    // 0..100: share of the requested classes' devices in use once placed
+	quality   int64                    // 0..100: how well the exclusive devices are connected (Topology only)
+	exclusive int                      // how many exclusive devices (Topology only)
+}
+
+// placedShare is one container's share: its units of the class and what
+// they take of the device.
+type placedShare struct {
+	units  int64
+	amount selector.Share
 }
 
 // unfit says why a pod does not fit a node. unresolvable means no change to the
@@ -29,6 +41,8 @@ type placement struct {
 type unfit struct {
 	reason       string
 	unresolvable bool
+	// shareRoom: a container's share found no device with room for it.
+	shareRoom bool
 }
 
 // eligible is PreFilter's decision: every class d requests exists (else the
@@ -45,38 +59,54 @@ func (c *cache) eligible(d *demand) (sets.Set[string], *unfit) {
 	return eligible, nil
 }
 
-// place chooses pod's devices on node n with strategy s. It only reads n: the
-// cache calls it under its lock (cache.fits, cache.score, cache.reserve).
+// place chooses pod's devices on node n with strategy s, and shares in the
+// order BinPack gives them (placeWith).
 func (n *nodeState) place(d *demand, s Strategy) (*placement, *unfit) {
+	return n.placeWith(d, s, BinPack)
+}
+
+// placeWith chooses pod's devices on node n with strategy s, and its shares
+// with share strategy ss (BinPack, Spread; FirstFit in published order). It
+// only reads n: the cache calls it under its lock (cache.fits, cache.score,
+// cache.reserve).
+func (n *nodeState) placeWith(d *demand, s, ss Strategy) (*placement, *unfit) {
 	if n == nil {
 		return nil, &unfit{reason: "node publishes no devices (no NodeDevices)"}
 	}
-	var exclusive, pools []string
+	var c placeClasses
+	c.shareOrder = ss
 	for _, class := range d.classes {
 		if d.draws[class] == 0 {
 			continue
 		}
-		if slices.ContainsFunc(n.matches[class], func(i int) bool { return n.devices[i].pool != nil }) {
-			pools = append(pools, class)
+		if _, ok := n.shareUnits[class]; ok {
+			c.shares = append(c.shares, class)
+		} else if slices.ContainsFunc(n.matches[class], func(i int) bool { return n.devices[i].pool != nil }) {
+			c.pools = append(c.pools, class)
 		} else {
-			exclusive = append(exclusive, class)
+			c.exclusive = append(c.exclusive, class)
 		}
 	}
-	for _, class := range pools {
+	for _, class := range c.pools {
 		if u := d.checkPoolRequests(class); u != nil {
+			return nil, u
+		}
+	}
+	for _, class := range c.shares {
+		if u := d.checkShareRequests(class); u != nil {
 			return nil, u
 		}
 	}
 	free := make([]bool, len(n.devices))
 	freeInNUMA := map[int]int{}
 	for i, dev := range n.devices {
-		free[i] = dev.healthy && !dev.excluded && (dev.pool != nil || dev.holders == 0)
-		if free[i] && dev.pool == nil {
+		free[i] = dev.givable()
+		if free[i] && dev.pool == nil && dev.shared == nil {
 			freeInNUMA[dev.numa]++
 		}
 	}
 	try := func(onlyNUMA int, order func([]int) []int) (*placement, *unfit) {
-		return n.tryPlace(d, exclusive, pools, free, onlyNUMA, func(_ string, idx []int) []int { return order(idx) })
+		return n.tryPlace(d, c, free, onlyNUMA, func(_ string, idx []int) []int { return order(idx) })
 	}
 	byNUMAFree := func(fullestFirst bool) func([]int) []int {
 		return func(idx []int) []int {
@@ -112,15 +142,30 @@ func (n *nodeState) place(d *demand, s Strategy) (*placement, *unfit) {
 			p, u = try(anyNUMA, byNUMAFree(false))
 		}
 	case Topology:
-		p, u = n.placeTopology(d, exclusive, pools, free)
+		p, u = n.placeTopology(d, c, free)
 	default:
 		p, u = try(anyNUMA, slices.Clone[[]int])
+	}
+	if p == nil && u.shareRoom && ss != BinPack {
+		// Shares in another order than BinPack's may leave no room for a
+		// pod's later containers where BinPack's does: Filter's answer
+		// (cache.fits) stands.
+		return n.placeWith(d, s, BinPack)
 	}
 	if p == nil {
 		return nil, u
 	}
 	p.util = n.utilization(d, p)
 	return p, nil
+}
+
+// placeClasses are a pod's classes on a node by how they are placed.
+type placeClasses struct {
+	exclusive []string // whole devices, by the matching
+	pools     []string // hugepage pools: pages
+	shares    []string // share classes: amounts of shared devices
+	// shareOrder is the share strategy (placeWith).
+	shareOrder Strategy
 }
 
 const anyNUMA = -2
@@ -139,12 +184,13 @@ func numaNodes(n *nodeState) []int {
 // placeTopology places with the devices topologySets prefers first: the
 // matching still decides feasibility, so a node fits with Topology exactly
 // when it fits with any other strategy.
-func (n *nodeState) placeTopology(d *demand, exclusive, pools []string, free []bool) (*placement, *unfit) {
+func (n *nodeState) placeTopology(d *demand, c placeClasses, free []bool) (*placement, *unfit) {
+	exclusive := c.exclusive
 	var prefer map[string][]int
 	if len(exclusive) > 0 {
 		prefer = n.topologySets(d, exclusive, free, func(i int) bool { return free[i] })
 	}
-	p, u := n.tryPlace(d, exclusive, pools, free, anyNUMA, func(class string, idx []int) []int {
+	p, u := n.tryPlace(d, c, free, anyNUMA, func(class string, idx []int) []int {
 		first := prefer[class]
 		if len(first) == 0 {
 			return slices.Clone(idx)
@@ -176,10 +222,12 @@ func (n *nodeState) placeTopology(d *demand, exclusive, pools []string, free []b
 }
 
 // tryPlace solves the matching of d's exclusive classes on n, each class's
-// candidates in the order order gives them, then picks its pools.
-func (n *nodeState) tryPlace(d *demand, exclusive, pools []string, free []bool, onlyNUMA int, order func(class string, idx []int) []int) (*placement, *unfit) {
+// candidates in the order order gives them, then picks its pools and its
+// shares.
+func (n *nodeState) tryPlace(d *demand, c placeClasses, free []bool, onlyNUMA int, order func(class string, idx []int) []int) (*placement, *unfit) {
+	exclusive, pools := c.exclusive, c.pools
 	usable := func(i int) bool { return free[i] && (onlyNUMA == anyNUMA || n.devices[i].numa == onlyNUMA) }
-	p := &placement{drawn: map[string][]string{}}
+	p := &placement{drawn: map[string][]string{}, shares: map[string][]placedShare{}}
 	prob := matching.Problem{Devices: len(n.devices)}
 	for _, class := range exclusive {
 		var cand []int
@@ -245,6 +293,9 @@ func (n *nodeState) tryPlace(d *demand, exclusive, pools []string, free []bool, 
 			p.drawn[class] = append(p.drawn[class], n.devices[chosen].id)
 		}
 	}
+	if u := n.placeShares(d, c.shares, c.shareOrder, usable, p); u != nil {
+		return nil, u
+	}
 	used := map[int]bool{}
 	unknown := false
 	for _, ids := range p.drawn {
@@ -264,6 +315,125 @@ func (n *nodeState) tryPlace(d *demand, exclusive, pools []string, free []bool, 
 	return p, nil
 }
 
+// placeShares gives each container of d that requests a share class one
+// device of the class for its units times the class's unit: a shared
+// device that is usable and whose free capacity, less the shares of this
+// pod placed on it before, covers the whole share. A share is never spread
+// over devices (docs/sharing.md). ss orders the devices that take it:
+// BinPack the one with the least room left (so that emptier devices stay
+// whole), Spread the one with the most, FirstFit the first published. Each
+// container takes the device that ss prefers for it alone, in the pod's
+// order; cache.fits asks with BinPack, and placeWith falls back to it.
+func (n *nodeState) placeShares(d *demand, classes []string, ss Strategy, usable func(int) bool, p *placement) *unfit {
+	var taken map[int]selector.Share // this pod's shares so far, by device
+	for _, class := range classes {
+		unit := n.shareUnits[class]
+		for ci := range d.containers {
+			c := &d.containers[ci]
+			units := int64(c.classes[class])
+			if units == 0 {
+				continue
+			}
+			chosen, sized := -1, false
+			var best selector.Capacity
+			for _, i := range n.matches[class] {
+				dev := n.devices[i]
+				if dev.shared == nil {
+					continue
+				}
+				if fits, _ := unit.Fits(units, dev.shared.capacity); !fits {
+					continue
+				}
+				sized = true
+				if !usable(i) {
+					continue
+				}
+				room := less(dev.shared.free(), taken[i])
+				if fits, _ := unit.Fits(units, room); fits && (chosen < 0 || preferredRoom(ss, unit, room, best)) {
+					chosen, best = i, room
+				}
+			}
+			if !sized {
+				// Node-dependent (another node may have larger devices), so
+				// unresolvable here only: preemption frees no capacity.
+				return &unfit{unresolvable: true, reason: fmt.Sprintf("container %q asks %d units of class %s (%s): more than one GPU of the class has", c.name, units, class, describeUnits(unit, units))}
+			}
+			if chosen < 0 {
+				return &unfit{shareRoom: true, reason: fmt.Sprintf("Insufficient free share capacity of class %s: container %q asks %d units (%s), more than any GPU of the class has free", class, c.name, units, describeUnits(unit, units))}
+			}
+			amount := unit.Times(units)
+			if taken == nil {
+				taken = map[int]selector.Share{}
+			}
+			taken[chosen] = addShare(taken[chosen], 1, amount)
+			p.drawn[class] = append(p.drawn[class], n.devices[chosen].id)
+			p.shares[class] = append(p.shares[class], placedShare{units: units, amount: amount})
+		}
+	}
+	return nil
+}
+
+// preferredRoom reports whether a device with room a is preferred to one
+// with room b under share strategy ss: by the capacity the unit takes
+// (memory before compute), the least room for BinPack, the most for Spread;
+// FirstFit keeps the first.
+func preferredRoom(ss Strategy, unit selector.Share, a, b selector.Capacity) bool {
+	first, second := [2]int64{a.Memory, a.Compute}, [2]int64{b.Memory, b.Compute}
+	if unit.Memory == 0 {
+		first, second = [2]int64{a.Compute, a.Memory}, [2]int64{b.Compute, b.Memory}
+	}
+	cmp := 0
+	for k := range first {
+		if first[k] != second[k] {
+			cmp = 1
+			if first[k] < second[k] {
+				cmp = -1
+			}
+			break
+		}
+	}
+	switch ss {
+	case BinPack:
+		return cmp < 0
+	case Spread:
+		return cmp > 0
+	}
+	return false
+}
+
+// checkShareRequests: a share is one container's; an init container that is
+// not a sidecar hands its devices on to the containers after it.
+func (d *demand) checkShareRequests(class string) *unfit {
+	for _, c := range d.containers {
+		if c.classes[class] > 0 && c.init && !c.restartable {
+			return &unfit{unresolvable: true, reason: fmt.Sprintf("init container %q requests class %s, which takes shares of a GPU: a share is one container's, and the kubelet hands an init container's devices to the containers after it; request it in the containers that use it, or make the init container a sidecar (restartPolicy: Always)", c.name, class)}
+		}
+	}
+	return nil
+}
+
+// describeUnits says what units of unit take, e.g. "90Gi memory, 225%
+// compute".
+func describeUnits(unit selector.Share, units int64) string {
+	var parts []string
+	if unit.Memory > 0 {
+		if units <= math.MaxInt64/unit.Memory {
+			parts = append(parts, resource.NewQuantity(unit.Memory*units, resource.BinarySI).String()+" memory")
+		} else {
+			parts = append(parts, fmt.Sprintf("%d × %s memory", units, resource.NewQuantity(unit.Memory, resource.BinarySI).String()))
+		}
+	}
+	if unit.Compute > 0 {
+		parts = append(parts, fmt.Sprintf("%d%% compute", unit.Compute*units))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// describeShare says what share s takes.
+func describeShare(s selector.Share) string {
+	return describeUnits(s, 1)
+}
+
 // blockedRows are the rows of n's blocked devices (nodeState.blocked) in the
 // matching: per class, its free exclusive devices on any NUMA node. When
 // they cannot all be served even alone (the free devices are fewer, e.g.
@@ -279,7 +449,7 @@ func blockedRows(n *nodeState, free []bool) ([]int, [][]int) {
 	for _, class := range slices.Sorted(maps.Keys(n.blocked)) {
 		var cand []int
 		for _, i := range n.matches[class] {
-			if free[i] && n.devices[i].pool == nil {
+			if free[i] && n.devices[i].pool == nil && n.devices[i].shared == nil {
 				cand = append(cand, i)
 			}
 		}
@@ -325,6 +495,7 @@ func explainShortage(classes []string, prob matching.Problem) *unfit {
 
 // utilization is the share (0..100) of the devices the pod's classes select on n
 // that are held once p is placed: what BinPack maximises and Spread minimises.
+// A shared device counts as held when some share takes part of it.
 func (n *nodeState) utilization(d *demand, p *placement) int64 {
 	seen := map[int]bool{}
 	var total, used int64
@@ -336,14 +507,22 @@ func (n *nodeState) utilization(d *demand, p *placement) int64 {
 			}
 			seen[i] = true
 			total++
-			if dev.holders > 0 {
+			if dev.holders > 0 || (dev.shared != nil && dev.shared.used != (selector.Share{})) {
 				used++
 			}
 		}
 	}
+	touched := map[int]bool{} // shared devices this pod's shares start to use
 	for _, ids := range p.drawn {
 		for _, id := range ids {
-			if i := n.index[id]; n.devices[i].pool == nil {
+			i := n.index[id]
+			dev := n.devices[i]
+			switch {
+			case dev.pool != nil:
+			case dev.shared == nil:
+				used++
+			case dev.shared.used == (selector.Share{}) && !touched[i]:
+				touched[i] = true
 				used++
 			}
 		}
@@ -393,8 +572,11 @@ const maxNUMA = 16
 
 // quickCounts sums up the devices a class selects on a node, for quick.
 type quickCounts struct {
-	pool              bool // a hugepage pool among them: quick does not answer
-	total, held, free int  // healthy and allocatable ones; of those, held and free
+	// divisible: a device that several pods share (a hugepage pool, a GPU
+	// serving shares) among them: quick does not answer, placement counts
+	// what is left of it.
+	divisible         bool
+	total, held, free int // healthy and allocatable ones; of those, held and free
 	// perNUMA counts the free ones by NUMA node; perNUMA[maxNUMA] those on
 	// another NUMA node or on none.
 	perNUMA [maxNUMA + 1]int
@@ -409,8 +591,8 @@ func (n *nodeState) count(idx []int) *quickCounts {
 	q := &quickCounts{}
 	for _, i := range idx {
 		dev := n.devices[i]
-		if dev.pool != nil {
-			q.pool = true
+		if dev.pool != nil || dev.shared != nil {
+			q.divisible = true
 		}
 		if !dev.healthy || dev.excluded {
 			continue
@@ -461,7 +643,7 @@ func (n *nodeState) countsOf(class string) *quickCounts {
 }
 
 // quick answers Filter and Score without building a placement for the common
-// pod: one class of exclusive devices. Filter and Score run for every pod on
+// pod: one class of exclusive devices (not pools, not shares). Filter and Score run for every pod on
 // hundreds of nodes, so this path must not allocate, and it reads the node's
 // counts (quickCounts) rather than its devices; Reserve, once per pod,
 // always takes the full path. handled is false for any other pod.
@@ -479,7 +661,7 @@ func (q *quickCounts) fits(want int) (fits, handled bool) {
 	if q == nil {
 		return want <= 0, true
 	}
-	if q.pool {
+	if q.divisible {
 		return false, false
 	}
 	return q.free >= want, true

@@ -623,7 +623,7 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 		p.forget(pod.UID) // DynamicResources allocates its devices
 		return nil
 	}
-	r, u, err := p.cache.reserve(pod, nodeName, s.demand, p.args.Strategy)
+	r, u, err := p.cache.reserve(pod, nodeName, s.demand, p.args.Strategy, p.args.ShareStrategy)
 	switch {
 	case u != nil:
 		return unfitStatus(u)
@@ -645,19 +645,23 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 // the assignment, and the compatibility key per device (assignment.CompatKey)
 // with the quantity the pod takes of it: its fresh draws that the device
 // serves (1 for an exclusive device; a hugepage pool may serve several
-// containers' draws).
+// containers' draws; a shared device the units of the class it serves).
 func reservationAnnotations(a *assignment.Assignment, pl *placement) (map[string]string, error) {
 	anns, err := assignment.Annotations(a)
 	if err != nil {
 		return nil, err
 	}
 	for class, ids := range pl.drawn {
-		counts := map[string]int{}
-		for _, id := range ids {
-			counts[id]++
+		counts := map[string]int64{}
+		for k, id := range ids {
+			if shares := pl.shares[class]; shares != nil {
+				counts[id] += shares[k].units
+			} else {
+				counts[id]++
+			}
 		}
 		for id, n := range counts {
-			anns[assignment.CompatKey(class, id)] = strconv.Itoa(n)
+			anns[assignment.CompatKey(class, id)] = strconv.FormatInt(n, 10)
 		}
 	}
 	return anns, nil
@@ -789,12 +793,30 @@ func (p *Plugin) patchAnnotations(ctx context.Context, pod *corev1.Pod, annotati
 	return err
 }
 
-// assignment turns a placement into each container's devices.
+// assignment turns a placement into each container's devices and shares.
 func (d *demand) assignment(node string, pl *placement) *assignment.Assignment {
 	a := &assignment.Assignment{Node: node}
 	perContainer := map[string]map[string][]string{}
+	shares := map[string]map[string]assignment.Share{}
 	for _, class := range slices.Sorted(maps.Keys(pl.drawn)) {
-		for name, ids := range d.assign(class, pl.drawn[class]) {
+		byContainer := d.assign(class, pl.drawn[class])
+		if placed := pl.shares[class]; placed != nil {
+			// One device per container, in the pod's order (placeShares).
+			byContainer = map[string][]string{}
+			k := 0
+			for _, c := range d.containers {
+				if c.classes[class] == 0 {
+					continue
+				}
+				byContainer[c.name] = pl.drawn[class][k : k+1]
+				if shares[c.name] == nil {
+					shares[c.name] = map[string]assignment.Share{}
+				}
+				shares[c.name][class] = assignmentShare(placed[k].amount)
+				k++
+			}
+		}
+		for name, ids := range byContainer {
 			if perContainer[name] == nil {
 				perContainer[name] = map[string][]string{}
 			}
@@ -803,7 +825,7 @@ func (d *demand) assignment(node string, pl *placement) *assignment.Assignment {
 	}
 	for _, c := range d.containers {
 		if classes := perContainer[c.name]; len(classes) > 0 {
-			a.Containers = append(a.Containers, assignment.Container{Name: c.name, Init: c.init, Classes: classes})
+			a.Containers = append(a.Containers, assignment.Container{Name: c.name, Init: c.init, Classes: classes, Shares: shares[c.name]})
 		}
 	}
 	return a

@@ -112,6 +112,10 @@ func (c *cache) viewLocked(name string, n *nodeState, v *nodeView) *nodeState {
 				pool := *d.pool
 				d.pool = &pool
 			}
+			if d.shared != nil {
+				shared := *d.shared
+				d.shared = &shared
+			}
 			out.devices[i] = &d
 		}
 		return out.devices[i]
@@ -120,6 +124,7 @@ func (c *cache) viewLocked(name string, n *nodeState, v *nodeView) *nodeState {
 		if h := c.pods[uid]; h != nil && h.node == name {
 			if h.chargedOn != nil {
 				out.removeBlocked(h.blocked)
+				out.chargeShares(h.blockedShares, -1, own)
 				continue
 			}
 			chargeDevices(&out, h, -1, own)
@@ -129,22 +134,23 @@ func (c *cache) viewLocked(name string, n *nodeState, v *nodeView) *nodeState {
 	// assignment is not believed do (blockedRows): whatever the pod being
 	// placed takes must leave room for them. Their victims may still be
 	// leaving, one by one; until then the rows ask only for the free devices,
-	// so a lower pod gets none of those either. Hugepage pools are shared and
-	// not reserved (their pages are charged once the pod is bound).
+	// so a lower pod gets none of those either. Hugepage pools and shared
+	// devices are shared and not reserved (pages and shares are charged
+	// once the pod is bound): which device a share would take is unknown.
 	for _, a := range v.added {
 		out.addBlocked(a.demand.draws)
 	}
 	return &out
 }
 
-// chargeDevices adds (sign 1) or removes (sign -1) a trusted holding's devices
-// and pool pages on n, through own, which returns the device to change: what
-// cache.charge does to the shared state, for a view.
+// chargeDevices adds (sign 1) or removes (sign -1) a trusted holding's devices,
+// pool pages and shares on n, through own, which returns the device to change:
+// what cache.charge does to the shared state, for a view.
 func chargeDevices(n *nodeState, h *holding, sign int, own func(i int) *deviceState) {
 	held := false
 	for _, ids := range h.devices {
 		for _, id := range ids {
-			if i, ok := n.index[id]; ok && n.devices[i].pool == nil {
+			if i, ok := n.index[id]; ok && n.devices[i].pool == nil && n.devices[i].shared == nil {
 				own(i).holders += sign
 				held = true
 			}
@@ -159,6 +165,7 @@ func chargeDevices(n *nodeState, h *holding, sign int, own func(i int) *deviceSt
 			d.pool.charged += int64(sign) * pageBytes(users, d.pool.resourceName)
 		}
 	}
+	n.chargeShares(h.shares, sign, own)
 }
 
 // preemptedByScheduler: the scheduler's preemption marks a victim with the

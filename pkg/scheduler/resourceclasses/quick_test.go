@@ -102,7 +102,7 @@ func TestQuickCountsFollowTheDevices(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, u, err := c.reserve(pod, "n1", d, FirstFit); err != nil {
+			if _, u, err := c.reserve(pod, "n1", d, FirstFit, BinPack); err != nil {
 				t.Fatal(err)
 			} else if u == nil {
 				held = append(held, pod.UID)
@@ -163,7 +163,7 @@ func BenchmarkQuickFilter(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, u, err := c.reserve(pod, names[i], d, FirstFit); err != nil || u != nil {
+			if _, u, err := c.reserve(pod, names[i], d, FirstFit, BinPack); err != nil || u != nil {
 				b.Fatalf("reserve: %v %v", err, u)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/selector"
 )
 
 // Snapshot is the plugin's device cache built once from listed objects, so
@@ -62,8 +63,45 @@ type SnapshotDevice struct {
 	// HeldBy are the pods (namespace/name) the scheduler counts as holding it.
 	HeldBy []string `json:"heldBy,omitempty"`
 	// Free: a new pod of the class could get it now (a hugepage pool: it has
-	// free pages left).
+	// free pages left; a shared device: one unit of the class fits what it
+	// has free).
 	Free bool `json:"free"`
+	// Share is set for a device that serves shares (docs/sharing.md).
+	Share *SnapshotShare `json:"share,omitempty"`
+}
+
+// SnapshotShare is what the shares of one shared device take.
+type SnapshotShare struct {
+	Mode v1alpha1.SharingMode `json:"mode"`
+	// Capacity is what all shares may take together; Used, what the shares
+	// the scheduler counts take; Free, the rest.
+	Capacity ShareAmounts `json:"capacity"`
+	Used     ShareAmounts `json:"used"`
+	Free     ShareAmounts `json:"free"`
+	// Units and FreeUnits are the units of the class (a share class) that
+	// fit Capacity and Free.
+	Units     int64 `json:"units,omitempty"`
+	FreeUnits int64 `json:"freeUnits,omitempty"`
+}
+
+// ShareAmounts are amounts of a shared device's capacities: memory in bytes,
+// compute in percent; nil for a capacity the device does not publish.
+type ShareAmounts struct {
+	Memory  *int64 `json:"memory,omitempty"`
+	Compute *int64 `json:"compute,omitempty"`
+}
+
+// amounts are memory and compute, of the capacities a device that
+// publishes c has.
+func amounts(c selector.Capacity, memory, compute int64) ShareAmounts {
+	var out ShareAmounts
+	if c.Memory >= 0 {
+		out.Memory = &memory
+	}
+	if c.Compute >= 0 {
+		out.Compute = &compute
+	}
+	return out
 }
 
 // SnapshotNode is one node's devices as a class sees them.
@@ -117,14 +155,27 @@ func (s *Snapshot) Devices(class string) (nodes []SnapshotNode, ok bool) {
 			case !v.Selected:
 				_, v.NotSelected = cl.compiled.Explain(d.sel)
 			}
-			if d.excluded && !d.invalid {
+			switch {
+			case d.draining:
+				v.Unusable = "its sharing mode is to change, which waits for the pods that hold it: it takes no new pod"
+			case d.excluded && !d.invalid:
 				v.Unusable = "a GPU in MIG mode is given out as its MIG devices"
 			}
 			v.HeldBy = heldBy[d.id]
 			slices.Sort(v.HeldBy)
-			if d.pool != nil {
+			switch {
+			case d.shared != nil:
+				s := d.shared
+				free := s.free()
+				v.Share = &SnapshotShare{Mode: s.mode, Capacity: amounts(s.capacity, s.capacity.Memory, s.capacity.Compute),
+					Used: amounts(s.capacity, s.used.Memory, s.used.Compute), Free: amounts(s.capacity, free.Memory, free.Compute)}
+				if cl.share {
+					v.Share.Units, v.Share.FreeUnits = unitsIn(cl.unit, s.capacity), unitsIn(cl.unit, free)
+				}
+				v.Free = v.Selected && d.healthy && !d.excluded && v.Share.FreeUnits > 0
+			case d.pool != nil:
 				v.Free = v.Selected && d.healthy && !d.excluded && d.pool.freeBytes() > 0
-			} else {
+			default:
 				v.Free = v.Selected && d.healthy && !d.excluded && d.holders == 0
 			}
 			out.Devices = append(out.Devices, v)

@@ -157,6 +157,7 @@ type NodeStatus struct {
 	Name string
 	// Allocatable is the number of healthy devices on the node that the class
 	// selects; Requested of those, the ones a new pod of the class cannot get.
+	// For a share class, both count units of the class (classStatusLocked).
 	Allocatable, Requested int64
 }
 
@@ -171,7 +172,11 @@ type NodeStatus struct {
 //     free pages left.
 //
 // So allocatable − requested is how many devices a new pod of the class can
-// get, and a device counts in every class that selects it.
+// get, and a device counts in every class that selects it. A share class
+// counts units instead (docs/sharing.md): allocatable, the units of the
+// class that fit the capacity of each healthy shared device it selects
+// with no mode change waiting; available, those that fit what the device
+// has free; requested, the difference.
 func (c *cache) classStatusLocked(perNode bool) (map[string]v1alpha1.ResourceClassStatus, map[string][]NodeStatus) {
 	type counts struct{ allocatable, requested int64 }
 	totals := map[string]*counts{}
@@ -222,12 +227,21 @@ func (c *cache) classStatusLocked(perNode bool) (map[string]v1alpha1.ResourceCla
 }
 
 // capacity is how many of the devices idx (those class selects on n) may be
-// given out (alloc) and how many of those a new pod of class can get (room).
+// given out (alloc) and how many of those a new pod of class can get (room);
+// for a share class, how many units.
 func (n *nodeState) capacity(class string, idx []int) (alloc, room int64) {
+	unit, shares := n.shareUnits[class]
 	var free []int
 	for _, i := range idx {
 		d := n.devices[i]
 		if !d.healthy || d.excluded {
+			continue
+		}
+		if shares {
+			if d.shared != nil {
+				alloc += unitsIn(unit, d.shared.capacity)
+				room += unitsIn(unit, d.shared.free())
+			}
 			continue
 		}
 		alloc++
@@ -248,7 +262,7 @@ func (n *nodeState) capacity(class string, idx []int) (alloc, room int64) {
 	// largest draw that leaves room for them.
 	isFree := make([]bool, len(n.devices))
 	for i, d := range n.devices {
-		isFree[i] = d.healthy && !d.excluded && d.pool == nil && d.holders == 0
+		isFree[i] = d.healthy && !d.excluded && d.pool == nil && d.shared == nil && d.holders == 0
 	}
 	demand, cands := blockedRows(n, isFree)
 	for k := len(free); k > 0; k-- {
