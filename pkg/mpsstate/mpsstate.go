@@ -132,8 +132,10 @@ func (s State) Serving(now time.Time) (bool, string) {
 		}
 		return false, why
 	}
-	if age := now.Sub(s.Updated); age > StaleAfter {
-		return false, fmt.Sprintf("the MPS control daemon's state was last written %s ago (at most %s expected): its DaemonSet pod is not probing it", age.Round(time.Second), StaleAfter)
+	if now.Sub(s.Updated) > StaleAfter {
+		// The time written, not the age: the message is published, and
+		// must not change at every pass while nothing does.
+		return false, fmt.Sprintf("the MPS control daemon's state was last written at %s, more than %s ago: its DaemonSet pod is not probing it", s.Updated.UTC().Format(time.RFC3339), StaleAfter)
 	}
 	return true, ""
 }
