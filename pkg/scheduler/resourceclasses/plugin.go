@@ -799,8 +799,10 @@ func (d *demand) assignment(node string, pl *placement) *assignment.Assignment {
 	perContainer := map[string]map[string][]string{}
 	shares := map[string]map[string]assignment.Share{}
 	for _, class := range slices.Sorted(maps.Keys(pl.drawn)) {
-		byContainer := d.assign(class, pl.drawn[class])
-		if placed := pl.shares[class]; placed != nil {
+		var byContainer map[string][]string
+		if placed := pl.shares[class]; placed == nil {
+			byContainer = d.assign(class, pl.drawn[class])
+		} else {
 			// One device per container, in the pod's order (placeShares).
 			byContainer = map[string][]string{}
 			k := 0
