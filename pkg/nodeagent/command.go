@@ -32,6 +32,7 @@ import (
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/gpuisolation"
 	"github.com/resclass/resclass/pkg/handoff"
+	"github.com/resclass/resclass/pkg/mps"
 )
 
 // addLibraryFlags are how the agent finds the NVML library, for the agent and
@@ -73,7 +74,9 @@ ResourceSlices of the driver resclass.io and serves a DRA kubelet plugin
 (--dra-plugin-dir, --dra-registration-dir), no device-plugin endpoint; a
 change of the label makes it exit so that its restart serves the new mode
 (docs/dra.md, "Nodes"). "node-agent discover" prints the inventory
-without a cluster; "node-agent status" reads a running agent.`,
+without a cluster; "node-agent status" reads a running agent; "node-agent
+mps-control" is the DaemonSet resclass-mps-control, which runs the CUDA MPS
+control daemons of the node's GPUs in MPS mode (docs/sharing.md).`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		// The logging flags (--logging-format=json, -v, ...) apply to the
@@ -90,6 +93,7 @@ without a cluster; "node-agent status" reads a running agent.`,
 	o.addFlags(cmd)
 	cmd.AddCommand(newDiscoverCommand())
 	cmd.AddCommand(newStatusCommand())
+	cmd.AddCommand(mps.NewCommand())
 	return cmd
 }
 
