@@ -87,7 +87,8 @@ func binding(domain string, capacity bool) string {
 // (longer than 10 KiB, or above its cost limit by the upstream estimate);
 // docs/dra.md ("Classes") has the table.
 func Selector(spec *v1alpha1.ResourceClassSpec) (string, error) {
-	if _, errs := selector.Compile(spec, field.NewPath("spec")); len(errs) > 0 {
+	class, errs := selector.Compile(spec, field.NewPath("spec"))
+	if len(errs) > 0 {
 		return "", fmt.Errorf("the class %w: %w", ErrUntranslatable, errs.ToAggregate())
 	}
 	t := translator{used: map[string]bool{}}
@@ -116,10 +117,38 @@ func Selector(spec *v1alpha1.ResourceClassSpec) (string, error) {
 		}
 	}
 	expr := "device.driver == " + quote(dradevice.DriverName) + " && " + body
+	if body != "false" {
+		expr = "device.driver == " + quote(dradevice.DriverName) + " && " + servedAs(class) + " && " + body
+	}
 	if err := Check(expr); err != nil {
 		return "", fmt.Errorf("the class %w: %w", ErrUntranslatable, err)
 	}
 	return expr, nil
+}
+
+// servedAs is the CEL of pkg/selector's rule of who a device serves: a class
+// without a share selects only devices served whole (no sharing mode
+// published), a class with one only devices that serve shares and whose
+// share capacities each hold one unit of what the share takes (a capacity
+// the device does not publish holds none). The device publishes whole
+// bytes and percent (dradevice), as the selector counts them.
+func servedAs(class *selector.Class) string {
+	mode := quote(dradevice.AttributeShareMode) + " in device.attributes[" + quote(dradevice.ShareDomain) + "]"
+	unit, ok := class.Share()
+	if !ok {
+		return "!(" + mode + ")"
+	}
+	parts := []string{mode}
+	capacity := "device.capacity[" + quote(dradevice.ShareDomain) + "]"
+	for _, c := range []struct {
+		name string
+		unit int64
+	}{{v1alpha1.CapacityMemory, unit.Memory}, {v1alpha1.CapacityCompute, unit.Compute}} {
+		if c.unit > 0 {
+			parts = append(parts, "("+quote(c.name)+" in "+capacity+" && "+capacity+"["+quote(c.name)+"].compareTo(quantity("+quote(strconv.FormatInt(c.unit, 10))+")) >= 0)")
+		}
+	}
+	return strings.Join(parts, " && ")
 }
 
 // Check compiles expr as the apiserver does when a DeviceClass is written
@@ -513,14 +542,23 @@ func quote(s string) string {
 }
 
 // DeviceClass is the DeviceClass of rc: the same name, its selector
-// translated (Selector), extendedResourceName class.resclass.io/<name>, and rc
+// translated (Selector), extendedResourceName class.resclass.io/<name> unless
+// rc is a share class, and rc
 // as its controlling owner, so that deleting rc deletes it.
 func DeviceClass(rc *v1alpha1.ResourceClass) (*resourceapi.DeviceClass, error) {
 	expr, err := Selector(&rc.Spec)
 	if err != nil {
 		return nil, err
 	}
-	name := ExtendedResourceName(rc.Name)
+	// A share class has no extended resource on DRA nodes: the
+	// extended-resource form consumes a device's requestPolicy defaults,
+	// which are the device's, not the class's unit, and classes of different
+	// units select the same devices. Its pods use a ResourceClaim that
+	// requests N units as capacity (docs/dra.md, "Share classes").
+	var extended *string
+	if rc.Spec.Share == nil {
+		extended = ptrTo(ExtendedResourceName(rc.Name))
+	}
 	return &resourceapi.DeviceClass{
 		TypeMeta: metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -536,7 +574,7 @@ func DeviceClass(rc *v1alpha1.ResourceClass) (*resourceapi.DeviceClass, error) {
 		},
 		Spec: resourceapi.DeviceClassSpec{
 			Selectors:            []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}},
-			ExtendedResourceName: &name,
+			ExtendedResourceName: extended,
 		},
 	}, nil
 }

@@ -226,8 +226,11 @@ func (c *Controller) Sync(ctx context.Context, name string) error {
 		syncs.WithLabelValues("applied").Inc()
 		klog.FromContext(ctx).V(2).Info("DeviceClass applied", "class", name, "restored", existing != nil)
 	}
-	return c.condition(ctx, rc, metav1.ConditionTrue, ReasonSynced,
-		fmt.Sprintf("DeviceClass %s selects the class's devices on DRA nodes; pods request %s there too", name, ExtendedResourceName(name)))
+	msg := fmt.Sprintf("DeviceClass %s selects the class's devices on DRA nodes; pods request %s there too", name, ExtendedResourceName(name))
+	if want.Spec.ExtendedResourceName == nil {
+		msg = fmt.Sprintf("DeviceClass %s selects the devices that serve the class's shares on DRA nodes; pods there use a ResourceClaim that requests N units as capacity (no extended resource: docs/dra.md, \"Share classes\")", name)
+	}
+	return c.condition(ctx, rc, metav1.ConditionTrue, ReasonSynced, msg)
 }
 
 // deleteOwned deletes the DeviceClass name if a ResourceClass of that name
@@ -264,7 +267,10 @@ func upToDate(dc, want *resourceapi.DeviceClass) bool {
 
 func applyConfiguration(dc *resourceapi.DeviceClass) *resourceapply.DeviceClassApplyConfiguration {
 	ref := dc.OwnerReferences[0]
-	spec := resourceapply.DeviceClassSpec().WithExtendedResourceName(*dc.Spec.ExtendedResourceName)
+	spec := resourceapply.DeviceClassSpec()
+	if dc.Spec.ExtendedResourceName != nil {
+		spec.WithExtendedResourceName(*dc.Spec.ExtendedResourceName)
+	}
 	for _, s := range dc.Spec.Selectors {
 		spec.WithSelectors(resourceapply.DeviceSelector().WithCEL(resourceapply.CELDeviceSelector().WithExpression(s.CEL.Expression)))
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/blang/semver/v4"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -320,5 +321,125 @@ func TestValidateSliceRefuses(t *testing.T) {
 	bad := resourceapi.Device{Name: "Not_A_Label", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"v": {VersionValue: ptr("8.0")}}}
 	if errs := sliceErrors(t, []resourceapi.Device{bad}); len(errs) != 2 {
 		t.Errorf("Kubernetes' validation of a device named Not_A_Label with version 8.0 says %v, want two errors", errs)
+	}
+}
+
+func TestSharedDeviceMapping(t *testing.T) {
+	mps := sharing(h100(), "GPU-shared-mps", v1alpha1.SharingMPS, "81559Mi", "100", "")
+	got, err := dradevice.Device(&mps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.AllowMultipleAllocations == nil || !*got.AllowMultipleAllocations {
+		t.Errorf("a GPU in MPS mode has allowMultipleAllocations %v", got.AllowMultipleAllocations)
+	}
+	if a := got.Attributes["share.resclass.io/mode"]; a.StringValue == nil || *a.StringValue != "MPS" {
+		t.Errorf("share.resclass.io/mode = %v, want MPS", a)
+	}
+	for name, want := range map[resourceapi.QualifiedName]struct{ value, step string }{
+		"share.resclass.io/memory":  {"81559Mi", "1Mi"},
+		"share.resclass.io/compute": {"100", "1"},
+	} {
+		c, ok := got.Capacity[name]
+		if !ok || c.Value.Cmp(resource.MustParse(want.value)) != 0 {
+			t.Errorf("capacity %s = %v, want %s", name, c.Value.String(), want.value)
+			continue
+		}
+		p := c.RequestPolicy
+		if p == nil || p.Default == nil || !p.Default.IsZero() || p.ValidRange == nil || p.ValidRange.Min == nil || !p.ValidRange.Min.IsZero() ||
+			p.ValidRange.Max != nil || p.ValidRange.Step == nil || p.ValidRange.Step.Cmp(resource.MustParse(want.step)) != 0 || len(p.ValidValues) > 0 {
+			t.Errorf("capacity %s: request policy %+v, want default 0, range from 0 in steps of %s", name, p, want.step)
+		}
+	}
+	// The GPU's own memory stays what the selectors compare, and no claim
+	// consumes it.
+	mem := got.Capacity["memory"]
+	if mem.Value.Cmp(resource.MustParse("81559Mi")) != 0 || mem.RequestPolicy == nil || mem.RequestPolicy.Default == nil || !mem.RequestPolicy.Default.IsZero() ||
+		len(mem.RequestPolicy.ValidValues) != 1 || !mem.RequestPolicy.ValidValues[0].IsZero() {
+		t.Errorf("capacity memory of a shared GPU = %+v, want 81559Mi that claims consume none of", mem)
+	}
+	if len(got.Taints) != 0 {
+		t.Errorf("taints %v", got.Taints)
+	}
+	validateSlice(t, []resourceapi.Device{got})
+
+	// The same GPU served whole is mapped as before sharing existed.
+	plain := h100()
+	before, err := dradevice.Device(&plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []v1alpha1.Device{sharing(h100(), plain.ID, v1alpha1.SharingExclusive, "", "", ""), sharing(h100(), plain.ID, v1alpha1.SharingExclusive, "80Gi", "100", "")} {
+		got, err := dradevice.Device(&d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !equality.Semantic.DeepEqual(got, before) {
+			t.Errorf("an Exclusive GPU maps to %+v, want %+v", got, before)
+		}
+	}
+	if before.AllowMultipleAllocations != nil || before.Capacity["memory"].RequestPolicy != nil {
+		t.Errorf("a GPU served whole allows several allocations: %+v", before)
+	}
+	if _, ok := before.Attributes["share.resclass.io/mode"]; ok {
+		t.Error("a GPU served whole publishes a sharing mode")
+	}
+
+	// Every shared device of the equivalence tests is one the apiserver takes.
+	mapped, refused := dradevice.Devices(sharedDevices())
+	if len(refused) > 0 {
+		t.Fatal(refused)
+	}
+	validateSlice(t, mapped)
+}
+
+// A mode change waiting for pods keeps the current mode published and taints
+// the device, either way.
+func TestSharedDeviceModeChange(t *testing.T) {
+	for _, d := range []v1alpha1.Device{
+		sharing(h100(), "GPU-a", v1alpha1.SharingMPS, "80Gi", "100", v1alpha1.SharingExclusive),
+		sharing(h100(), "GPU-b", v1alpha1.SharingExclusive, "", "", v1alpha1.SharingTimeSlicing),
+		sharing(h100(), "GPU-c", v1alpha1.SharingTimeSlicing, "80Gi", "100", v1alpha1.SharingMPS),
+	} {
+		d.Healthy = false
+		got, err := dradevice.Device(&d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := []string{}
+		for _, taint := range got.Taints {
+			if taint.Effect != resourceapi.DeviceTaintEffectNoSchedule {
+				t.Errorf("%s: taint %v", d.ID, taint)
+			}
+			keys = append(keys, taint.Key)
+		}
+		if strings.Join(keys, ",") != dradevice.TaintUnhealthy+","+dradevice.TaintModeChange {
+			t.Errorf("%s: taints %v", d.ID, keys)
+		}
+		mode := got.Attributes["share.resclass.io/mode"].StringValue
+		if shares := d.Sharing.Mode.Shares(); (mode != nil) != shares || shares && *mode != string(d.Sharing.Mode) {
+			t.Errorf("%s: mode %v published, want the current one, %s", d.ID, mode, d.Sharing.Mode)
+		}
+		validateSlice(t, []resourceapi.Device{got})
+	}
+}
+
+func TestSharedDeviceRefused(t *testing.T) {
+	negative := sharing(newDev("custom", "x").qty("scratch", "-1").d, "c-neg", v1alpha1.SharingMPS, "1Gi", "100", "")
+	if _, err := dradevice.Device(&negative); !errors.Is(err, dradevice.ErrRefused) || !strings.Contains(err.Error(), "negative") {
+		t.Errorf("a shared device with a negative capacity: %v, want refused", err)
+	}
+	badCompute := sharing(h100(), "GPU-x", v1alpha1.SharingMPS, "1Gi", "101", "")
+	if _, err := dradevice.Device(&badCompute); !errors.Is(err, dradevice.ErrRefused) || !strings.Contains(err.Error(), "100 percent") {
+		t.Errorf("compute 101: %v, want refused", err)
+	}
+	// 27 attributes, kind and id fit; the mode and two capacities do not.
+	many := newDev("x", "many")
+	for i := range 28 {
+		many.int("a"+strings.Repeat("b", i), int64(i))
+	}
+	full := sharing(many.d, "many", v1alpha1.SharingMPS, "1Gi", "100", "")
+	if _, err := dradevice.Device(&full); !errors.Is(err, dradevice.ErrRefused) || !strings.Contains(err.Error(), "DRA allows 32") {
+		t.Errorf("33 attributes and capacities: %v, want refused", err)
 	}
 }

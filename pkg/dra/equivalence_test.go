@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 	"sigs.k8s.io/yaml"
@@ -188,6 +189,44 @@ func extraDevices() []v1alpha1.Device {
 	}
 }
 
+// sharing sets d's sharing (docs/sharing.md): mode, the capacities shares
+// may take (memory and compute; "" leaves one out) and a requested mode.
+func sharing(d v1alpha1.Device, id string, mode v1alpha1.SharingMode, memory, compute string, requested v1alpha1.SharingMode) v1alpha1.Device {
+	d.ID = id
+	d.Sharing = &v1alpha1.DeviceSharing{Mode: mode, RequestedMode: requested, Capacity: map[string]resource.Quantity{}}
+	if memory != "" {
+		d.Sharing.Capacity[v1alpha1.CapacityMemory] = resource.MustParse(memory)
+	}
+	if compute != "" {
+		d.Sharing.Capacity[v1alpha1.CapacityCompute] = resource.MustParse(compute)
+	}
+	return d
+}
+
+// sharedDevices are devices in every sharing state: serving shares in each
+// mode, with both capacities, one, or capacities at the edges (one byte, no
+// compute left), waiting for a mode change either way, unhealthy, a
+// device's memory and its share capacity apart, and an Exclusive device
+// that publishes a sharing block.
+func sharedDevices() []v1alpha1.Device {
+	a100 := newDev("nvidia-gpu", "x").str("product", "NVIDIA A100-SXM4-40GB").qty("memory", "40Gi").
+		ver("computeCapability", "8.0").int("index", 1).d
+	sick := sharing(h100(), "GPU-shared-sick", v1alpha1.SharingMPS, "81559Mi", "100", "")
+	sick.Healthy = false
+	return []v1alpha1.Device{
+		sharing(h100(), "GPU-shared-mps", v1alpha1.SharingMPS, "81559Mi", "100", ""),
+		sharing(a100, "GPU-shared-ts", v1alpha1.SharingTimeSlicing, "40Gi", "100", ""),
+		sharing(a100, "GPU-shared-memory-only", v1alpha1.SharingMPS, "20Gi", "", ""),
+		sharing(a100, "GPU-shared-compute-only", v1alpha1.SharingTimeSlicing, "", "50", ""),
+		sharing(a100, "GPU-shared-less-than-memory", v1alpha1.SharingMPS, "30000Mi", "75", ""),
+		sharing(a100, "GPU-exclusive-block", v1alpha1.SharingExclusive, "", "", ""),
+		sharing(a100, "GPU-to-exclusive", v1alpha1.SharingMPS, "40Gi", "100", v1alpha1.SharingExclusive),
+		sharing(a100, "GPU-to-mps", v1alpha1.SharingExclusive, "", "", v1alpha1.SharingMPS),
+		sharing(newDev("custom", "x").int("count", 1).d, "c-shared-edges", v1alpha1.SharingTimeSlicing, "1", "0", ""),
+		sick,
+	}
+}
+
 func allDevices(t testing.TB) []testDevice {
 	t.Helper()
 	var out []v1alpha1.Device
@@ -196,7 +235,7 @@ func allDevices(t testing.TB) []testDevice {
 	}
 	unhealthy := h100()
 	unhealthy.ID, unhealthy.Healthy = "GPU-unhealthy", false
-	out = append(append(out, h100(), unhealthy, mig()), extraDevices()...)
+	out = append(append(append(out, h100(), unhealthy, mig()), extraDevices()...), sharedDevices()...)
 	prepared := prepare(t, out)
 	for _, d := range prepared {
 		if d.dra == nil {
@@ -378,4 +417,82 @@ func TestQuote(t *testing.T) {
 	if !bytes.Equal([]byte(quote("ab")), []byte(`"ab"`)) {
 		t.Error(quote("ab"))
 	}
+}
+
+// Share classes of several units on devices in every sharing state (and
+// whole classes, in the tests above, on the same devices): each side selects
+// a shared device for a share class only when one unit fits, and never for a
+// whole class.
+func TestShareClassesEquivalent(t *testing.T) {
+	devices := allDevices(t)
+	shares := map[string]*v1alpha1.ResourceShare{
+		"10Gi":           {Memory: ptr(resource.MustParse("10Gi"))},
+		"81559Mi":        {Memory: ptr(resource.MustParse("81559Mi"))},
+		"81560Mi":        {Memory: ptr(resource.MustParse("81560Mi"))},
+		"1 byte":         {Memory: ptr(resource.MustParse("1"))},
+		"0.5Ki":          {Memory: ptr(resource.MustParse("0.5Ki"))},
+		"25%":            {Compute: ptr(int32(25))},
+		"100%":           {Compute: ptr(int32(100))},
+		"10Gi and 25%":   {Memory: ptr(resource.MustParse("10Gi")), Compute: ptr(int32(25))},
+		"30G and 75%":    {Memory: ptr(resource.MustParse("30G")), Compute: ptr(int32(75))},
+		"20Gi and 51%":   {Memory: ptr(resource.MustParse("20Gi")), Compute: ptr(int32(51))},
+		"1 byte and 1%":  {Memory: ptr(resource.MustParse("1")), Compute: ptr(int32(1))},
+		"1e18 and 100%":  {Memory: ptr(resource.MustParse("1e18")), Compute: ptr(int32(100))},
+		"1Ki, too small": {Memory: ptr(resource.MustParse("1Ki"))},
+	}
+	selectors := map[string][]v1alpha1.ResourceSelectorRequirement{
+		"gpus":        {req("kind", "In", "nvidia-gpu")},
+		"big gpus":    {req("kind", "In", "nvidia-gpu"), req("memory", "GtEq", "40G")},
+		"any":         {req("kind", "Exists")},
+		"custom":      {req("kind", "Eq", "custom")},
+		"hopper":      {req("architecture", "In", "Hopper")},
+		"not a count": {req("count", "DoesNotExist")},
+	}
+	sharedSelected := map[string]bool{}
+	for sname, sh := range shares {
+		total := 0
+		for selName, exprs := range selectors {
+			spec := specOf(exprs)
+			spec.Share = sh
+			n := checkEquivalent(t, sname+" of "+selName, spec, devices)
+			if n < 0 {
+				t.Fatalf("%s of %s refused", sname, selName)
+			}
+			total += n
+			class, _ := selector.Compile(spec, field.NewPath("spec"))
+			for _, d := range devices {
+				if class.Matches(d.sel) {
+					if _, _, ok := d.sel.Sharing(); !ok {
+						t.Errorf("share class %s of %s selects device %s, which is served whole", sname, selName, d.id)
+					}
+					sharedSelected[d.id] = true
+				}
+			}
+		}
+		t.Logf("share %s: %d selections", sname, total)
+		if want := sname != "81560Mi" && sname != "1e18 and 100%"; (total > 0) != want {
+			t.Errorf("share %s selects %d devices in all, want some: %v", sname, total, want)
+		}
+	}
+	for _, id := range []string{"GPU-shared-mps", "GPU-shared-ts", "GPU-shared-memory-only", "GPU-shared-compute-only", "GPU-to-exclusive", "c-shared-edges", "GPU-shared-sick"} {
+		if !sharedSelected[id] {
+			t.Errorf("no share class selects %s: the comparison proves little", id)
+		}
+	}
+	for _, id := range []string{"GPU-exclusive-block", "GPU-to-mps"} {
+		if sharedSelected[id] {
+			t.Errorf("a share class selects %s, which is served whole", id)
+		}
+	}
+	// A whole class selects the devices served whole and none that serves
+	// shares.
+	whole := specOf(selectors["gpus"])
+	class, _ := selector.Compile(whole, field.NewPath("spec"))
+	for _, d := range devices {
+		_, _, shared := d.sel.Sharing()
+		if strings.HasPrefix(d.id, "GPU-") && class.Matches(d.sel) == shared && d.sel.Problems() == nil {
+			t.Errorf("the whole class of GPUs selects %s: %v, and it serves shares: %v", d.id, !shared, shared)
+		}
+	}
+	checkEquivalent(t, "whole gpus", whole, devices)
 }

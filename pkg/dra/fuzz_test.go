@@ -40,14 +40,39 @@ func attributeOf(t uint8, s string, i int64) (v1alpha1.DeviceAttribute, bool) {
 	}
 }
 
-// FuzzDevice: whatever a NodeDevices status holds, Device either refuses the
-// device (with ErrRefused) or returns one the apiserver accepts, named by a DNS
+// sharingOf derives a device's sharing from fuzz input: none, or a mode
+// (t/6: MPS, time-slicing, exclusive waiting for MPS) with a memory capacity
+// read from s (when it is a quantity) and a compute capacity of i modulo
+// 202, -1 leaving it out (so more than 100 percent occurs).
+func sharingOf(t uint8, s string, i int64) *v1alpha1.DeviceSharing {
+	modes := []v1alpha1.DeviceSharing{{Mode: v1alpha1.SharingMPS}, {Mode: v1alpha1.SharingTimeSlicing}, {Mode: v1alpha1.SharingExclusive, RequestedMode: v1alpha1.SharingMPS}}
+	m := int(t/6) % (len(modes) + 1)
+	if m == len(modes) {
+		return nil
+	}
+	out := modes[m]
+	out.Capacity = map[string]resource.Quantity{}
+	if q, err := resource.ParseQuantity(s); err == nil && len(s) <= 64 {
+		out.Capacity[v1alpha1.CapacityMemory] = q
+	}
+	if c := i%202 - 1; c >= 0 {
+		out.Capacity[v1alpha1.CapacityCompute] = *resource.NewQuantity(c, resource.DecimalSI)
+	}
+	return &out
+}
+
+// FuzzDevice: whatever a NodeDevices status holds, sharing included, Device
+// either refuses the device (with ErrRefused) or returns one the apiserver
+// accepts, named by a DNS
 // label, carrying the device's id.
 func FuzzDevice(f *testing.F) {
 	f.Add("GPU-6513270e-269e-4d37-b2a7-4de452e6b438", "nvidia-gpu", "memory", uint8(3), "40Gi", int64(0), "driverVersion", uint8(5), "535.104.05")
 	f.Add("0000:3b:00.0", "nic", "speed", uint8(4), "100Gbps", int64(1), "mtu", uint8(1), "")
 	f.Add("hugepages-1Gi-numa0", "huge-pages", "size", uint8(3), "1Gi", int64(8), "pcieRoot", uint8(0), "pci0000:00")
 	f.Add("x", "custom", "firmware", uint8(5), "1.2.3.4", int64(0), "uplink", uint8(4), "0.5bps")
+	f.Add("GPU-1", "nvidia-gpu", "memory", uint8(9), "80Gi", int64(101), "scratch", uint8(3), "80Gi")
+	f.Add("GPU-2", "nvidia-gpu", "memory", uint8(15), "40Gi", int64(0), "scratch", uint8(3), "0.5")
+	f.Add("GPU-3", "nvidia-gpu", "size", uint8(21), "-1", int64(50), "x", uint8(3), "1")
 	f.Fuzz(func(t *testing.T, id, kind, n1 string, t1 uint8, s1 string, i int64, n2 string, t2 uint8, s2 string) {
 		watchdog.Run(t, func() {
 			d := v1alpha1.Device{ID: id, Kind: kind, Healthy: i%3 != 0, Attributes: map[string]v1alpha1.DeviceAttribute{}}
@@ -61,6 +86,7 @@ func FuzzDevice(f *testing.F) {
 			}
 			d.Attributes[n1] = a1
 			d.Attributes[n2] = a2
+			d.Sharing = sharingOf(t1, s2, i)
 			got, err := dradevice.Device(&d)
 			if err != nil {
 				if !errors.Is(err, dradevice.ErrRefused) {
@@ -79,8 +105,8 @@ func FuzzDevice(f *testing.F) {
 }
 
 // FuzzSelectorCELEquivalence generates a class (two selectors, ORed; the
-// first with two expressions, ANDed) and a device whose attributes are named
-// by the class's keys, and checks, on that device and the hand-made ones of
+// first with two expressions, ANDed; a share or none) and a device whose
+// attributes are named by the class's keys (and a sharing or none), and checks, on that device and the hand-made ones of
 // every type, that the DeviceClass's CEL (upstream DRA CEL library) selects
 // exactly what selector.Matches selects. A disagreement or a CEL runtime
 // error fails.
@@ -92,8 +118,10 @@ func FuzzSelectorCELEquivalence(f *testing.F) {
 	f.Add("flag", uint8(0), "TRUE", "false", "id", uint8(0), "c-1", uint8(2), "", int64(0), uint8(0), "true")
 	f.Add("pcieRoot", uint8(1), "pci0000:00", "pci0000:3a", "absent", uint8(4), "", uint8(0), "pci0000:00", int64(0), uint8(1), "")
 	f.Add("a-b", uint8(1), "x", "", "count", uint8(7), "-9223372036854775808", uint8(1), "", int64(-9223372036854775808), uint8(4), "5bps")
+	f.Add("kind", uint8(0), "nvidia-gpu", "", "memory", uint8(6), "40Gi", uint8(9), "10Gi", int64(26), uint8(9), "40Gi")
+	f.Add("kind", uint8(3), "", "", "memory", uint8(6), "40Gi", uint8(15), "10Gi", int64(25), uint8(3), "9Gi")
 	devices := func() []v1alpha1.Device {
-		out := extraDevices()
+		out := append(extraDevices(), sharedDevices()...)
 		for _, ds := range profileDevices(f) {
 			out = append(out, ds[0])
 		}
@@ -123,6 +151,16 @@ func FuzzSelectorCELEquivalence(f *testing.F) {
 			}
 			if a, ok := attributeOf(type2, value2, i); ok {
 				d.Attributes[key2] = a
+			}
+			d.Sharing = sharingOf(type2, value2, i)
+			switch type1 / 6 % 3 {
+			case 1:
+				if q, err := resource.ParseQuantity(value1); err == nil && len(value1) <= 64 {
+					spec.Share = &v1alpha1.ResourceShare{Memory: &q}
+				}
+			case 2:
+				c := int32(i % 102)
+				spec.Share = &v1alpha1.ResourceShare{Compute: &c}
 			}
 			all := append(prepare(t, []v1alpha1.Device{d}), fixed...)
 			checkEquivalent(t, "fuzz", spec, all)

@@ -61,6 +61,40 @@ const (
 	// the allocator gives it to no new claim, and claims already allocated keep
 	// it, as the device-plugin path does.
 	TaintUnhealthy = "resclass.io/unhealthy"
+
+	// ShareDomain holds what a device that serves shares (Device.Sharing in
+	// a mode that shares, docs/sharing.md) publishes of its sharing: the
+	// string attribute AttributeShareMode ("TimeSlicing" or "MPS") and the
+	// capacities the claims' shares consume (v1alpha1.CapacityMemory in
+	// bytes, v1alpha1.CapacityCompute in percent). A domain of its own,
+	// because the driver's domain carries the device's attributes, which a
+	// class's selector compares: the memory attribute (a capacity there too)
+	// is the GPU's memory whoever uses it, and an undeclared attribute may be
+	// named compute or mode.
+	ShareDomain = "share.resclass.io"
+
+	// AttributeShareMode is the sharing mode of a device that serves shares,
+	// in ShareDomain. A DeviceClass's CEL cannot see allowMultipleAllocations,
+	// so this is what the selectors of share classes and of whole classes
+	// test.
+	AttributeShareMode = "mode"
+
+	// TaintModeChange is the key of the NoSchedule taint a device carries
+	// while a change of its sharing mode waits for the pods that hold it
+	// (DeviceSharing.RequestedMode): it keeps publishing its current mode,
+	// claims that have it keep it, and no new claim gets it, as the resclass
+	// scheduler places nothing on it.
+	TaintModeChange = "resclass.io/sharing-mode-change"
+)
+
+// The steps in which a share's capacities are consumed: a claim's request is
+// rounded up to them by the allocator (KEP-5075's validRange). Fine enough
+// for any class's unit (docs/sharing.md: memory in bytes, compute in
+// percent), coarse enough that a share's memory is the MPS client limit's
+// unit (MiB).
+var (
+	ShareMemoryStep  = resource.MustParse("1Mi")
+	ShareComputeStep = resource.MustParse("1")
 )
 
 // pcieRoot is published under Kubernetes' standard name,
@@ -180,14 +214,18 @@ func Exact(q resource.Quantity) resource.Quantity {
 //     characters;
 //   - a string is longer than 64 characters;
 //   - a version has a non-zero part after the third (see Semver);
-//   - with kind and id, it has more than 32 attributes and capacities.
+//   - with kind and id, it has more than 32 attributes and capacities;
+//   - it serves shares and a quantity attribute is negative (see share).
 //
-// An unhealthy device carries the TaintUnhealthy NoSchedule taint.
+// An unhealthy device carries the TaintUnhealthy NoSchedule taint, one whose
+// sharing mode is about to change the TaintModeChange one. A device that
+// serves shares is published as share describes.
 func Device(d *v1alpha1.Device) (resourceapi.Device, error) {
 	refuse := func(format string, args ...any) (resourceapi.Device, error) {
 		return resourceapi.Device{}, fmt.Errorf("device %q (%s) %w: %s", d.ID, d.Kind, ErrRefused, fmt.Sprintf(format, args...))
 	}
-	if problems := selector.NewDevice(d).Problems(); len(problems) > 0 {
+	sd := selector.NewDevice(d)
+	if problems := sd.Problems(); len(problems) > 0 {
 		return refuse("%v", problems[0])
 	}
 	if d.ID == "" || d.Kind == "" {
@@ -202,8 +240,19 @@ func Device(d *v1alpha1.Device) (resourceapi.Device, error) {
 	if len(d.Kind) > resourceapi.DeviceAttributeMaxValueLength {
 		return refuse("its kind is longer than DRA's %d characters", resourceapi.DeviceAttributeMaxValueLength)
 	}
-	if n := len(d.Attributes) + 2; n > resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice {
-		return refuse("with kind and id it has %d attributes; DRA allows %d", n, resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice)
+	_, shareCap, shares := sd.Sharing()
+	extra := 2 // kind and id
+	if shares {
+		extra++ // the mode
+		if shareCap.Memory >= 0 {
+			extra++
+		}
+		if shareCap.Compute >= 0 {
+			extra++
+		}
+	}
+	if n := len(d.Attributes) + extra; n > resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice {
+		return refuse("with kind, id and its sharing it has %d attributes and capacities; DRA allows %d", n, resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice)
 	}
 	kind, id := d.Kind, d.ID
 	out := resourceapi.Device{
@@ -272,11 +321,74 @@ func Device(d *v1alpha1.Device) (resourceapi.Device, error) {
 		}
 		out.Attributes[qn] = v
 	}
+	if shares {
+		if err := share(&out, d.Sharing.Mode, shareCap); err != nil {
+			return refuse("%v", err)
+		}
+	}
 	if !d.Healthy {
-		out.Taints = []resourceapi.DeviceTaint{{Key: TaintUnhealthy, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		out.Taints = append(out.Taints, resourceapi.DeviceTaint{Key: TaintUnhealthy, Effect: resourceapi.DeviceTaintEffectNoSchedule})
+	}
+	if s := d.Sharing; s != nil && s.RequestedMode != "" && s.RequestedMode != s.Mode {
+		out.Taints = append(out.Taints, resourceapi.DeviceTaint{Key: TaintModeChange, Effect: resourceapi.DeviceTaintEffectNoSchedule})
 	}
 	return out, nil
 }
+
+// share makes out a device that serves shares (KEP-5075, DRAConsumableCapacity,
+// beta and on by default in Kubernetes 1.36): allowMultipleAllocations, the
+// attribute AttributeShareMode, and the capacities of ShareDomain that c
+// publishes, in whole bytes and percent as pkg/selector counts them, each
+// with a requestPolicy: any multiple of its step (ShareMemoryStep,
+// ShareComputeStep) up to the capacity, and 0 by default. The default is what
+// a claim that does not request the capacity consumes, so a class's share
+// that takes no compute takes none on DRA either; a claim that requests
+// nothing at all consumes nothing, and the kubelet plugin refuses to prepare
+// it. A device that allows several allocations has all its capacities
+// consumed, and one without a policy whole by a claim that does not request
+// it: the capacities the device's own attributes carry (memory, the GPU's
+// memory) say what the device is, are not shared out, and are given the
+// policy "only 0", so that every claim consumes none of them.
+func share(out *resourceapi.Device, mode v1alpha1.SharingMode, c selector.Capacity) error {
+	zero := resource.MustParse("0")
+	for name, dc := range out.Capacity {
+		if dc.Value.Sign() < 0 {
+			return fmt.Errorf("capacity %s is negative (%s), which a device that allows several allocations cannot publish", name, dc.Value.String())
+		}
+		dc.RequestPolicy = &resourceapi.CapacityRequestPolicy{Default: ptr(zero.DeepCopy()), ValidValues: []resource.Quantity{zero.DeepCopy()}}
+		out.Capacity[name] = dc
+	}
+	m := string(mode)
+	out.Attributes[qualified(ShareDomain, AttributeShareMode)] = resourceapi.DeviceAttribute{StringValue: &m}
+	out.AllowMultipleAllocations = ptr(true)
+	add := func(name string, v int64, format resource.Format, step resource.Quantity) {
+		value := resource.NewQuantity(v, format)
+		r := &resourceapi.CapacityRequestPolicyRange{Min: ptr(zero.DeepCopy())}
+		if step.CmpInt64(v) <= 0 { // the apiserver wants min+step within the capacity
+			r.Step = ptr(step.DeepCopy())
+		}
+		if out.Capacity == nil {
+			out.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}
+		}
+		out.Capacity[qualified(ShareDomain, name)] = resourceapi.DeviceCapacity{
+			Value:         *value,
+			RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: ptr(zero.DeepCopy()), ValidRange: r},
+		}
+	}
+	if c.Memory >= 0 {
+		add(v1alpha1.CapacityMemory, c.Memory, resource.BinarySI, ShareMemoryStep)
+	}
+	if c.Compute >= 0 {
+		add(v1alpha1.CapacityCompute, c.Compute, resource.DecimalSI, ShareComputeStep)
+	}
+	return nil
+}
+
+// ShareCapacity is the name, in a DRA device's capacity, of the share
+// capacity name (v1alpha1.CapacityMemory, v1alpha1.CapacityCompute).
+func ShareCapacity(name string) resourceapi.QualifiedName { return qualified(ShareDomain, name) }
+
+func ptr[T any](v T) *T { return &v }
 
 // Devices maps a node's devices in order. A device Device refuses is left out
 // and its error returned in refused, as is a device whose DRA name another
