@@ -118,6 +118,13 @@ type Config struct {
 	// kind").
 	Kinds *devicekind.Registry
 
+	// MPSDir is the host directory of the MPS control daemons
+	// (mpsstate.DefaultDir when empty): their states are read below
+	// HostRoot, and a container given an MPS share mounts its GPU's pipe
+	// directory and the clients' /dev/shm from it (docs/sharing.md). The
+	// nvidia-gpu kind in Kinds must be given the same (nvidiagpu.Kind.MPSDir).
+	MPSDir string
+
 	// DRA is where the DRA kubelet plugin lives when the Node's
 	// v1alpha1.LabelDeviceMode selects DRA mode (docs/dra.md, "Nodes").
 	DRA DRAConfig
@@ -281,6 +288,7 @@ type running struct {
 	// The worker's state (the opened sources' is in src).
 	prev      map[string]v1alpha1.Device
 	published *v1alpha1.NodeDevicesStatus // the last status published
+	sharing   *sharingModes
 	isolation *isolation
 	retryAt   time.Time // no publish before: the last one failed
 }
@@ -290,7 +298,7 @@ type running struct {
 func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) {
 	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithCancel(ctx)
-	r := &running{a: a, node: node, cancel: cancel, isolation: newIsolation(a.config)}
+	r := &running{a: a, node: node, cancel: cancel, isolation: newIsolation(a.config), sharing: newSharingModes(a.config.HostRoot, a.config.MPSDir)}
 	r.queue = workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Logger: &logger})
 	r.publishing = workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, time.Minute)
 	r.opening = workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, a.config.OpenRetryMax)
@@ -568,6 +576,7 @@ func (r *running) publishPass(ctx context.Context) {
 	devices, conds := r.src.described()
 	devices = append(devices, host...)
 	r.src.applyHealth(devices)
+	r.applySharing(logger, devices)
 	status := assemble(a.config.Kinds, devices, append(conds, hostConds...)...)
 	// Judged on the GPUs found, before DRA mode empties the published list.
 	isolated := r.isolation.check(int(status.Summary.GPUs))
@@ -610,6 +619,39 @@ func (r *running) publishPass(ctx context.Context) {
 	r.retryAt = time.Time{}
 	r.published = &status
 	a.published.Store(true)
+}
+
+// applySharing sets each GPU's sharing mode (sharing.go) from the Node's
+// labels and the pods that hold it.
+func (r *running) applySharing(logger klog.Logger, devices []v1alpha1.Device) {
+	in := sharingInput{
+		event: func(eventtype, reason, message string) { r.recorder.Event(r.node, eventtype, reason, message) },
+	}
+	if node, err := r.nodes.Get(r.a.config.NodeName); err == nil {
+		in.node = node
+	}
+	if r.plugins != nil {
+		in.holders = r.plugins.allocator.Holders
+	}
+	var published map[string]v1alpha1.SharingMode
+	in.published = func(id string) (v1alpha1.SharingMode, bool) {
+		if published == nil {
+			published = map[string]v1alpha1.SharingMode{}
+			if nd, err := r.nodeDevices.Get(r.a.config.NodeName); err == nil {
+				for _, d := range nd.Status.Devices {
+					// A GPU published without sharing was served whole: by
+					// an agent before sharing, or in MIG mode.
+					published[d.ID] = v1alpha1.SharingExclusive
+					if d.Sharing != nil {
+						published[d.ID] = d.Sharing.Mode
+					}
+				}
+			}
+		}
+		m, ok := published[id]
+		return m, ok
+	}
+	r.sharing.apply(logger, devices, in)
 }
 
 // announceTimeout bounds the write that announces the stop: an apiserver

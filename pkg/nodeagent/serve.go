@@ -35,6 +35,7 @@ import (
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/introspection"
 	"github.com/resclass/resclass/pkg/kubeletpods"
+	"github.com/resclass/resclass/pkg/mpsstate"
 )
 
 type serveOptions struct {
@@ -75,6 +76,8 @@ type serveOptions struct {
 	metricsSecure bool
 	// DRA mode (docs/dra.md, "Nodes").
 	dra DRAConfig
+	// GPU sharing (docs/sharing.md).
+	mpsDir string
 }
 
 func (o *serveOptions) addFlags(cmd *cobra.Command) {
@@ -110,6 +113,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.cdiDriverRoot, "cdi-driver-root", "/", "host path of the NVIDIA driver's root, read below --host-root, whose libraries and tools the CDI spec mounts into GPU containers: / for a driver installed on the host, /run/nvidia/driver for the GPU operator's driver container")
 	f.StringVar(&o.dra.PluginDataDir, "dra-plugin-dir", "/var/lib/kubelet/plugins/resclass.io", "on a node labelled "+v1alpha1.LabelDeviceMode+"="+v1alpha1.DeviceModeDRA+": the directory of the agent's DRA kubelet plugin (its socket dra.sock and its checkpoint of prepared claims, read back after a restart); the kubelet must reach it at the same path")
 	f.StringVar(&o.dra.RegistrationDir, "dra-registration-dir", "/var/lib/kubelet/plugins_registry", "on a node in DRA mode: the kubelet's plugin registration directory, where the agent's DRA plugin registers (socket resclass.io-reg.sock)")
+	f.StringVar(&o.mpsDir, "mps-dir", mpsstate.DefaultDir, "host directory of the MPS control daemons of GPUs in MPS mode (docs/sharing.md), as the resclass-mps-control DaemonSet's: their states <dir>/<GPU UUID>/state are read below --host-root (a GPU whose daemon is not running takes no new share), and a container given an MPS share mounts <dir>/<GPU UUID>/pipe and <dir>/shm (as /dev/shm)")
 	f.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve --metrics-bind-address over HTTPS (a self-signed certificate made at start) and let only callers allowed to GET the non-resource URL /metrics read /metrics (TokenReview and SubjectAccessReview, as kube components do, decisions cached a minute, denials 10 s); /healthz and /readyz stay open for the kubelet's probes. false: plain HTTP without authentication, for a --metrics-bind-address on 127.0.0.1")
 }
 
@@ -166,13 +170,14 @@ func (o *serveOptions) run(ctx context.Context) error {
 		CDIDriverRoot:        o.cdiDriverRoot,
 		NVIDIARuntimeConfigs: o.nvidiaRuntimeConfigs,
 		DRA:                  o.dra,
+		MPSDir:               o.mpsDir,
 	}
 	// The kinds' own settings: how NVML is found and GPU health judged.
 	cfg.Kinds = kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{
 		Library: &o.nvml,
 		Health:  nvmldiscovery.HealthOptions{RecoveryAfter: o.recoveryAfter, IgnoredXIDs: xids},
 		Faults:  openFaultFile(logger, o.gpuFaultFile),
-	}})
+	}, MPSDir: o.mpsDir})
 	m := newMetrics()
 	agent := newAgent(cfg, resclass, kube, m)
 
