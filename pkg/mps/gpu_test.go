@@ -1,0 +1,94 @@
+package mps
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
+
+	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/mpsstate"
+)
+
+// TestRealMPSControl runs the supervisor against the driver's own
+// nvidia-cuda-mps-control and NVML, on a machine with a GPU and
+// RESCLASS_MPS_GPU_TEST=1 (root, for the compute mode); elsewhere it is
+// skipped. The stand-in of the other tests is checked against the real
+// program here: -f, get_server_list, quit, and the compute mode. It passed
+// on an H100 with driver 580.159.04 (CUDA 13.0's nvidia-cuda-mps-control).
+func TestRealMPSControl(t *testing.T) {
+	if os.Getenv("RESCLASS_MPS_GPU_TEST") != "1" {
+		t.Skip("RESCLASS_MPS_GPU_TEST=1 runs it on a machine with a GPU")
+	}
+	if _, err := exec.LookPath(DefaultBinary); err != nil {
+		t.Skipf("no %s: %v", DefaultBinary, err)
+	}
+	nvml, err := nvmldiscovery.Library{}.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ret := nvml.Init(); ret != lib.SUCCESS {
+		t.Fatalf("NVML: %v", ret)
+	}
+	dev, ret := nvml.DeviceGetHandleByIndex(0)
+	if ret != lib.SUCCESS {
+		t.Fatal(ret)
+	}
+	gpu, _ := dev.GetUUID()
+	mode := func() lib.ComputeMode {
+		m, ret := dev.GetComputeMode()
+		if ret != lib.SUCCESS {
+			t.Fatalf("compute mode: %v", ret)
+		}
+		return m
+	}
+	before := mode()
+	t.Logf("GPU %s, compute mode %d", gpu, before)
+
+	_, ctx := ktesting.NewTestContext(t)
+	dir := t.TempDir()
+	s, err := New(Config{Dir: dir, Binary: DefaultBinary, ExclusiveProcess: true, ComputeMode: &NVMLComputeMode{NVML: nvml},
+		ProbePeriod: time.Second, ProbeTimeout: 5 * time.Second, Metrics: NewMetrics()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Update(klog.FromContext(ctx), []string{gpu})
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		s.pass(ctx)
+		if st, _ := mpsstate.Read(dir, gpu); st.Phase == mpsstate.Running || st.Phase == mpsstate.Failed {
+			break
+		}
+	}
+	st, err := mpsstate.Read(dir, gpu)
+	if err != nil || st.Phase != mpsstate.Running {
+		t.Fatalf("state %+v, %v, want Running", st, err)
+	}
+	if m := mode(); m != lib.COMPUTEMODE_EXCLUSIVE_PROCESS {
+		t.Errorf("running: compute mode %d, want EXCLUSIVE_PROCESS", m)
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, gpu, "pipe"))
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	t.Logf("pipe directory: %s", strings.Join(names, " "))
+	if len(names) == 0 {
+		t.Error("the daemon made nothing in its pipe directory")
+	}
+	s.Update(klog.FromContext(ctx), nil)
+	s.pass(ctx)
+	if st, _ := mpsstate.Read(dir, gpu); st.Phase != mpsstate.Stopped {
+		t.Errorf("after leaving the set: %+v, want Stopped", st)
+	}
+	if m := mode(); m != lib.COMPUTEMODE_DEFAULT {
+		t.Errorf("stopped: compute mode %d, want DEFAULT", m)
+	}
+	logs, _ := os.ReadFile(filepath.Join(dir, gpu, "log", "control.log"))
+	t.Logf("control.log:\n%s", logs)
+}
