@@ -14,6 +14,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
+	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/internal/hostile"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 	"github.com/resclass/resclass/pkg/selector"
@@ -183,4 +184,56 @@ func TestOutOfRangeValuesAtTheAgent(t *testing.T) {
 			t.Errorf("memory GtEq 40Gi serves %+v, want GPU-ok only", big)
 		}
 	})
+}
+
+// A share class sees each GPU in a sharing mode as the units of its share
+// that fit it; a class without a share sees only the GPUs served whole.
+func TestClassMatcherShareSlotsPerClass(t *testing.T) {
+	shared := func(id string, mode v1alpha1.SharingMode) v1alpha1.Device {
+		d := gpu80(id)
+		d.Sharing = &v1alpha1.DeviceSharing{Mode: mode}
+		if mode.Shares() {
+			d.Sharing.Capacity, d.Sharing.Enforcement = shareCapacity(&d, mode)
+		}
+		return d
+	}
+	devices := []v1alpha1.Device{shared("GPU-m", v1alpha1.SharingMPS), shared("GPU-t", v1alpha1.SharingTimeSlicing), shared("GPU-x", v1alpha1.SharingExclusive)}
+	withShare := func(name string, memory string, compute int32) *v1alpha1.ResourceClass {
+		c := class(name, "1", kindIs(v1alpha1.DeviceKindNvidiaGPU))
+		c.Spec.Share = &v1alpha1.ResourceShare{}
+		if memory != "" {
+			c.Spec.Share.Memory = ptr.To(resource.MustParse(memory))
+		}
+		if compute > 0 {
+			c.Spec.Share.Compute = &compute
+		}
+		return c
+	}
+	classes := []*v1alpha1.ResourceClass{
+		class("whole", "1", kindIs(v1alpha1.DeviceKindNvidiaGPU)),
+		withShare("gpu-10g", "10Gi", 25),
+		withShare("gpu-20g", "20Gi", 0),
+		withShare("gpu-tenth", "", 10),
+		withShare("too-big", "100Gi", 0), // fits no GPU: no endpoint
+	}
+	eps := newClassMatcher(kinds.Builtin, 3).endpoints(classes, devices)
+	ids := func(class string) []string {
+		var out []string
+		for _, d := range eps[v1alpha1.ResourceNamePrefix+class] {
+			out = append(out, d.ID)
+		}
+		return out
+	}
+	want := map[string][]string{
+		"whole":     {"GPU-x"},
+		"gpu-10g":   append(handoff.ShareSlotIDs("GPU-m", 4), handoff.ShareSlotIDs("GPU-t", 4)...),
+		"gpu-20g":   append(handoff.ShareSlotIDs("GPU-m", 4), handoff.ShareSlotIDs("GPU-t", 4)...),
+		"gpu-tenth": append(handoff.ShareSlotIDs("GPU-m", 10), handoff.ShareSlotIDs("GPU-t", 10)...),
+		"too-big":   nil,
+	}
+	for class, w := range want {
+		if got := ids(class); !slices.Equal(got, w) {
+			t.Errorf("%s: %v, want %v", class, got, w)
+		}
+	}
 }

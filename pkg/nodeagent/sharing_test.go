@@ -17,6 +17,7 @@ import (
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	resclassfake "github.com/resclass/resclass/pkg/client/clientset/versioned/fake"
@@ -84,11 +85,9 @@ func (f *sharingFixture) takeEvents() []string {
 
 func gpu80(id string) v1alpha1.Device {
 	return v1alpha1.Device{ID: id, Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{
-		v1alpha1.AttributeMemory: {QuantityValue: ptrTo(resource.MustParse("80Gi"))},
+		v1alpha1.AttributeMemory: {QuantityValue: ptr.To(resource.MustParse("80Gi"))},
 	}}
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 func TestSharingModeFromLabels(t *testing.T) {
 	f := newSharingFixture(t)
