@@ -68,6 +68,13 @@ func (a *Allocator) loadCheckpoint(path string) (int, error) {
 		if objs, _ := a.informer.GetIndexer().ByIndex(byUID, e.PodUID); len(objs) == 1 {
 			p := objs[0].(*podInfo)
 			r.Namespace, r.Name = p.Namespace, p.Name
+			if p.assignment != nil {
+				for _, c := range p.assignment.Containers {
+					if c.Name == r.Container {
+						r.Share = c.Shares[class]
+					}
+				}
+			}
 		} else {
 			// The pod is gone: its devices are free.
 			continue
