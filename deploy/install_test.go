@@ -66,6 +66,9 @@ var (
 		"DaemonSet/" + agentNS + "/resclass-node-agent":        agentNS,
 		"Service/" + agentNS + "/resclass-node-agent-metrics":  agentNS,
 		"ResourceQuota/" + agentNS + "/resclass-critical-pods": agentNS,
+		// The MPS control daemons beside it: privileged too.
+		"ServiceAccount/" + agentNS + "/resclass-mps-control": agentNS,
+		"DaemonSet/" + agentNS + "/resclass-mps-control":      agentNS,
 	}
 )
 
@@ -871,6 +874,25 @@ func TestHelmChart(t *testing.T) {
 		}
 	})
 
+	t.Run("nodeAgent.mps", func(t *testing.T) {
+		for _, o := range helmTemplate(t, map[string]any{"nodeAgent": map[string]any{"mps": map[string]any{"enabled": false}}}) {
+			if strings.HasPrefix(o.GetName(), "resclass-mps-control") {
+				t.Errorf("nodeAgent.mps.enabled=false renders %s", key(o))
+			}
+		}
+		set := check(t, helmTemplate(t, map[string]any{"nodeAgent": map[string]any{
+			"mps":  map[string]any{"exclusiveProcess": false, "extraArgs": []string{"--probe-period=20s"}},
+			"nvml": map[string]any{"driverRoot": "/run/nvidia/driver"},
+		}}))
+		spec := podSpec(t, set, "DaemonSet", "resclass-mps-control")
+		if args := spec.Containers[0].Args; !slices.Contains(args, "--exclusive-process=false") || !slices.Contains(args, "--probe-period=20s") {
+			t.Errorf("exclusiveProcess false, extraArgs: args %v", args)
+		}
+		if v, _ := mountOf(spec, "/driver-root/usr/bin/x"); v == nil || v.HostPath.Path != "/run/nvidia/driver" {
+			t.Errorf("nvml.driverRoot /run/nvidia/driver: the driver root is %+v", v)
+		}
+	})
+
 	t.Run("another namespace", func(t *testing.T) {
 		out, err := install.Helm(ctx, "template", install.ReleaseName, install.Chart, "--namespace", "gpu-system", "--set", "distribution.enabled=true")
 		if err != nil {
@@ -1060,7 +1082,13 @@ func check(t *testing.T, objs []*unstructured.Unstructured) *objects {
 	}
 	for _, o := range set.kind("DaemonSet") {
 		d := typed[appsv1.DaemonSet](t, o)
-		if d.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || d.Spec.UpdateStrategy.RollingUpdate == nil || d.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable == nil {
+		// Replacing the MPS control pod ends every MPS client of its node:
+		// the operator deletes it, no rollout does.
+		if d.Name == "resclass-mps-control" {
+			if d.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+				t.Errorf("%s: updateStrategy %s, want OnDelete", key(o), d.Spec.UpdateStrategy.Type)
+			}
+		} else if d.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || d.Spec.UpdateStrategy.RollingUpdate == nil || d.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable == nil {
 			t.Errorf("%s: want a RollingUpdate with maxUnavailable", key(o))
 		}
 		workloads = append(workloads, workload{key(o), o.GetNamespace(), d.Spec.Template.Spec, d.Spec.Template.Labels})
@@ -1144,6 +1172,9 @@ func check(t *testing.T, objs []*unstructured.Unstructured) *objects {
 	if set.find("DaemonSet", agentNS, "resclass-node-agent") != nil {
 		checkNodeAgent(t, set)
 	}
+	if set.find("DaemonSet", agentNS, "resclass-mps-control") != nil {
+		checkMPSControl(t, set)
+	}
 	if set.find("Deployment", ns, "resclass-scheduler") != nil {
 		checkScheduler(t, set)
 	}
@@ -1178,6 +1209,10 @@ func containerPort(spec corev1.PodSpec, target intstr.IntOrString) int32 {
 // kubelet's device-plugin sockets and its own introspection socket; with
 // nodeAgent.dra.enabled also draHostPaths (and the CDI spec directory).
 var writableHostPaths = sets.New("/var/lib/kubelet/device-plugins", "/var/run/resclass")
+
+// mpsHostPaths are what the MPS control daemons write: their pipe, log and
+// state directories, and the /dev/shm they share with their clients.
+var mpsHostPaths = sets.New("/run/resclass/mps", "/run/resclass/mps/shm")
 
 // draHostPaths are its DRA plugin's directory and the kubelet's registration
 // directory.
@@ -1235,10 +1270,10 @@ func checkPodSpec(t *testing.T, set *objects, w workload) {
 				t.Errorf("%s: want capabilities {drop: [ALL]}", where)
 			}
 		}
-		// Only the node agent runs as root (the kubelet's device-plugin
-		// directory is root's).
+		// Only the node agent (the kubelet's device-plugin directory is
+		// root's) and the MPS control daemons (compute modes) run as root.
 		root := sc.RunAsUser != nil && *sc.RunAsUser == 0
-		if root != (c.Name == "node-agent") {
+		if root != (c.Name == "node-agent" || c.Name == "mps-control") {
 			t.Errorf("%s: runs as root: %v", where, root)
 		}
 		if !root && (spec.SecurityContext == nil || spec.SecurityContext.RunAsNonRoot == nil || !*spec.SecurityContext.RunAsNonRoot) {
@@ -1268,6 +1303,7 @@ func checkPodSpec(t *testing.T, set *objects, w workload) {
 			strategy, _ := arg(c.Args, "device-list-strategy")
 			dra := volumes["dra-plugin"].HostPath != nil
 			if v.HostPath != nil && !m.ReadOnly && !writableHostPaths.Has(v.HostPath.Path) && (!dra || !draHostPaths.Has(v.HostPath.Path)) &&
+				(c.Name != "mps-control" || !mpsHostPaths.Has(v.HostPath.Path)) &&
 				((!strings.Contains(strategy, "cdi-") && !dra) || m.MountPath != "/var/run/cdi") {
 				t.Errorf("%s: host path %s is mounted writable", where, v.HostPath.Path)
 			}
@@ -1492,6 +1528,98 @@ func checkNodeAgent(t *testing.T, set *objects) {
 		t.Errorf("ValidatingAdmissionPolicy does not match %s: %+v", user, vap.Spec.MatchConditions)
 	}
 	set.get(t, "ValidatingAdmissionPolicyBinding", "", "resclass-node-agent-own-node")
+}
+
+// checkMPSControl checks the MPS control DaemonSet (docs/sharing.md, "Where
+// the MPS control daemon runs"): on MPS nodes only, its directories the
+// host's same paths as the daemon sees them in its driver root, the node
+// agent reading the states it writes, and RBAC to read NodeDevices and write
+// Events, nothing more.
+func checkMPSControl(t *testing.T, set *objects) {
+	t.Helper()
+	spec := podSpec(t, set, "DaemonSet", "resclass-mps-control")
+	c := spec.Containers[0]
+	if spec.NodeSelector["resclass.io/gpu-sharing-mps"] != "true" {
+		t.Errorf("MPS control: nodeSelector %v, want resclass.io/gpu-sharing-mps: \"true\" (nodes with a GPU in MPS mode)", spec.NodeSelector)
+	}
+	if len(c.Args) == 0 || c.Args[0] != "mps-control" {
+		t.Errorf("MPS control: args %v, want the subcommand mps-control first", c.Args)
+	}
+	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		t.Errorf("MPS control: want privileged (compute modes, the GPUs' device nodes)")
+	}
+	var nodeName bool
+	for _, e := range c.Env {
+		nodeName = nodeName || (e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName")
+	}
+	if !nodeName {
+		t.Errorf("MPS control: no NODE_NAME from spec.nodeName")
+	}
+	// What the chrooted daemon sees at a path is the host's same path: the
+	// most specific mount of the file decides.
+	root, _ := arg(c.Args, "driver-root")
+	hostPathAt := func(file string) (string, bool) {
+		var best *corev1.VolumeMount
+		for i, m := range c.VolumeMounts {
+			if strings.HasPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/") && (best == nil || len(m.MountPath) > len(best.MountPath)) {
+				best = &c.VolumeMounts[i]
+			}
+		}
+		if best == nil {
+			return "", false
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == best.Name && v.HostPath != nil {
+				return path.Join(v.HostPath.Path, strings.TrimPrefix(file, best.MountPath)), best.ReadOnly
+			}
+		}
+		return "", false
+	}
+	if p, ro := hostPathAt(path.Join(root, "usr/bin/nvidia-cuda-mps-control")); p == "" || !ro {
+		t.Errorf("MPS control: --driver-root %q is no host path mounted read-only (%q, read-only %v)", root, p, ro)
+	}
+	dir, _ := arg(c.Args, "mps-dir")
+	for _, p := range []string{path.Join(dir, "GPU-x/state"), path.Join(root, "dev/shm/x")} {
+		inRoot := "/" + strings.TrimPrefix(strings.TrimPrefix(p, root), "/")
+		want := inRoot
+		if strings.HasPrefix(inRoot, "/dev/shm/") {
+			want = "/run/resclass/mps/shm/" + strings.TrimPrefix(inRoot, "/dev/shm/")
+		}
+		if got, ro := hostPathAt(p); got != want || ro || !strings.HasPrefix(p, root+"/") {
+			t.Errorf("MPS control: %s is host path %q (read-only %v), want %s, writable, below --driver-root %s", p, got, ro, want, root)
+		}
+	}
+	if got := containerPort(spec, intstr.FromString("metrics")); got == 0 {
+		t.Errorf("MPS control: no metrics port")
+	} else if addr, _ := arg(c.Args, "metrics-bind-address"); addr != fmt.Sprintf(":%d", got) {
+		t.Errorf("MPS control: --metrics-bind-address %q, container port %d", addr, got)
+	}
+
+	// The node agent reads the states below its --host-root, read-only.
+	agent := podSpec(t, set, "DaemonSet", "resclass-node-agent")
+	hostRoot, _ := arg(agent.Containers[0].Args, "host-root")
+	if v, m := mountOf(agent, path.Join(hostRoot, "/run/resclass/mps/GPU-x/state")); v == nil || v.HostPath == nil || v.HostPath.Path != "/run/resclass/mps" || !m.ReadOnly {
+		t.Errorf("node agent: the MPS states (%s/run/resclass/mps) are not the host's, read-only: %+v", hostRoot, v)
+	}
+
+	// RBAC: its NodeDevices, read; Events, written; nothing else.
+	role := typed[rbacv1.ClusterRole](t, set.get(t, "ClusterRole", "", "resclass-mps-control"))
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{"resclass.io"}, Resources: []string{"nodedevices"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+	}
+	if diff := cmp.Diff(want, role.Rules); diff != "" {
+		t.Errorf("ClusterRole resclass-mps-control (-want +got):\n%s", diff)
+	}
+	binding := typed[rbacv1.ClusterRoleBinding](t, set.get(t, "ClusterRoleBinding", "", "resclass-mps-control"))
+	if len(binding.Subjects) != 1 || binding.Subjects[0].Name != spec.ServiceAccountName || binding.Subjects[0].Namespace != agentNS || binding.RoleRef.Name != "resclass-mps-control" {
+		t.Errorf("ClusterRoleBinding resclass-mps-control: %+v, want its ServiceAccount %s/%s only", binding, agentNS, spec.ServiceAccountName)
+	}
+	// Its Events are held to its own Node by the agent's Event policy.
+	events := typed[admissionregistrationv1.ValidatingAdmissionPolicy](t, set.get(t, "ValidatingAdmissionPolicy", "", "resclass-node-agent-own-events"))
+	if user := fmt.Sprintf("system:serviceaccount:%s:%s", agentNS, spec.ServiceAccountName); !strings.Contains(events.Spec.MatchConditions[0].Expression, `"`+user+`"`) {
+		t.Errorf("the Event policy does not match %s: %s", user, events.Spec.MatchConditions[0].Expression)
+	}
 }
 
 // schedulerConfig decodes the scheduler's --config as kube-scheduler does
