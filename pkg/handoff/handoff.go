@@ -711,10 +711,24 @@ func (a *Allocator) refuse(ctx context.Context, class string, devices []string, 
 		}
 		return shares || len(ids) == len(devices)
 	}
-	if m, ok, _ := a.first(byClass, class, class, likely, nil); ok {
+	var m match
+	ok := false
+	if shares {
+		// The container assigned the device of the slots is the likeliest,
+		// share or not.
+		m, ok, _ = a.first(byClass, class, class, func(_ *podInfo, _ *assignment.Container, ids []string) bool { return slices.Contains(ids, devices[0]) }, nil)
+	}
+	if !ok {
+		m, ok, _ = a.first(byClass, class, class, likely, nil)
+	}
+	if ok {
 		msg := fmt.Sprintf("the kubelet chose %s devices %v for container %q, but the resclass scheduler assigned %v: refusing to run on devices the scheduler did not account for",
 			class, devices, m.container, m.devices)
-		if shares {
+		switch {
+		case shares && m.share == nil:
+			msg = fmt.Sprintf("the kubelet chose %s share slots %v for container %q, but the resclass scheduler assigned it %v without a share: refusing shares the scheduler did not account for",
+				class, kubeletIDs, m.container, m.devices)
+		case shares:
 			msg = fmt.Sprintf("the kubelet chose %s share slots %v for container %q, but the resclass scheduler assigned a share of %v with %d units: refusing shares the scheduler did not account for",
 				class, kubeletIDs, m.container, m.devices, m.pod.count(m.container, class))
 		}

@@ -81,7 +81,7 @@ func sharePod(name string, containers map[string]share) *corev1.Pod {
 
 func shareFixture(t *testing.T, pods ...*corev1.Pod) *fixture {
 	f := newFixture(t, pods...)
-	f.alloc.SetDevices(append(inventory(), sharedGPU("GPU-M", 4, v1alpha1.SharingMPS), sharedGPU("GPU-T", 5, v1alpha1.SharingTimeSlicing)))
+	f.alloc.SetDevices(append(inventory(), sharedGPU("GPU-M", 4, v1alpha1.SharingMPS), sharedGPU("GPU-T", 5, v1alpha1.SharingTimeSlicing), sharedGPU("GPU-U", 6, v1alpha1.SharingMPS)))
 	return f
 }
 
@@ -152,8 +152,8 @@ func TestAllocateRefusesSharesNotAssigned(t *testing.T) {
 	noShare := pod("c", map[string]map[string][]string{"main": {gpu10g: {"GPU-T"}}})
 	f := shareFixture(t, a, noShare)
 
-	// Slots of another GPU.
-	_, err := f.allocate(gpu10gRN, slots("GPU-T", 0, 1)...)
+	// Slots of a GPU nobody was assigned.
+	_, err := f.allocate(gpu10gRN, slots("GPU-U", 0, 1)...)
 	if err == nil || !strings.Contains(err.Error(), "share slots") || !strings.Contains(err.Error(), "[GPU-M]") {
 		t.Fatalf("slots of another GPU: %v", err)
 	}
@@ -164,7 +164,7 @@ func TestAllocateRefusesSharesNotAssigned(t *testing.T) {
 		t.Errorf("mismatch count %v", n)
 	}
 	// Slots split over two GPUs, and a count other than the container's units.
-	for _, ids := range [][]string{append(slots("GPU-M", 0), slots("GPU-T", 0)...), slots("GPU-M", 0, 1, 2)} {
+	for _, ids := range [][]string{append(slots("GPU-M", 0), slots("GPU-U", 0)...), slots("GPU-M", 0, 1, 2)} {
 		if _, err := f.allocate(gpu10gRN, ids...); err == nil {
 			t.Errorf("Allocate(%v): granted", ids)
 		}
@@ -176,8 +176,12 @@ func TestAllocateRefusesSharesNotAssigned(t *testing.T) {
 		}
 	}
 	// The container without a share is not given share slots of its GPU.
-	if _, err := f.allocate(gpu10gRN, slots("GPU-T", 0)...); err == nil {
-		t.Error("a container without a share got share slots")
+	f.events()
+	if _, err := f.allocate(gpu10gRN, slots("GPU-T", 0)...); err == nil || !strings.Contains(err.Error(), "without a share") {
+		t.Errorf("a container without a share got share slots: %v", err)
+	}
+	if ev := f.events(); len(ev) != 1 || !strings.Contains(ev[0], ReasonMismatch) {
+		t.Errorf("events %v", ev)
 	}
 	// The right slots still work.
 	if _, err := f.allocate(gpu10gRN, slots("GPU-M", 3, 0)...); err != nil {
