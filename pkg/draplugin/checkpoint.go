@@ -15,6 +15,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/assignment"
 )
 
 // CheckpointFile is the plugin's record of the claims it prepared, in its
@@ -49,6 +52,9 @@ type PreparedDevice struct {
 	ID string `json:"id"`
 	// CDIDeviceIDs are what the kubelet passes to the runtime for it.
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+	// Share is what the claim takes of a device that serves shares
+	// (share.go), by capacity name; nil when it has the device whole.
+	Share assignment.Share `json:"share,omitempty"`
 }
 
 // PreparedClaim is a claim the plugin prepared and not yet unprepared.
@@ -90,7 +96,7 @@ func (c *Checkpoint) Marshal() ([]byte, error) {
 // ParseCheckpoint reads a checkpoint written by Marshal, refusing, with a
 // message that says why, anything else: another version, a checksum that
 // does not match, more than the bounds allow, a claim or device without its
-// names, one device in two claims.
+// names, a share out of bounds, one device in two claims unless as shares.
 func ParseCheckpoint(blob []byte) (*Checkpoint, error) {
 	if len(blob) > maxCheckpointBytes {
 		return nil, fmt.Errorf("checkpoint: %d bytes, at most %d", len(blob), maxCheckpointBytes)
@@ -135,7 +141,11 @@ func (c *Checkpoint) validate() error {
 	if len(c.Claims) > maxClaims {
 		return fmt.Errorf("%d claims, at most %d", len(c.Claims), maxClaims)
 	}
-	owner := map[string]types.UID{} // pool/device -> claim
+	type holder struct {
+		uid   types.UID
+		whole bool
+	}
+	owner := map[string]holder{} // pool/device -> a claim of it
 	for _, uid := range slices.Sorted(maps.Keys(c.Claims)) {
 		pc := c.Claims[uid]
 		if err := checkString("claim uid", string(uid)); err != nil {
@@ -164,11 +174,36 @@ func (c *Checkpoint) validate() error {
 					return fmt.Errorf("claim %s: %w", uid, err)
 				}
 			}
-			key := d.Pool + "/" + d.Device
-			if other, ok := owner[key]; ok && other != uid {
-				return fmt.Errorf("device %s is prepared for claims %s and %s", key, other, uid)
+			if err := checkShare(d.Share); err != nil {
+				return fmt.Errorf("claim %s: device %s: %w", uid, d.Device, err)
 			}
-			owner[key] = uid
+			// A device is in several claims only as shares of it.
+			key := d.Pool + "/" + d.Device
+			if other, ok := owner[key]; ok && other.uid != uid && (other.whole || d.Share == nil) {
+				return fmt.Errorf("device %s is prepared for claims %s and %s, not as shares", key, other.uid, uid)
+			}
+			owner[key] = holder{uid, d.Share == nil}
+		}
+	}
+	return nil
+}
+
+// checkShare bounds a share: memory and compute only, each more than 0,
+// memory at most 1Ei (v1alpha1.MaxShareMemoryBytes), compute at most 100.
+func checkShare(s assignment.Share) error {
+	if s == nil {
+		return nil
+	}
+	if len(s) == 0 {
+		return errors.New("a share of nothing")
+	}
+	for name, v := range s {
+		limit := map[string]int64{v1alpha1.CapacityMemory: v1alpha1.MaxShareMemoryBytes, v1alpha1.CapacityCompute: 100}[name]
+		if limit == 0 {
+			return fmt.Errorf("share of %.64q, which is no share capacity", name)
+		}
+		if v <= 0 || v > limit {
+			return fmt.Errorf("share of %s %d, not from 1 to %d", name, v, limit)
 		}
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 )
 
@@ -16,6 +17,14 @@ func FuzzParseCheckpoint(f *testing.F) {
 	good := &Checkpoint{Claims: map[types.UID]PreparedClaim{"u1": {Namespace: "ns", Name: "c", Devices: []PreparedDevice{{Request: "r", Pool: "node", Device: "gpu-0", ID: "GPU-a", CDIDeviceIDs: []string{"resclass.io/claim=u1-r"}}}}}}
 	blob, err := good.Marshal()
 	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(blob)
+	shared := &Checkpoint{Claims: map[types.UID]PreparedClaim{
+		"u1": {Namespace: "ns", Name: "a", Devices: []PreparedDevice{{Request: "r", Pool: "node", Device: "gpu-m", ID: "GPU-m", Share: assignment.Share{"memory": 1 << 30, "compute": 25}}}},
+		"u2": {Namespace: "ns", Name: "b", Devices: []PreparedDevice{{Request: "r", Pool: "node", Device: "gpu-m", ID: "GPU-m", Share: assignment.Share{"compute": 75}}}},
+	}}
+	if blob, err = shared.Marshal(); err != nil {
 		f.Fatal(err)
 	}
 	f.Add(blob)

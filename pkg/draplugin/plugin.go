@@ -5,7 +5,9 @@
 // kubeletplugin), to prepare them. What a container gets for its devices is
 // pkg/handoff's Edits, the same as on the device-plugin path: the environment
 // and the device nodes go into a CDI spec per claim, and the GPUs' own CDI
-// names (the agent's spec, pkg/cdispec) are passed as they are.
+// names (the agent's spec, pkg/cdispec) are passed as they are. A claim's
+// share of a GPU that serves shares gets handoff.ShareEdits, from what the
+// claim consumes of the GPU's capacities (share.go).
 //
 // The claims prepared are kept in a checkpoint in the plugin's directory, so
 // that a restarted agent answers the kubelet's repeated prepare the same way,
@@ -38,6 +40,7 @@ import (
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/handoff"
@@ -291,18 +294,43 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		if !ok || p.devices[id] == nil {
 			return nil, "invalid", fmt.Errorf("device %s is not on node %s (any more)", r.Device, p.cfg.NodeName)
 		}
-		for uid, other := range p.cp.Claims {
+		share, err := readShare(&r, p.devices[id])
+		if err != nil {
+			return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s: %w", claim.Namespace, claim.Name, err)
+		}
+		// Shares of a device this claim was given under other requests, or
+		// under the same one twice, count as other claims' do.
+		var taken []assignment.Share
+		for _, d := range pc.Devices {
+			if d.Pool == r.Pool && d.Device == r.Device {
+				if d.Share == nil || share == nil {
+					return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s has device %s twice, not as shares", claim.Namespace, claim.Name, r.Device)
+				}
+				taken = append(taken, d.Share)
+			}
+		}
+		for _, uid := range slices.Sorted(maps.Keys(p.cp.Claims)) {
 			if uid == claim.UID {
 				continue
 			}
+			other := p.cp.Claims[uid]
 			for _, d := range other.Devices {
-				if d.Pool == r.Pool && d.Device == r.Device {
+				if d.Pool != r.Pool || d.Device != r.Device {
+					continue
+				}
+				if d.Share == nil || share == nil {
 					return nil, "conflict", fmt.Errorf("device %s (%s) is already prepared for ResourceClaim %s/%s: refusing to hand one device to two claims", r.Device, id, other.Namespace, other.Name)
 				}
+				taken = append(taken, d.Share)
+			}
+		}
+		if share != nil {
+			if err := fitsWith(r.Device, p.devices[id], taken, share); err != nil {
+				return nil, "conflict", fmt.Errorf("ResourceClaim %s/%s: %w", claim.Namespace, claim.Name, err)
 			}
 		}
 		byRequest[r.Request] = append(byRequest[r.Request], len(pc.Devices))
-		pc.Devices = append(pc.Devices, PreparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device, ID: id})
+		pc.Devices = append(pc.Devices, PreparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device, ID: id, Share: share})
 	}
 	if len(pc.Devices) == 0 {
 		return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s has no device of driver %s", claim.Namespace, claim.Name, p.cfg.DriverName)
@@ -340,6 +368,17 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		if same := set.byClass[class]; set.ok && len(same) > 0 {
 			e.Env[handoff.ClassEnv(class)] = strings.Join(same, ",")
 		}
+		// A share is of one device (docs/sharing.md: never spread), and the
+		// request's CDI device carries its own share's limits only.
+		if slices.ContainsFunc(idx, func(j int) bool { return pc.Devices[j].Share != nil }) {
+			if len(idx) != 1 {
+				return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s: request %s has %d devices, some of them shares: a share is of one device (count 1)", claim.Namespace, claim.Name, request, len(idx))
+			}
+			share := map[string]assignment.Share{class: pc.Devices[idx[0]].Share}
+			if err := handoff.ShareEdits(p.kinds, &p.handoff, share, map[string][]string{class: ids}, &e); err != nil {
+				return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s: request %s: %w", claim.Namespace, claim.Name, request, err)
+			}
+		}
 		name := cdiDeviceName(claim.UID, request)
 		dev := specs.Device{Name: name, ContainerEdits: specs.ContainerEdits{}}
 		for _, k := range slices.Sorted(maps.Keys(e.Env)) {
@@ -347,6 +386,16 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		}
 		for _, n := range handoff.ExistingDeviceNodes(p.cfg.HostRoot, e.DeviceNodes) {
 			dev.ContainerEdits.DeviceNodes = append(dev.ContainerEdits.DeviceNodes, &specs.DeviceNode{Path: n, HostPath: filepath.Join(p.cfg.HostRoot, n), Permissions: "rw"})
+		}
+		for _, m := range e.Mounts {
+			// Host directories (an MPS server's pipe directory and its
+			// clients' /dev/shm), bound as the kubelet binds the device-plugin
+			// path's mounts.
+			options := []string{"rbind", "rw"}
+			if m.ReadOnly {
+				options[1] = "ro"
+			}
+			dev.ContainerEdits.Mounts = append(dev.ContainerEdits.Mounts, &specs.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, Type: "bind", Options: options})
 		}
 		spec.Devices = append(spec.Devices, dev)
 		// The request's first device carries the claim's CDI device and the
@@ -387,7 +436,7 @@ func deviceClassOf(claim *resourceapi.ResourceClaim, request string) string {
 
 func sameDevices(a, b PreparedClaim) bool {
 	return slices.EqualFunc(a.Devices, b.Devices, func(x, y PreparedDevice) bool {
-		return x.Request == y.Request && x.Pool == y.Pool && x.Device == y.Device && x.ID == y.ID && slices.Equal(x.CDIDeviceIDs, y.CDIDeviceIDs)
+		return x.Request == y.Request && x.Pool == y.Pool && x.Device == y.Device && x.ID == y.ID && slices.Equal(x.CDIDeviceIDs, y.CDIDeviceIDs) && maps.Equal(x.Share, y.Share)
 	})
 }
 
