@@ -66,7 +66,10 @@ recovery) and NIC link state, and records an Event on the Node when a device
 becomes unhealthy or healthy again. It serves one kubelet device-plugin
 endpoint per ResourceClass and answers Allocate with the devices the scheduler
 wrote into the pod's resclass.io/assignment, naming GPUs as
---device-list-strategy says.
+--device-list-strategy says. Each GPU's sharing mode follows the Node's labels
+node.resclass.io/gpu-sharing and gpu-sharing.node.resclass.io/<GPU UUID>
+(exclusive, time-slicing, mps), applied without a restart once no pod holds
+the GPU (docs/sharing.md); a share gets its own limits (--mps-dir).
 
 On a node labelled node.resclass.io/device-mode=dra it serves the devices
 through Dynamic Resource Allocation instead: it publishes them as
