@@ -230,6 +230,29 @@ func (p *Plugin) Prepared() map[types.UID]PreparedClaim {
 	return maps.Clone(p.cp.Claims)
 }
 
+// Holders lists the claims prepared on device id (a resclass id), by
+// namespace and name, each a share or the whole device: what holds a GPU
+// whose sharing mode is to change, on a DRA node, where the claims the
+// kubelet prepared are the pods' hold (the device-plugin path's is
+// handoff.Allocator.Holders). The checkpoint keeps them across restarts.
+func (p *Plugin) Holders(id string) []handoff.Holder {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []handoff.Holder
+	for _, pc := range p.cp.Claims {
+		for _, d := range pc.Devices {
+			if d.ID == id {
+				out = append(out, handoff.Holder{Namespace: pc.Namespace, Name: pc.Name, Share: d.Share != nil})
+				break
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b handoff.Holder) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	return out
+}
+
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	start := time.Now()

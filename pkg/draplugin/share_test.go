@@ -18,6 +18,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind/hugepages"
 	"github.com/resclass/resclass/pkg/devicekind/nic"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/handoff"
 )
 
 // The MPS directory the agent is given (--mps-dir, through the nvidia-gpu
@@ -312,5 +313,26 @@ func TestCheckpointShares(t *testing.T) {
 				t.Errorf("got %v, want a refusal saying %q", err, tc.why)
 			}
 		})
+	}
+}
+
+// Holders names the claims prepared on a GPU, shares and whole, so that a
+// sharing mode change on a DRA node waits for them.
+func TestHolders(t *testing.T) {
+	f := newShareFixture(t)
+	f.prepare(
+		shareClaim("u22", "gpu-m", "s/memory", "1Gi", "s/compute", "1", "memory", "0"),
+		shareClaim("u1", "gpu-m", "s/memory", "1Gi", "s/compute", "1", "memory", "0"),
+		claim("u3", "any", "gpu-0"),
+	)
+	want := []handoff.Holder{{Namespace: "ns", Name: "claim-u1", Share: true}, {Namespace: "ns", Name: "claim-u22", Share: true}}
+	if got := f.p.Holders("GPU-m"); !slices.Equal(got, want) {
+		t.Errorf("holders of GPU-m %v, want %v", got, want)
+	}
+	if got := f.p.Holders("GPU-a"); !slices.Equal(got, []handoff.Holder{{Namespace: "ns", Name: "claim-u3"}}) {
+		t.Errorf("holders of GPU-a %v", got)
+	}
+	if got := f.p.Holders("GPU-t"); len(got) != 0 {
+		t.Errorf("holders of GPU-t %v", got)
 	}
 }
