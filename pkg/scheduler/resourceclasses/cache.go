@@ -160,6 +160,20 @@ func (s *shareState) free() selector.Capacity {
 	return less(s.capacity, s.used)
 }
 
+// permille is how much of the device its shares and extra take, in
+// thousandths: of the fuller of its capacities.
+func (s *shareState) permille(extra selector.Share) int64 {
+	u := addShare(s.used, 1, extra)
+	var f int64
+	if s.capacity.Memory > 0 {
+		f = u.Memory / max(1, s.capacity.Memory/1000) // no overflow, whatever the capacity
+	}
+	if s.capacity.Compute > 0 {
+		f = max(f, u.Compute*1000/s.capacity.Compute)
+	}
+	return min(1000, f)
+}
+
 // less is c less what s takes of it, never below 0; a capacity c does not
 // publish stays unpublished (-1).
 func less(c selector.Capacity, s selector.Share) selector.Capacity {
@@ -1164,6 +1178,15 @@ func (c *cache) fits(name string, v *nodeView, d *demand) (why unfit, ok bool) {
 				return unfit{unresolvable: true, reason: shared.notServing(class)}, false
 			}
 			return unfit{}, true
+		}
+	}
+	// The common share pod: one share on a node as it is.
+	if shared != nil && (v == nil || v.empty()) {
+		if u, handled := shared.oneShare(d); handled {
+			if u != nil {
+				return *u, false
+			}
+			return shared.served(d)
 		}
 	}
 	if shared != nil {

@@ -29,7 +29,10 @@ import (
 // plugin's Filter of a pod requesting one device of a class, on nodes as kwok
 // makes them (no class resource in allocatable: the agent's liveness is not
 // judged); class-kubelet-offers-class the same on nodes whose kubelet offers
-// the class, as a real node's does while its agent serves it (liveness.go).
+// the class, as a real node's does while its agent serves it (liveness.go);
+// class-share the Filter of a pod asking one unit (10Gi) of a share class on
+// nodes of 8 GPUs in MPS mode (node i holds i%8 shares of 40Gi), which the
+// quick path leaves to the placement (docs/sharing.md).
 func BenchmarkFilterPerNode(b *testing.B) {
 	const nodes = 5000
 	const gpuResource corev1.ResourceName = "nvidia.com/gpu"
@@ -86,9 +89,14 @@ func BenchmarkFilterPerNode(b *testing.B) {
 		run(b, requestPod("p", gpuResource), infos, fit.(*noderesources.Fit))
 	})
 
-	class := func(b *testing.B, offered bool) {
+	class := func(b *testing.B, offered, shares bool) {
 		c := newCache()
 		c.setClass(gpuClass)
+		c.setClass(gpu10g)
+		class := gpuClass.Name
+		if shares {
+			class = gpu10g.Name
+		}
 		infos := make([]fwk.NodeInfo, nodes)
 		for i := range infos {
 			n := node(i)
@@ -100,14 +108,21 @@ func BenchmarkFilterPerNode(b *testing.B) {
 			infos[i] = ni
 			var devs []v1alpha1.Device
 			for g := range 8 {
-				devs = append(devs, gpu(fmt.Sprintf("GPU-%d-%d", i, g), int64(g/4), "80Gi"))
+				d := gpu(fmt.Sprintf("GPU-%d-%d", i, g), int64(g/4), "80Gi")
+				if shares {
+					d = sharedGPU(d.ID, int64(g/4), "80Gi", v1alpha1.SharingMPS)
+				}
+				devs = append(devs, d)
 			}
 			c.setNodeDevices(nodeDevices(n.Name, devs...))
 			if offered {
 				c.setKubelet(n) // as the plugin's Node handler does
 			}
 			for p := range i % 8 {
-				pod := gpuPod(fmt.Sprintf("p-%d-%d", i, p), gpuClass.Name, 1)
+				pod := gpuPod(fmt.Sprintf("p-%d-%d", i, p), class, 1)
+				if shares {
+					pod = gpuPod(pod.Name, class, 4)
+				}
 				d, err := podDemand(pod)
 				if err != nil {
 					b.Fatal(err)
@@ -118,10 +133,11 @@ func BenchmarkFilterPerNode(b *testing.B) {
 			}
 		}
 		pl := &Plugin{args: &Args{Strategy: FirstFit}, shared: &shared{cache: c, synced: func() bool { return true }, waiting: map[types.UID]waitingPod{}}}
-		run(b, gpuPod("p", gpuClass.Name, 1), infos, pl)
+		run(b, gpuPod("p", class, 1), infos, pl)
 	}
-	b.Run("class", func(b *testing.B) { class(b, false) })
-	b.Run("class-kubelet-offers-class", func(b *testing.B) { class(b, true) })
+	b.Run("class", func(b *testing.B) { class(b, false, false) })
+	b.Run("class-kubelet-offers-class", func(b *testing.B) { class(b, true, false) })
+	b.Run("class-share", func(b *testing.B) { class(b, false, true) })
 }
 
 // requestPod asks for one of resource and a tenth of a CPU.
