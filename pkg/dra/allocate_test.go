@@ -1,0 +1,198 @@
+package dra
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2/ktesting"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
+	internal "k8s.io/kubernetes/pkg/apis/resource"
+	resourcevalidation "k8s.io/kubernetes/pkg/apis/resource/validation"
+	dracel "k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/dra/dradevice"
+)
+
+// Share classes through upstream's structured allocator (what kube-scheduler's
+// DynamicResources runs, DRAConsumableCapacity on as in 1.36): the published
+// shared GPU and the share class's DeviceClass give claims that request N
+// units as capacity their shares, side by side on one GPU, up to its
+// capacity; a whole class never gets the shared GPU; a claim that the
+// apiserver would refuse is not what the docs tell users to write.
+
+type classes map[string]*resourceapi.DeviceClass
+
+func (c classes) List() ([]*resourceapi.DeviceClass, error) {
+	var out []*resourceapi.DeviceClass
+	for _, dc := range c {
+		out = append(out, dc)
+	}
+	return out, nil
+}
+
+func (c classes) Get(name string) (*resourceapi.DeviceClass, error) {
+	if dc, ok := c[name]; ok {
+		return dc, nil
+	}
+	return nil, apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)
+}
+
+// shareRequest is a claim of one request of class, asking for capacity
+// (share.resclass.io/<name>: value pairs) as docs/dra.md shows.
+func shareRequest(name, class string, capacity ...string) *resourceapi.ResourceClaim {
+	c := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1},
+		}}}},
+	}
+	if len(capacity) > 0 {
+		req := map[resourceapi.QualifiedName]resource.Quantity{}
+		for i := 0; i+1 < len(capacity); i += 2 {
+			req[dradevice.ShareCapacity(capacity[i])] = resource.MustParse(capacity[i+1])
+		}
+		c.Spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: req}
+	}
+	return c
+}
+
+func validateClaim(t *testing.T, c *resourceapi.ResourceClaim) {
+	t.Helper()
+	var in internal.ResourceClaim
+	if err := legacyscheme.Scheme.Convert(c, &in, nil); err != nil {
+		t.Fatal(err)
+	}
+	if errs := resourcevalidation.ValidateResourceClaim(&in); len(errs) > 0 {
+		t.Errorf("the apiserver would refuse claim %s: %v", c.Name, errs.ToAggregate())
+	}
+}
+
+func TestShareClassesAllocate(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	gpus := []v1alpha1.Device{
+		sharing(h100(), "GPU-shared", v1alpha1.SharingMPS, "40Gi", "100", ""),
+		sharing(h100(), "GPU-whole", v1alpha1.SharingExclusive, "", "", ""),
+	}
+	devices, refused := dradevice.Devices(gpus)
+	if len(refused) > 0 {
+		t.Fatal(refused)
+	}
+	validateSlice(t, devices)
+	slice := &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-1-resclass.io"},
+		Spec: resourceapi.ResourceSliceSpec{Driver: dradevice.DriverName, NodeName: ptr("node-1"),
+			Pool: resourceapi.ResourcePool{Name: "node-1", ResourceSliceCount: 1}, Devices: devices},
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}
+	gpuSel := []v1alpha1.ResourceSelectorRequirement{req("kind", "In", "nvidia-gpu")}
+	cls := classes{}
+	for name, share := range map[string]*v1alpha1.ResourceShare{
+		"gpu":     nil,
+		"gpu-10g": {Memory: ptr(resource.MustParse("10Gi")), Compute: ptr(int32(25))},
+	} {
+		dc, err := DeviceClass(&v1alpha1.ResourceClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.ResourceClassSpec{
+			ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: gpuSel}}, Share: share,
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cls[name] = dc
+	}
+	features := structured.Features{ConsumableCapacity: true, DeviceTaints: true, PrioritizedList: true}
+	state := structured.AllocatedState{
+		AllocatedDevices:         sets.New[structured.DeviceID](),
+		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+	}
+	allocate := func(claims ...*resourceapi.ResourceClaim) []resourceapi.AllocationResult {
+		t.Helper()
+		for _, c := range claims {
+			validateClaim(t, c)
+		}
+		a, err := structured.NewAllocator(ctx, features, state, cls, []*resourceapi.ResourceSlice{slice}, dracel.NewCache(10, dracel.Features{EnableConsumableCapacity: true}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := a.Allocate(ctx, node, claims)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Record what is allocated, as the scheduler does.
+		for _, r := range out {
+			for _, d := range r.Devices.Results {
+				id := structured.MakeDeviceID(d.Driver, d.Pool, d.Device)
+				if d.ShareID == nil {
+					state.AllocatedDevices.Insert(id)
+					continue
+				}
+				state.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, d.ShareID))
+				consumed := structured.ConsumedCapacity{}
+				for name, q := range d.ConsumedCapacity {
+					consumed[name] = ptr(q.DeepCopy())
+				}
+				state.AggregatedCapacity.Insert(structured.DeviceConsumedCapacity{DeviceID: id, ConsumedCapacity: consumed})
+			}
+		}
+		return out
+	}
+	sharedName, wholeName := dradevice.DeviceName("GPU-shared"), dradevice.DeviceName("GPU-whole")
+
+	// Two shares of different sizes, on the one shared GPU.
+	out := allocate(shareRequest("two-units", "gpu-10g", "memory", "20Gi", "compute", "50"), shareRequest("one-unit", "gpu-10g", "memory", "10Gi", "compute", "25"))
+	if len(out) != 2 {
+		t.Fatalf("the two shares were not allocated: %v", out)
+	}
+	for i, want := range []struct{ memory, compute string }{{"20Gi", "50"}, {"10Gi", "25"}} {
+		r := out[i].Devices.Results
+		if len(r) != 1 || r[0].Device != sharedName || r[0].ShareID == nil {
+			t.Fatalf("share %d allocated %+v, want a share of %s", i, r, sharedName)
+		}
+		got := r[0].ConsumedCapacity
+		if q := got[dradevice.ShareCapacity("memory")]; q.Cmp(resource.MustParse(want.memory)) != 0 {
+			t.Errorf("share %d consumed memory %s, want %s", i, q.String(), want.memory)
+		}
+		if q := got[dradevice.ShareCapacity("compute")]; q.Cmp(resource.MustParse(want.compute)) != 0 {
+			t.Errorf("share %d consumed compute %s, want %s", i, q.String(), want.compute)
+		}
+		if q, ok := got["memory"]; !ok || !q.IsZero() {
+			t.Errorf("share %d consumed %v of the GPU's own memory, want 0", i, got["memory"])
+		}
+	}
+
+	// A request that is no multiple of the step is rounded up to it; one
+	// beyond what is left (10Gi and 25% are) fits nowhere, and the whole
+	// class gets the GPU served whole, never the shared one.
+	out = allocate(shareRequest("odd", "gpu-10g", "memory", "1000Ki", "compute", "1"))
+	if len(out) != 1 {
+		t.Fatalf("1000Ki of memory was not allocated: %+v", out)
+	}
+	if q := out[0].Devices.Results[0].ConsumedCapacity[dradevice.ShareCapacity("memory")]; q.Cmp(resource.MustParse("1Mi")) != 0 {
+		t.Errorf("1000Ki was not rounded up to 1Mi: %+v", out)
+	}
+	if out := allocate(shareRequest("too-big", "gpu-10g", "memory", "10Gi", "compute", "25")); out != nil {
+		t.Errorf("a share beyond the GPU's capacity was allocated: %+v", out)
+	}
+	out = allocate(shareRequest("whole", "gpu"))
+	if len(out) != 1 || out[0].Devices.Results[0].Device != wholeName || out[0].Devices.Results[0].ShareID != nil {
+		t.Errorf("the whole class got %+v, want %s whole", out, wholeName)
+	}
+	if out := allocate(shareRequest("whole-again", "gpu")); out != nil {
+		t.Errorf("the whole class got a second GPU: %+v", out)
+	}
+	// Asking for the GPU's own memory (not the share capacity) gets nothing:
+	// no claim consumes it.
+	c := shareRequest("own-memory", "gpu-10g")
+	c.Spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("1Mi")}}
+	if out := allocate(c); out != nil {
+		t.Errorf("a claim of the GPU's own memory was allocated: %+v", out)
+	}
+	t.Logf("the shared GPU holds %v", state.AggregatedCapacity)
+}
