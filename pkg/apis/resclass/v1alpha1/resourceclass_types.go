@@ -130,6 +130,9 @@ const (
 // the scheduler's own code.
 type ResourceClassStatus struct {
 	// Allocatable is the number of healthy devices in the cluster that the class selects.
+	// For a share class (spec.share) it counts units instead: per healthy
+	// device it selects with no sharing mode change waiting, the units of the
+	// class that fit the device's sharing capacity.
 	// +optional
 	Allocatable resource.Quantity `json:"allocatable,omitempty"`
 
@@ -137,12 +140,15 @@ type ResourceClassStatus struct {
 	// cannot get: held by pods, whichever class they were taken through (a
 	// device counts in every class that selects it), or kept for pods whose
 	// assignment the scheduler does not believe. A hugepage pool counts as
-	// requested when it has no free pages.
+	// requested when it has no free pages. For a share class, the units of
+	// Allocatable that no longer fit what the devices have free.
 	// +optional
 	Requested resource.Quantity `json:"requested,omitempty"`
 
 	// Available is Allocatable minus Requested: how many devices a new pod of
-	// the class can still get in the cluster.
+	// the class can still get in the cluster (for a share class, units: per
+	// device, those that fit its free capacity; one container's units must
+	// fit one device).
 	// +optional
 	Available resource.Quantity `json:"available,omitempty"`
 
