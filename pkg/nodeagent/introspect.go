@@ -83,7 +83,7 @@ func (s *introspectionSource) Allocations() []*agentv1.Allocation {
 		}
 		out = append(out, &agentv1.Allocation{
 			PodNamespace: r.Namespace, PodName: r.Name, PodUid: string(r.PodUID), Container: r.Container,
-			ClassName: r.Class, DeviceIds: r.Devices, Time: timestamppb.New(r.Time), Outcome: outcome, Message: r.Message,
+			ClassName: r.Class, DeviceIds: r.Devices, Time: timestamppb.New(r.Time), Outcome: outcome, Message: r.Message, Share: r.Share,
 		})
 	}
 	return out

@@ -349,3 +349,12 @@ func TestAgentAppliesSharingLabelsLive(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+func TestShareText(t *testing.T) {
+	if got := shareText(map[string]int64{"compute": 50, "memory": 20 << 30}); got != "compute 50%, memory 20Gi" {
+		t.Errorf("shareText = %q", got)
+	}
+	if got := shareText(nil); got != "" {
+		t.Errorf("no share: %q", got)
+	}
+}

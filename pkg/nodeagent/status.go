@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -20,9 +23,11 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"sigs.k8s.io/yaml"
 
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/introspection"
 	agentv1 "github.com/resclass/resclass/proto/resclass/agent/v1"
 )
@@ -245,6 +250,9 @@ func printStatusTables(w io.Writer, devices []*agentv1.Device, allocations []*ag
 		if devs == "" {
 			devs = "-"
 		}
+		if share := shareText(a.GetShare()); share != "" {
+			devs += " (" + share + ")"
+		}
 		outcome := a.GetOutcome()
 		if outcome != "allocated" && a.GetMessage() != "" {
 			outcome += ": " + a.GetMessage()
@@ -256,6 +264,23 @@ func printStatusTables(w io.Writer, devices []*agentv1.Device, allocations []*ag
 		line("%s/%s\t%s\t%s\t%s\t%s\t%s", a.GetPodNamespace(), a.GetPodName(), a.GetContainer(), a.GetClassName(), devs, outcome, age)
 	}
 	return errors.Join(err, tw.Flush())
+}
+
+// shareText says a share in words: "memory 20Gi, compute 50%".
+func shareText(share map[string]int64) string {
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(share)) {
+		v := share[name]
+		switch name {
+		case v1alpha1.CapacityMemory:
+			parts = append(parts, "memory "+resource.NewQuantity(v, resource.BinarySI).String())
+		case v1alpha1.CapacityCompute:
+			parts = append(parts, "compute "+strconv.FormatInt(v, 10)+"%")
+		default:
+			parts = append(parts, name+" "+strconv.FormatInt(v, 10))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // printStatusDocument writes {"devices": [...], "allocations": [...]} in the

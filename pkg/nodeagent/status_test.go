@@ -138,6 +138,8 @@ type statusDocument struct {
 		Time         time.Time `json:"time"`
 		Outcome      string    `json:"outcome"`
 		Message      string    `json:"message"`
+		// int64 values are strings in the protobuf JSON mapping.
+		Share map[string]string `json:"share"`
 	} `json:"allocations"`
 }
 

@@ -342,7 +342,11 @@ type Allocation struct {
 	Outcome string `protobuf:"bytes,8,opt,name=outcome,proto3" json:"outcome,omitempty"`
 	// Details in words: why a request was refused, or notes on an allocation (for
 	// example how it was aligned to NUMA). May be empty.
-	Message       string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	// For a share class (docs/sharing.md): what the container's share takes of
+	// its one device, by capacity name ("memory" in bytes, "compute" in percent
+	// of the device). Empty for a class that takes whole devices.
+	Share         map[string]int64 `protobuf:"bytes,10,rep,name=share,proto3" json:"share,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -438,6 +442,13 @@ func (x *Allocation) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *Allocation) GetShare() map[string]int64 {
+	if x != nil {
+		return x.Share
+	}
+	return nil
 }
 
 // WatchHealthRequest has no parameters yet; it is a message so that filters can
@@ -586,7 +597,7 @@ const file_resclass_agent_v1_agent_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x18\n" +
 	"\x16ListAllocationsRequest\"Z\n" +
 	"\x17ListAllocationsResponse\x12?\n" +
-	"\vallocations\x18\x01 \x03(\v2\x1d.resclass.agent.v1.AllocationR\vallocations\"\xa5\x02\n" +
+	"\vallocations\x18\x01 \x03(\v2\x1d.resclass.agent.v1.AllocationR\vallocations\"\x9f\x03\n" +
 	"\n" +
 	"Allocation\x12#\n" +
 	"\rpod_namespace\x18\x01 \x01(\tR\fpodNamespace\x12\x19\n" +
@@ -599,7 +610,13 @@ const file_resclass_agent_v1_agent_proto_rawDesc = "" +
 	"device_ids\x18\x06 \x03(\tR\tdeviceIds\x12.\n" +
 	"\x04time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x18\n" +
 	"\aoutcome\x18\b \x01(\tR\aoutcome\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\x14\n" +
+	"\amessage\x18\t \x01(\tR\amessage\x12>\n" +
+	"\x05share\x18\n" +
+	" \x03(\v2(.resclass.agent.v1.Allocation.ShareEntryR\x05share\x1a8\n" +
+	"\n" +
+	"ShareEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x14\n" +
 	"\x12WatchHealthRequest\"\xa0\x01\n" +
 	"\vHealthEvent\x12\x1b\n" +
 	"\tdevice_id\x18\x01 \x01(\tR\bdeviceId\x12\x12\n" +
@@ -624,7 +641,7 @@ func file_resclass_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_resclass_agent_v1_agent_proto_rawDescData
 }
 
-var file_resclass_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_resclass_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_resclass_agent_v1_agent_proto_goTypes = []any{
 	(*ListDevicesRequest)(nil),      // 0: resclass.agent.v1.ListDevicesRequest
 	(*ListDevicesResponse)(nil),     // 1: resclass.agent.v1.ListDevicesResponse
@@ -635,25 +652,27 @@ var file_resclass_agent_v1_agent_proto_goTypes = []any{
 	(*WatchHealthRequest)(nil),      // 6: resclass.agent.v1.WatchHealthRequest
 	(*HealthEvent)(nil),             // 7: resclass.agent.v1.HealthEvent
 	nil,                             // 8: resclass.agent.v1.Device.AttributesEntry
-	(*timestamppb.Timestamp)(nil),   // 9: google.protobuf.Timestamp
+	nil,                             // 9: resclass.agent.v1.Allocation.ShareEntry
+	(*timestamppb.Timestamp)(nil),   // 10: google.protobuf.Timestamp
 }
 var file_resclass_agent_v1_agent_proto_depIdxs = []int32{
-	2, // 0: resclass.agent.v1.ListDevicesResponse.devices:type_name -> resclass.agent.v1.Device
-	8, // 1: resclass.agent.v1.Device.attributes:type_name -> resclass.agent.v1.Device.AttributesEntry
-	5, // 2: resclass.agent.v1.ListAllocationsResponse.allocations:type_name -> resclass.agent.v1.Allocation
-	9, // 3: resclass.agent.v1.Allocation.time:type_name -> google.protobuf.Timestamp
-	9, // 4: resclass.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
-	0, // 5: resclass.agent.v1.Agent.ListDevices:input_type -> resclass.agent.v1.ListDevicesRequest
-	3, // 6: resclass.agent.v1.Agent.ListAllocations:input_type -> resclass.agent.v1.ListAllocationsRequest
-	6, // 7: resclass.agent.v1.Agent.WatchHealth:input_type -> resclass.agent.v1.WatchHealthRequest
-	1, // 8: resclass.agent.v1.Agent.ListDevices:output_type -> resclass.agent.v1.ListDevicesResponse
-	4, // 9: resclass.agent.v1.Agent.ListAllocations:output_type -> resclass.agent.v1.ListAllocationsResponse
-	7, // 10: resclass.agent.v1.Agent.WatchHealth:output_type -> resclass.agent.v1.HealthEvent
-	8, // [8:11] is the sub-list for method output_type
-	5, // [5:8] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	2,  // 0: resclass.agent.v1.ListDevicesResponse.devices:type_name -> resclass.agent.v1.Device
+	8,  // 1: resclass.agent.v1.Device.attributes:type_name -> resclass.agent.v1.Device.AttributesEntry
+	5,  // 2: resclass.agent.v1.ListAllocationsResponse.allocations:type_name -> resclass.agent.v1.Allocation
+	10, // 3: resclass.agent.v1.Allocation.time:type_name -> google.protobuf.Timestamp
+	9,  // 4: resclass.agent.v1.Allocation.share:type_name -> resclass.agent.v1.Allocation.ShareEntry
+	10, // 5: resclass.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
+	0,  // 6: resclass.agent.v1.Agent.ListDevices:input_type -> resclass.agent.v1.ListDevicesRequest
+	3,  // 7: resclass.agent.v1.Agent.ListAllocations:input_type -> resclass.agent.v1.ListAllocationsRequest
+	6,  // 8: resclass.agent.v1.Agent.WatchHealth:input_type -> resclass.agent.v1.WatchHealthRequest
+	1,  // 9: resclass.agent.v1.Agent.ListDevices:output_type -> resclass.agent.v1.ListDevicesResponse
+	4,  // 10: resclass.agent.v1.Agent.ListAllocations:output_type -> resclass.agent.v1.ListAllocationsResponse
+	7,  // 11: resclass.agent.v1.Agent.WatchHealth:output_type -> resclass.agent.v1.HealthEvent
+	9,  // [9:12] is the sub-list for method output_type
+	6,  // [6:9] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_resclass_agent_v1_agent_proto_init() }
@@ -667,7 +686,7 @@ func file_resclass_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_resclass_agent_v1_agent_proto_rawDesc), len(file_resclass_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
