@@ -1,22 +1,26 @@
 package handoff
 
 import (
+	"context"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/internal/watchdog"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -320,5 +324,44 @@ func FuzzParseKubeletID(f *testing.F) {
 		if again != s {
 			t.Fatalf("%q parsed as %q %d, written back %q", s, dev, kind, again)
 		}
+	})
+}
+
+// FuzzAllocateShares sends random slot lists to a share class's Allocate:
+// whatever it grants is slots of one GPU, as many as the units of a
+// container with a share of that GPU, and carries that many units' limits.
+func FuzzAllocateShares(f *testing.F) {
+	units := map[string][]int64{"GPU-M": {2, 1}, "GPU-T": {3}}
+	pods := []*corev1.Pod{
+		sharePod("fa", map[string]share{"main": {"GPU-M", 2}}),
+		sharePod("fb", map[string]share{"main": {"GPU-M", 1}}),
+		sharePod("fc", map[string]share{"main": {"GPU-T", 3}}),
+	}
+	for _, seed := range []string{"GPU-M/share/0,GPU-M/share/1", "GPU-M/share/2", "GPU-T/share/0,GPU-T/share/1,GPU-T/share/2", "GPU-M/share/0,GPU-T/share/0", "GPU-M", "GPU-M/share/x", "GPU-M/0", ""} {
+		f.Add(seed)
+	}
+	fx := newFixtureWaiting(f, time.Millisecond, pods...)
+	fx.alloc.SetDevices(append(inventory(), sharedGPU("GPU-M", 4, v1alpha1.SharingMPS), sharedGPU("GPU-T", 5, v1alpha1.SharingTimeSlicing)))
+	fx.ctx = klog.NewContext(context.Background(), logr.Discard())
+	f.Fuzz(func(t *testing.T, s string) {
+		watchdog.Run(t, func() {
+			ids := strings.Split(s, ",")
+			resp, err := fx.allocate(gpu10gRN, ids...)
+			if err != nil {
+				return
+			}
+			gpu := DeviceID(ids[0])
+			for _, id := range ids {
+				if _, kind, _ := ParseKubeletID(id); kind != shareSlot || DeviceID(id) != gpu {
+					t.Fatalf("Allocate(%q) granted ids that are not slots of one GPU", s)
+				}
+			}
+			if !slices.Contains(units[gpu], int64(len(ids))) {
+				t.Fatalf("Allocate(%q) granted %d slots of %s, no container's units", s, len(ids), gpu)
+			}
+			if got := resp.Envs[EnvShareCompute]; got != strconv.Itoa(25*len(ids)) {
+				t.Fatalf("Allocate(%q): compute %q for %d units", s, got, len(ids))
+			}
+		})
 	})
 }
