@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/scheduler/resourceclasses"
@@ -26,8 +27,13 @@ type NodeExplanation struct {
 	Free     int `json:"free"`
 	// Blocked: devices of the class held by pods whose assignment the
 	// scheduler does not believe, which ones unknown.
-	Blocked int                              `json:"blocked,omitempty"`
-	Devices []resourceclasses.SnapshotDevice `json:"devices"`
+	Blocked int `json:"blocked,omitempty"`
+	// Units and FreeUnits, for a share class: the units of the class that
+	// fit the sharing capacity of the healthy GPUs it selects that take new
+	// pods, and what they have free (the class status's figures on the node).
+	Units     int64                            `json:"units,omitempty"`
+	FreeUnits int64                            `json:"freeUnits,omitempty"`
+	Devices   []resourceclasses.SnapshotDevice `json:"devices"`
 	// GPUIsolation is set when the node's GPUs are not proven isolated: a
 	// pod there may reach GPUs the scheduler did not assign it.
 	GPUIsolation *IsolationNote `json:"gpuIsolation,omitempty"`
@@ -79,6 +85,10 @@ func explain(s *resourceclasses.Snapshot, notes map[string]IsolationNote, class,
 				if d.Healthy {
 					ne.Healthy++
 				}
+				if d.Share != nil && d.Healthy && d.Unusable == "" {
+					ne.Units += d.Share.Units
+					ne.FreeUnits += d.Share.FreeUnits
+				}
 			}
 			if d.Free {
 				ne.Free++
@@ -95,10 +105,14 @@ func explain(s *resourceclasses.Snapshot, notes map[string]IsolationNote, class,
 func (e *Explanation) table(t *table) {
 	t.row("NODE\tSELECTED\tHEALTHY\tFREE\tNOTE")
 	for _, n := range e.Nodes {
-		note := ""
-		if n.Blocked > 0 {
-			note = fmt.Sprintf("%d held by pods whose assignment the scheduler does not believe", n.Blocked)
+		var notes []string
+		if n.Units > 0 {
+			notes = append(notes, fmt.Sprintf("units free %d/%d", n.FreeUnits, n.Units))
 		}
+		if n.Blocked > 0 {
+			notes = append(notes, fmt.Sprintf("%d held by pods whose assignment the scheduler does not believe", n.Blocked))
+		}
+		note := strings.Join(notes, "; ")
 		t.row("%s\t%d\t%d\t%d\t%s", n.Node, n.Selected, n.Healthy, n.Free, note)
 	}
 	t.row("")
@@ -127,12 +141,41 @@ func deviceState(d resourceclasses.SnapshotDevice) (state, why string) {
 		return "unhealthy", "the node agent reports it unhealthy"
 	case d.Unusable != "":
 		return "unusable", d.Unusable
+	case d.Share != nil && !d.Free:
+		return "full", "no unit of the class fits what it has free: " + shareUse(d.Share) + heldBy(d)
+	case d.Share != nil:
+		return "free", shareUse(d.Share) + heldBy(d)
 	case len(d.HeldBy) > 0 && !d.Free:
 		return "held", "by " + strings.Join(d.HeldBy, ", ")
 	case !d.Free:
 		return "full", "a hugepage pool without free pages"
 	}
 	return "free", ""
+}
+
+// shareUse says what the shares of a shared GPU take of each capacity, used
+// of capacity, and the units of the class free of those that fit.
+func shareUse(s *resourceclasses.SnapshotShare) string {
+	var parts []string
+	if s.Capacity.Memory != nil && s.Used.Memory != nil {
+		parts = append(parts, fmt.Sprintf("memory %s/%s", resource.NewQuantity(*s.Used.Memory, resource.BinarySI), resource.NewQuantity(*s.Capacity.Memory, resource.BinarySI)))
+	}
+	if s.Capacity.Compute != nil && s.Used.Compute != nil {
+		parts = append(parts, fmt.Sprintf("compute %d/%d%%", *s.Used.Compute, *s.Capacity.Compute))
+	}
+	out := fmt.Sprintf("%s shares use %s", s.Mode, strings.Join(parts, ", "))
+	if s.Units > 0 {
+		out += fmt.Sprintf("; units free %d/%d", s.FreeUnits, s.Units)
+	}
+	return out
+}
+
+// heldBy names the pods holding a shared GPU, if any.
+func heldBy(d resourceclasses.SnapshotDevice) string {
+	if len(d.HeldBy) == 0 {
+		return ""
+	}
+	return "; held by " + strings.Join(d.HeldBy, ", ")
 }
 
 func (o *options) previewCommand() *cobra.Command {

@@ -185,6 +185,19 @@ func (s *Snapshot) Devices(class string) (nodes []SnapshotNode, ok bool) {
 	return nodes, true
 }
 
+// ShareUnit says what one unit of class takes of a GPU, e.g. "10Gi memory,
+// 12% compute", for a share class (docs/sharing.md); ok is false for a class
+// of whole devices or none.
+func (s *Snapshot) ShareUnit(class string) (unit string, ok bool) {
+	s.c.mu.RLock()
+	defer s.c.mu.RUnlock()
+	u := s.c.classes[class].shareUnit()
+	if u == nil {
+		return "", false
+	}
+	return describeUnits(*u, 1), true
+}
+
 // Status is every class's status as the scheduler writes it (classStatus):
 // allocatable, requested (what a new pod cannot get) and available, per node.
 func (s *Snapshot) Status() map[string]v1alpha1.ResourceClassStatus {
