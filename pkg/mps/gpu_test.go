@@ -21,13 +21,32 @@ import (
 // RESCLASS_MPS_GPU_TEST=1 (root, for the compute mode); elsewhere it is
 // skipped. The stand-in of the other tests is checked against the real
 // program here: -f, get_server_list, quit, and the compute mode. It passed
-// on an H100 with driver 580.159.04 (CUDA 13.0's nvidia-cuda-mps-control).
+// on an H100 with driver 580.159.04 (CUDA 13.0's nvidia-cuda-mps-control),
+// also chrooted in a recursive bind mount of / (as the DaemonSet runs it)
+// with a PyTorch client, for which the daemon started its server from the
+// driver root under EXCLUSIVE_PROCESS:
+//
+//	mount --rbind / /tmp/dr
+//	RESCLASS_MPS_GPU_TEST=1 RESCLASS_MPS_DRIVER_ROOT=/tmp/dr \
+//	RESCLASS_MPS_CLIENT="python3 -c \"import torch; torch.ones(1, device='cuda')\"" \
+//	  go test ./pkg/mps -run Real -v
 func TestRealMPSControl(t *testing.T) {
 	if os.Getenv("RESCLASS_MPS_GPU_TEST") != "1" {
 		t.Skip("RESCLASS_MPS_GPU_TEST=1 runs it on a machine with a GPU")
 	}
-	if _, err := exec.LookPath(DefaultBinary); err != nil {
+	binary, err := exec.LookPath(DefaultBinary)
+	if err != nil {
 		t.Skipf("no %s: %v", DefaultBinary, err)
+	}
+	// RESCLASS_MPS_DRIVER_ROOT, a view of the machine's / (a bind mount),
+	// runs the daemon chrooted there as the DaemonSet does.
+	root := os.Getenv("RESCLASS_MPS_DRIVER_ROOT")
+	dir := t.TempDir()
+	if root != "" {
+		if dir, err = os.MkdirTemp(filepath.Join(root, os.TempDir()), "mps"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	}
 	nvml, err := nvmldiscovery.Library{}.Load()
 	if err != nil {
@@ -52,8 +71,7 @@ func TestRealMPSControl(t *testing.T) {
 	t.Logf("GPU %s, compute mode %d", gpu, before)
 
 	_, ctx := ktesting.NewTestContext(t)
-	dir := t.TempDir()
-	s, err := New(Config{Dir: dir, Binary: DefaultBinary, ExclusiveProcess: true, ComputeMode: &NVMLComputeMode{NVML: nvml},
+	s, err := New(Config{Dir: dir, DriverRoot: root, Binary: binary, ExclusiveProcess: true, ComputeMode: &NVMLComputeMode{NVML: nvml},
 		ProbePeriod: time.Second, ProbeTimeout: 5 * time.Second, Metrics: NewMetrics()})
 	if err != nil {
 		t.Fatal(err)
@@ -80,6 +98,25 @@ func TestRealMPSControl(t *testing.T) {
 	t.Logf("pipe directory: %s", strings.Join(names, " "))
 	if len(names) == 0 {
 		t.Error("the daemon made nothing in its pipe directory")
+	}
+	// RESCLASS_MPS_CLIENT, a CUDA program run by sh with the GPU's pipe
+	// directory as a client sees it (the host's path), must run through the
+	// daemon: an MPS server is started for it, from the driver root.
+	if client := os.Getenv("RESCLASS_MPS_CLIENT"); client != "" {
+		cmd := exec.CommandContext(ctx, "sh", "-c", client)
+		cmd.Env = append(os.Environ(), "CUDA_VISIBLE_DEVICES="+gpu, "CUDA_MPS_PIPE_DIRECTORY="+filepath.Join(s.daemonDir, gpu, "pipe"))
+		out, err := cmd.CombinedOutput()
+		t.Logf("client: %v\n%s", err, out)
+		if err != nil {
+			t.Errorf("the MPS client failed: %v", err)
+		}
+		list := s.command(ctx, gpu)
+		list.Stdin = strings.NewReader("get_server_list\n")
+		servers, err := list.Output()
+		t.Logf("servers: %q", servers)
+		if err != nil || len(strings.TrimSpace(string(servers))) == 0 {
+			t.Errorf("no MPS server after the client: %v %q", err, servers)
+		}
 	}
 	s.Update(klog.FromContext(ctx), nil)
 	s.pass(ctx)

@@ -410,8 +410,8 @@ func (s *Supervisor) env(uuid string) []string {
 	path := os.Getenv("PATH")
 	if s.root() != "" {
 		// The daemon starts nvidia-cuda-mps-server from PATH, in the
-		// driver root.
-		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+		// driver root: the driver installs it beside the control program.
+		path = filepath.Dir(s.binary) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}
 	dir := filepath.Join(s.daemonDir, uuid)
 	return []string{

@@ -408,6 +408,9 @@ func TestDriverRoot(t *testing.T) {
 		t.Errorf("binary %s, want /usr/bin/%s in the driver root", s.binary, DefaultBinary)
 	}
 	env := s.env("GPU-a")
+	if !slices.Contains(env, "PATH=/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin") {
+		t.Errorf("env %v, want PATH in the driver root, the control program's directory first (nvidia-cuda-mps-server is beside it)", env)
+	}
 	if !slices.Contains(env, "CUDA_MPS_PIPE_DIRECTORY=/run/resclass/mps/GPU-a/pipe") || !slices.Contains(env, "CUDA_MPS_LOG_DIRECTORY=/run/resclass/mps/GPU-a/log") {
 		t.Errorf("env %v, want the directories as seen in the driver root", env)
 	}
