@@ -1,6 +1,8 @@
 package dra
 
 import (
+	"os"
+	"regexp"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +18,7 @@ import (
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	internal "k8s.io/kubernetes/pkg/apis/resource"
 	resourcevalidation "k8s.io/kubernetes/pkg/apis/resource/validation"
+	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/dra/dradevice"
@@ -75,12 +78,13 @@ func validateClaim(t *testing.T, c *resourceapi.ResourceClaim) {
 	}
 }
 
-func TestShareClassesAllocate(t *testing.T) {
+// allocator allocates claims on node-1, which has gpus, with the
+// DeviceClasses of rcs, recording what it allocates as the scheduler does,
+// so that each call sees what the earlier ones took. Every claim must pass
+// Kubernetes' validation.
+func allocator(t *testing.T, gpus []v1alpha1.Device, rcs ...*v1alpha1.ResourceClass) func(claims ...*resourceapi.ResourceClaim) []resourceapi.AllocationResult {
+	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
-	gpus := []v1alpha1.Device{
-		sharing(h100(), "GPU-shared", v1alpha1.SharingMPS, "40Gi", "100", ""),
-		sharing(h100(), "GPU-whole", v1alpha1.SharingExclusive, "", "", ""),
-	}
 	devices, refused := dradevice.Devices(gpus)
 	if len(refused) > 0 {
 		t.Fatal(refused)
@@ -92,19 +96,13 @@ func TestShareClassesAllocate(t *testing.T) {
 			Pool: resourceapi.ResourcePool{Name: "node-1", ResourceSliceCount: 1}, Devices: devices},
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}
-	gpuSel := []v1alpha1.ResourceSelectorRequirement{req("kind", "In", "nvidia-gpu")}
 	cls := classes{}
-	for name, share := range map[string]*v1alpha1.ResourceShare{
-		"gpu":     nil,
-		"gpu-10g": {Memory: ptr(resource.MustParse("10Gi")), Compute: ptr(int32(25))},
-	} {
-		dc, err := DeviceClass(&v1alpha1.ResourceClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.ResourceClassSpec{
-			ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: gpuSel}}, Share: share,
-		}})
+	for _, rc := range rcs {
+		dc, err := DeviceClass(rc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cls[name] = dc
+		cls[rc.Name] = dc
 	}
 	features := structured.Features{ConsumableCapacity: true, DeviceTaints: true, PrioritizedList: true}
 	state := structured.AllocatedState{
@@ -112,7 +110,7 @@ func TestShareClassesAllocate(t *testing.T) {
 		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
 		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
 	}
-	allocate := func(claims ...*resourceapi.ResourceClaim) []resourceapi.AllocationResult {
+	return func(claims ...*resourceapi.ResourceClaim) []resourceapi.AllocationResult {
 		t.Helper()
 		for _, c := range claims {
 			validateClaim(t, c)
@@ -125,7 +123,6 @@ func TestShareClassesAllocate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Record what is allocated, as the scheduler does.
 		for _, r := range out {
 			for _, d := range r.Devices.Results {
 				id := structured.MakeDeviceID(d.Driver, d.Pool, d.Device)
@@ -143,6 +140,20 @@ func TestShareClassesAllocate(t *testing.T) {
 		}
 		return out
 	}
+}
+
+func TestShareClassesAllocate(t *testing.T) {
+	gpuSel := []v1alpha1.ResourceSelectorRequirement{req("kind", "In", "nvidia-gpu")}
+	allocate := allocator(t, []v1alpha1.Device{
+		sharing(h100(), "GPU-shared", v1alpha1.SharingMPS, "40Gi", "100", ""),
+		sharing(h100(), "GPU-whole", v1alpha1.SharingExclusive, "", "", ""),
+	},
+		&v1alpha1.ResourceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu"}, Spec: *specOf(gpuSel)},
+		&v1alpha1.ResourceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu-10g"}, Spec: v1alpha1.ResourceClassSpec{
+			ResourceSelector: specOf(gpuSel).ResourceSelector,
+			Share:            &v1alpha1.ResourceShare{Memory: ptr(resource.MustParse("10Gi")), Compute: ptr(int32(25))},
+		}},
+	)
 	sharedName, wholeName := dradevice.DeviceName("GPU-shared"), dradevice.DeviceName("GPU-whole")
 
 	// Two shares of different sizes, on the one shared GPU.
@@ -194,5 +205,52 @@ func TestShareClassesAllocate(t *testing.T) {
 	if out := allocate(c); out != nil {
 		t.Errorf("a claim of the GPU's own memory was allocated: %+v", out)
 	}
-	t.Logf("the shared GPU holds %v", state.AggregatedCapacity)
+}
+
+// The ResourceClass and ResourceClaimTemplate docs/dra.md ("Share classes")
+// tells users to write are accepted and give the claim its two units.
+func TestDocShareClaimAllocates(t *testing.T) {
+	raw, err := os.ReadFile("../../docs/dra.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rc *v1alpha1.ResourceClass
+	var tmpl *resourceapi.ResourceClaimTemplate
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllSubmatch(raw, -1) {
+		for _, part := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(m[1]), -1) {
+			var meta metav1.PartialObjectMetadata
+			if err := yaml.Unmarshal([]byte(part), &meta); err != nil {
+				continue
+			}
+			switch {
+			case meta.Kind == "ResourceClass" && meta.Name == "gpu-10g":
+				rc = &v1alpha1.ResourceClass{}
+				err = yaml.UnmarshalStrict([]byte(part), rc)
+			case meta.Kind == "ResourceClaimTemplate" && meta.Name == "two-units-of-gpu-10g":
+				tmpl = &resourceapi.ResourceClaimTemplate{}
+				err = yaml.UnmarshalStrict([]byte(part), tmpl)
+			}
+			if err != nil {
+				t.Fatalf("%v\n%s", err, part)
+			}
+		}
+	}
+	if rc == nil || tmpl == nil {
+		t.Fatalf("docs/dra.md has no ResourceClass gpu-10g (%v) or ResourceClaimTemplate two-units-of-gpu-10g (%v)", rc != nil, tmpl != nil)
+	}
+	if rc.Spec.Share == nil {
+		t.Fatal("the documented gpu-10g is no share class")
+	}
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "notebook-share", UID: "u1"}, Spec: tmpl.Spec.Spec}
+	legacyscheme.Scheme.Default(claim) // as the apiserver does: count 1
+	allocate := allocator(t, []v1alpha1.Device{sharing(h100(), "GPU-shared", v1alpha1.SharingMPS, "81559Mi", "100", "")}, rc)
+	out := allocate(claim)
+	if len(out) != 1 || len(out[0].Devices.Results) != 1 {
+		t.Fatalf("the documented claim was not allocated: %+v", out)
+	}
+	got := out[0].Devices.Results[0].ConsumedCapacity
+	mem, compute := got[dradevice.ShareCapacity("memory")], got[dradevice.ShareCapacity("compute")]
+	if mem.Cmp(resource.MustParse("20Gi")) != 0 || compute.Cmp(resource.MustParse("50")) != 0 {
+		t.Errorf("the documented claim consumed %v, want two units (20Gi, 50)", got)
+	}
 }
