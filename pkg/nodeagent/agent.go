@@ -630,8 +630,11 @@ func (r *running) applySharing(logger klog.Logger, devices []v1alpha1.Device) {
 	if node, err := r.nodes.Get(r.a.config.NodeName); err == nil {
 		in.node = node
 	}
-	if r.plugins != nil {
-		in.holders = r.plugins.allocator.Holders
+	switch {
+	case r.plugins != nil:
+		in.holders, in.holderKind = r.plugins.allocator.Holders, "pods"
+	case r.dra != nil:
+		in.holders, in.holderKind = r.dra.plugin.Holders, "ResourceClaims"
 	}
 	var published map[string]v1alpha1.SharingMode
 	in.published = func(id string) (v1alpha1.SharingMode, bool) {

@@ -80,9 +80,12 @@ type sharingInput struct {
 	// node is the agent's Node, nil when it could not be read (the last
 	// labels read are then used).
 	node *corev1.Node
-	// holders lists the pods that hold a device; nil when the agent serves no
-	// endpoints, and so knows of no pod.
-	holders func(id string) []handoff.Holder
+	// holders lists what holds a device: the pods assigned it
+	// (handoff.Allocator.Holders), or on a DRA node the claims prepared on it
+	// (draplugin.Plugin.Holders), named holderKind; nil when the agent
+	// serves neither, and so knows of no holder.
+	holders    func(id string) []handoff.Holder
+	holderKind string
 	// published is the mode the agent published for a device before, read
 	// only for a GPU it has no mode of yet.
 	published func(id string) (v1alpha1.SharingMode, bool)
@@ -134,11 +137,11 @@ func (s *sharingModes) apply(logger klog.Logger, devices []v1alpha1.Device, in s
 			delete(s.waiting, d.ID)
 		default:
 			sharing.RequestedMode = wanted
-			msg := fmt.Sprintf("sharing mode %s waits for the pods that hold the GPU in mode %s to end: %s", wanted, current, nameHolders(holders))
+			msg := fmt.Sprintf("sharing mode %s waits for the %s that hold the GPU in mode %s to end: %s", wanted, in.holderKind, current, nameHolders(holders))
 			msgs = append(msgs, msg)
 			if s.waiting[d.ID] != wanted {
 				s.waiting[d.ID] = wanted
-				logger.Info("sharing mode change waits for pods", "device", d.ID, "mode", wanted, "current", current, "pods", len(holders))
+				logger.Info("sharing mode change waits for holders", "device", d.ID, "mode", wanted, "current", current, in.holderKind, len(holders))
 				in.event(corev1.EventTypeNormal, reasonSharingWaiting, fmt.Sprintf("GPU %s: %s", d.ID, msg))
 			}
 		}

@@ -62,9 +62,10 @@ func (f *sharingFixture) pass() map[string]v1alpha1.Device {
 	f.t.Helper()
 	devices := []v1alpha1.Device{gpu80("a"), gpu80("b"), gpu80("c"), {ID: "0000:3b:00.0", Kind: v1alpha1.DeviceKindNIC, Healthy: true}}
 	in := sharingInput{
-		node:    &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: f.labels}},
-		holders: func(id string) []handoff.Holder { return f.holders[id] },
-		event:   func(eventtype, reason, message string) { f.events = append(f.events, eventtype+" "+reason+" "+message) },
+		node:       &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: f.labels}},
+		holders:    func(id string) []handoff.Holder { return f.holders[id] },
+		holderKind: "pods",
+		event:      func(eventtype, reason, message string) { f.events = append(f.events, eventtype+" "+reason+" "+message) },
 	}
 	if f.published != nil {
 		in.published = func(id string) (v1alpha1.SharingMode, bool) { m, ok := f.published[id]; return m, ok }
