@@ -822,7 +822,8 @@ func (c *cache) charge(n *nodeState, h *holding, sign int) {
 				flaw = h.checkOn(n, c.classes)
 			}
 			if flaw == nil {
-				h.trusted = true
+				// A trusted holding stays what it is: its claims are read no more.
+				h.trusted, h.claims = true, nil
 			} else {
 				c.block(n, h)
 				c.reportLocked(h, flaw)

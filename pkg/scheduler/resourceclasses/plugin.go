@@ -324,6 +324,10 @@ func (p *Plugin) untrusted(logger klog.Logger) func(h *holding, why *inconsisten
 		if h.blocked != nil {
 			held = "it is counted as holding the devices it requests on node " + h.node + ", which ones unknown"
 		}
+		if len(h.blockedShares) > 0 {
+			// claimedShares: never less than the container requests.
+			held += ", and its shares as the larger of what it claims and what it requests on the GPUs it names (" + strings.Join(slices.Sorted(maps.Keys(h.blockedShares)), ", ") + ")"
+		}
 		if h.ref == nil {
 			logger.Info("Not believing a pod's device assignment", "podUID", h.uid, "node", h.node, "reason", why.reason, "detail", why.detail)
 			return
