@@ -313,9 +313,10 @@ func (s *Supervisor) pass(ctx context.Context) time.Duration {
 	return next
 }
 
-// sweep handles what a previous supervisor left: its daemons died with its
-// container, so every state file below Dir of a GPU not in the set is
-// rewritten Stopped, and such a GPU's compute mode goes back to DEFAULT.
+// sweep handles what a previous supervisor left without stopping (killed):
+// its daemons died with its container, so every state file below Dir of a
+// GPU not in the set that is not Stopped is rewritten Stopped, and such a
+// GPU's compute mode goes back to DEFAULT.
 func (s *Supervisor) sweep(logger klog.Logger, desired map[string]bool) {
 	entries, err := os.ReadDir(s.cfg.Dir)
 	if err != nil {
@@ -329,7 +330,8 @@ func (s *Supervisor) sweep(logger klog.Logger, desired map[string]bool) {
 		if !e.IsDir() || desired[u] {
 			continue
 		}
-		if _, err := mpsstate.Read(s.cfg.Dir, u); errors.Is(err, os.ErrNotExist) {
+		// Stopped: the previous supervisor cleaned up after it.
+		if st, err := mpsstate.Read(s.cfg.Dir, u); errors.Is(err, os.ErrNotExist) || (err == nil && st.Phase == mpsstate.Stopped) {
 			continue
 		}
 		d := &daemon{uuid: u, exclusive: s.cfg.ExclusiveProcess}
@@ -393,7 +395,7 @@ func (s *Supervisor) failed(logger klog.Logger, d *daemon, reason, message strin
 		s.cfg.Metrics.restarts.WithLabelValues(d.uuid, reason).Inc()
 	}
 	if s.cfg.Event != nil {
-		s.cfg.Event("Warning", "MPSControlDaemonRestarted", fmt.Sprintf("GPU %s: %s; started again after %s", d.uuid, message, d.backoff))
+		s.cfg.Event("Warning", "MPSControlDaemonRestarted", fmt.Sprintf("GPU %s: %s; starting it again in %s", d.uuid, message, d.backoff))
 	}
 	s.setState(logger, d, mpsstate.Failed, message)
 	s.delay(d)

@@ -300,17 +300,29 @@ func TestDaemonThatCannotStartIsFailed(t *testing.T) {
 	}
 }
 
-// State left by a previous supervisor's pod, of a GPU not in the set, is
-// rewritten Stopped: its daemon died with that pod.
+// State left by a previous supervisor's pod that was killed, of a GPU not in
+// the set, is rewritten Stopped (its daemon died with that pod) and the GPU
+// made DEFAULT again; a GPU it stopped itself is left alone.
 func TestLeftoverStateIsStopped(t *testing.T) {
-	h := newHarness(t, nil)
-	if err := mpsstate.Write(h.dir, "GPU-old", mpsstate.State{Phase: mpsstate.Running, Updated: h.clock.Now()}); err != nil {
-		t.Fatal(err)
+	modes := &computeModes{}
+	server := modes.mock(t)
+	killed, stopped := server.UUIDs()[0], server.UUIDs()[1]
+	h := newHarness(t, func(c *Config) {
+		c.ExclusiveProcess = true
+		c.ComputeMode = &NVMLComputeMode{NVML: server}
+	})
+	for u, phase := range map[string]mpsstate.Phase{killed: mpsstate.Running, stopped: mpsstate.Stopped} {
+		if err := mpsstate.Write(h.dir, u, mpsstate.State{Phase: phase, Updated: h.clock.Now()}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	h.s.Update(klogger(h), nil)
 	h.s.pass(h.ctx)
-	if st := h.state("GPU-old"); st.Phase != mpsstate.Stopped {
+	if st := h.state(killed); st.Phase != mpsstate.Stopped {
 		t.Errorf("leftover state %+v, want Stopped", st)
+	}
+	if want := []string{killed + "=" + strconv.Itoa(int(lib.COMPUTEMODE_DEFAULT))}; !slices.Equal(modes.calls, want) {
+		t.Errorf("compute modes %v, want %v (the killed pod's GPU only)", modes.calls, want)
 	}
 }
 
