@@ -10,6 +10,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/resclass/resclass/pkg/assignment"
 )
 
 // A container can get devices of this driver from several requests: two
@@ -19,8 +21,9 @@ import (
 // the device-plugin path (pkg/handoff, EnvClassDevicesPrefix), the CDI device
 // of every request a container uses names the devices of all of them: each
 // kind's variables (NVIDIA_VISIBLE_DEVICES, RESCLASS_NIC_*) list every device
-// of that kind of the container, and RESCLASS_DEVICES_<CLASS> every device of
-// the class, whatever order they are applied in.
+// of that kind of the container, RESCLASS_DEVICES_<CLASS> every device of
+// the class, and RESCLASS_SHARE_* and the MPS limits the container's shares
+// summed, whatever order they are applied in.
 //
 // A claim's CDI device is written once, when the kubelet first prepares the
 // claim, and is what every container using the claim gets. So a request is
@@ -44,6 +47,8 @@ type requestRef struct {
 type requestDevices struct {
 	class string
 	ids   []string
+	// shares are the shares of ids that serve shares (share.go), by id.
+	shares map[string]assignment.Share
 }
 
 // containerSet is what prepare merges a request's edits over: the devices of
@@ -52,8 +57,14 @@ type requestDevices struct {
 type containerSet struct {
 	all     []string            // every device id, in request order
 	byClass map[string][]string // class -> device ids
-	ok      bool
-	why     string
+	// shares are the container's shares, one per share request, keyed
+	// "<claim uid>/<request>", and their devices under the same keys: what
+	// handoff.ShareEdits sums, as the device-plugin path sums a
+	// container's share classes.
+	shares       map[string]assignment.Share
+	shareDevices map[string][]string
+	ok           bool
+	why          string
 }
 
 // prepareCall is what one PrepareResourceClaims call reads once: its claims
@@ -145,7 +156,7 @@ func (p *Plugin) companions(ctx context.Context, claim *resourceapi.ResourceClai
 			byUID[c.UID] = c
 		}
 	}
-	out := containerSet{byClass: map[string][]string{}, ok: true}
+	out := containerSet{byClass: map[string][]string{}, shares: map[string]assignment.Share{}, shareDevices: map[string][]string{}, ok: true}
 	for _, ref := range set {
 		d, err := p.requestDevices(byUID[ref.claim], ref.request)
 		if err != nil {
@@ -154,6 +165,13 @@ func (p *Plugin) companions(ctx context.Context, claim *resourceapi.ResourceClai
 		out.all = append(out.all, d.ids...)
 		if len(d.ids) > 0 {
 			out.byClass[d.class] = append(out.byClass[d.class], d.ids...)
+		}
+		if len(d.shares) > 0 {
+			if len(d.ids) != 1 {
+				return containerSet{why: fmt.Sprintf("request %s of a claim of the pod has %d devices, some of them shares", ref.request, len(d.ids))}
+			}
+			key := string(ref.claim) + "/" + ref.request
+			out.shares[key], out.shareDevices[key] = d.shares[d.ids[0]], d.ids
 		}
 	}
 	return out
@@ -176,6 +194,16 @@ func (p *Plugin) requestDevices(claim *resourceapi.ResourceClaim, request string
 		id, ok := p.ids[r.Device]
 		if r.Pool != p.cfg.NodeName || !ok {
 			return requestDevices{}, fmt.Errorf("ResourceClaim %s/%s: device %s/%s is not on this node", claim.Namespace, claim.Name, r.Pool, r.Device)
+		}
+		share, err := readShare(&r, p.devices[id])
+		if err != nil {
+			return requestDevices{}, fmt.Errorf("ResourceClaim %s/%s: %w", claim.Namespace, claim.Name, err)
+		}
+		if share != nil {
+			if out.shares == nil {
+				out.shares = map[string]assignment.Share{}
+			}
+			out.shares[id] = share
 		}
 		out.ids = append(out.ids, id)
 		out.class = p.cfg.ClassOf(deviceClassOf(claim, r.Request))

@@ -391,14 +391,18 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		if same := set.byClass[class]; set.ok && len(same) > 0 {
 			e.Env[handoff.ClassEnv(class)] = strings.Join(same, ",")
 		}
-		// A share is of one device (docs/sharing.md: never spread), and the
-		// request's CDI device carries its own share's limits only.
+		// A share is of one device (docs/sharing.md: never spread). The
+		// request's CDI device carries the shares of its containers summed
+		// (container.go), or its own only.
 		if slices.ContainsFunc(idx, func(j int) bool { return pc.Devices[j].Share != nil }) {
 			if len(idx) != 1 {
 				return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s: request %s has %d devices, some of them shares: a share is of one device (count 1)", claim.Namespace, claim.Name, request, len(idx))
 			}
-			share := map[string]assignment.Share{class: pc.Devices[idx[0]].Share}
-			if err := handoff.ShareEdits(p.kinds, &p.handoff, share, map[string][]string{class: ids}, &e); err != nil {
+			shares, devices := map[string]assignment.Share{class: pc.Devices[idx[0]].Share}, map[string][]string{class: ids}
+			if set.ok && len(set.shares) > 0 {
+				shares, devices = set.shares, set.shareDevices
+			}
+			if err := handoff.ShareEdits(p.kinds, &p.handoff, shares, devices, &e); err != nil {
 				return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s: request %s: %w", claim.Namespace, claim.Name, request, err)
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
@@ -46,13 +47,17 @@ func newShareFixture(t *testing.T) *fixture {
 	f := newFixture(t)
 	f.cfg.Kinds = devicekind.NewRegistry(nvidiagpu.Kind{MPSDir: testMPSDir}, nic.Kind{}, hugepages.Kind{})
 	f.restart()
+	setSharedDevices(f)
+	return f
+}
+
+func setSharedDevices(f *fixture) {
 	f.p.SetDevices([]v1alpha1.Device{
 		sharedGPU("GPU-m", 0, v1alpha1.SharingMPS, "40Gi", "100"),
 		sharedGPU("GPU-t", 1, v1alpha1.SharingTimeSlicing, "40Gi", "100"),
 		sharedGPU("GPU-o", 2, v1alpha1.SharingMPS, "40Gi", ""),
 		gpu("GPU-a", 3),
 	}, map[string]string{"gpu-m": "GPU-m", "gpu-t": "GPU-t", "gpu-o": "GPU-o", "gpu-0": "GPU-a"})
-	return f
 }
 
 // shareClaim is a claim of class gpu-share allocated a share of device: the
@@ -61,7 +66,7 @@ func newShareFixture(t *testing.T) *fixture {
 func shareClaim(uid, device string, consumed ...string) *resourceapi.ResourceClaim {
 	c := claim(uid, "gpu-share", device)
 	r := &c.Status.Allocation.Devices.Results[0]
-	r.ShareID = ptrTo(types.UID("00000000-0000-0000-0000-0000000000" + fmt.Sprintf("%02d", len(uid))))
+	r.ShareID = ptr(types.UID("00000000-0000-0000-0000-0000000000" + fmt.Sprintf("%02d", len(uid))))
 	r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{}
 	for i := 0; i+1 < len(consumed); i += 2 {
 		name := consumed[i]
@@ -72,8 +77,6 @@ func shareClaim(uid, device string, consumed ...string) *resourceapi.ResourceCla
 	}
 	return c
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 // edits is the claim's one CDI device's environment, as a map, and mounts.
 func edits(t *testing.T, s *specs.Spec) (map[string]string, []*specs.Mount) {
@@ -252,7 +255,7 @@ func FuzzReadShare(f *testing.F) {
 			}
 		}
 		if shareID {
-			r.ShareID = ptrTo(types.UID("u"))
+			r.ShareID = ptr(types.UID("u"))
 		}
 		for i := range gpus {
 			share, err := readShare(&r, &gpus[i])
@@ -334,5 +337,52 @@ func TestHolders(t *testing.T) {
 	}
 	if got := f.p.Holders("GPU-t"); len(got) != 0 {
 		t.Errorf("holders of GPU-t %v", got)
+	}
+}
+
+// A container with two shares of one GPU (one claim of two share requests)
+// gets their sum in each request's CDI device, whichever the runtime applies
+// last, as the device-plugin path sums a container's share classes.
+func TestOneContainerSumsItsShares(t *testing.T) {
+	f := newShareFixture(t)
+	pod := testPod(corev1.Container{Name: "main", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "c"}}}})
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "c", ResourceClaimName: ptr("claim-uc")}}
+	c := podClaim("uc", pod, map[string][]string{"small": {"gpu-m"}, "big": {"gpu-m"}})
+	for i := range c.Status.Allocation.Devices.Results {
+		r := &c.Status.Allocation.Devices.Results[i]
+		memory, compute := "1Gi", "10"
+		if r.Request == "r-big" {
+			memory, compute = "4Gi", "30"
+		}
+		r.ShareID = ptr(types.UID(fmt.Sprintf("00000000-0000-0000-0000-00000000000%d", i)))
+		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{
+			"share.resclass.io/memory": resource.MustParse(memory), "share.resclass.io/compute": resource.MustParse(compute), "memory": resource.MustParse("0"),
+		}
+	}
+	f.withClient(pod, c)
+	setSharedDevices(f)
+	if r := f.prepare(c)["uc"]; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	s := f.spec("uc")
+	if len(s.Devices) != 2 {
+		t.Fatalf("%d CDI devices", len(s.Devices))
+	}
+	for _, d := range s.Devices {
+		env := map[string]string{}
+		for _, kv := range d.ContainerEdits.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		for k, want := range map[string]string{
+			"RESCLASS_SHARE_MEMORY":             "5368709120",
+			"RESCLASS_SHARE_COMPUTE":            "40",
+			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=5120M",
+			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
+		} {
+			if env[k] != want {
+				t.Errorf("%s: %s=%q, want %q", d.Name, k, env[k], want)
+			}
+		}
 	}
 }
