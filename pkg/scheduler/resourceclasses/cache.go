@@ -489,12 +489,13 @@ func (c *cache) setNodeDevices(nd *v1alpha1.NodeDevices) (invalid []invalidDevic
 	if old != nil {
 		oldBlocked = maps.Clone(old.blocked) // charging n takes the blocked holdings off old
 	}
+	oldShareFree := old.shareFree() // and their shares
 	c.nodes[nd.Name] = n
 	c.indexNode(nd.Name, old, n)
 	for _, h := range c.byNode[nd.Name] {
 		c.charge(n, h, 1)
 	}
-	grown := grownClasses(old, oldBlocked, n)
+	grown := grownClasses(old, oldBlocked, oldShareFree, n)
 	invalidNow := c.invalidDevices
 	c.mu.Unlock()
 	invalidDevices.Set(float64(invalidNow))
@@ -596,17 +597,19 @@ func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 // old, its devices before (nil: none), did not: a device the class selects
 // that a pod may be given now and could not before (new, healed, no longer
 // held, newly selected by the class), or a pool of the class with more free
-// pages, or pages of another size. Whether a pod fits only grows with these
+// pages, or pages of another size, or a shared device with room for more
+// units of the class. Whether a pod fits only grows with these
 // (the matching's candidates and the pools' free bytes), so a pod none of
 // whose classes is among them fits n only if it fitted old: a change that
 // shrinks or only repeats a node's devices names none. Where pods hold
 // devices that are not known (blocked), their rows compete for the devices
 // of every class, so any growth, or fewer blocked, names every class of n.
-// oldBlocked is old's blocked as it was before n was charged.
-func grownClasses(old *nodeState, oldBlocked map[string]int, n *nodeState) []string {
+// oldBlocked is old's blocked, and oldShareFree what its shared devices had
+// free (shareFree), as they were before n was charged.
+func grownClasses(old *nodeState, oldBlocked map[string]int, oldShareFree map[string]selector.Capacity, n *nodeState) []string {
 	var grown []string
 	for class, idx := range n.matches {
-		if slices.ContainsFunc(idx, func(i int) bool { return n.newRoom(class, i, old) }) {
+		if slices.ContainsFunc(idx, func(i int) bool { return n.newRoom(class, i, old, oldShareFree) }) {
 			grown = append(grown, class)
 		}
 	}
@@ -623,7 +626,7 @@ func grownClasses(old *nodeState, oldBlocked map[string]int, n *nodeState) []str
 
 // newRoom reports whether device i of n, which class selects, gives class
 // room on n that it did not have on old (grownClasses).
-func (n *nodeState) newRoom(class string, i int, old *nodeState) bool {
+func (n *nodeState) newRoom(class string, i int, old *nodeState, oldShareFree map[string]selector.Capacity) bool {
 	dev := n.devices[i]
 	if !dev.givable() {
 		return false
@@ -640,11 +643,30 @@ func (n *nodeState) newRoom(class string, i int, old *nodeState) bool {
 		return true
 	}
 	if dev.shared != nil {
-		// A share released, or capacity grown.
-		f, g := dev.shared.free(), was.shared.free()
-		return f.Memory > g.Memory || f.Compute > g.Compute
+		// A share released, or capacity grown: room for more units of the
+		// class than before.
+		unit := n.shareUnits[class]
+		return unitsIn(unit, dev.shared.free()) > unitsIn(unit, oldShareFree[dev.id])
 	}
 	return dev.pool != nil && (dev.pool.resourceName != was.pool.resourceName || dev.pool.freeBytes() > was.pool.freeBytes())
+}
+
+// shareFree is what each shared device of n (nil: none) has free, by id;
+// nil where n has none.
+func (n *nodeState) shareFree() map[string]selector.Capacity {
+	var out map[string]selector.Capacity
+	if n == nil {
+		return nil
+	}
+	for _, d := range n.devices {
+		if d.shared != nil {
+			if out == nil {
+				out = map[string]selector.Capacity{}
+			}
+			out[d.id] = d.shared.free()
+		}
+	}
+	return out
 }
 
 // givable: a pod may be given d now: healthy, allocatable and, unless pods

@@ -568,6 +568,16 @@ func TestShareRoomGrownActivates(t *testing.T) {
 	if !slices.Equal(freed, []string{activatedReleased}) {
 		t.Errorf("a share released: activations %v", freed)
 	}
+
+	// A share not believed fills the GPU; the capacity that grows past it
+	// is room, though charging the new devices takes it off the old ones.
+	c.hold(holdingFromPod(forged(t, "f", "n1", gpu10g.Name, 1, assignment.Share{"memory": 80 * gi}, "g0")))
+	grown = nil
+	publish("4", "80Gi")
+	publish("5", "90Gi")
+	if len(grown) != 1 || !slices.Equal(grown[0], []string{gpu10g.Name}) {
+		t.Errorf("capacity grown past a share not believed: grown %v, want gpu-10g (10Gi free)", grown)
+	}
 }
 
 // TestOneShareAgreesWithPlacement: Filter's answer for the common share pod
