@@ -65,6 +65,18 @@ func (f *fixture) withClient(objs ...runtime.Object) {
 // earlier one.
 func (f *fixture) containerEnv(names ...string) map[string]string {
 	f.t.Helper()
+	out := map[string]string{}
+	for _, kv := range f.containerSpec(names...).Process.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		out[k] = v
+	}
+	return out
+}
+
+// containerSpec is the OCI spec a runtime makes of the CDI devices names, as
+// containerEnv.
+func (f *fixture) containerSpec(names ...string) *oci.Spec {
+	f.t.Helper()
 	// The fixture's device nodes are plain files, which CDI refuses: the
 	// specs are read without them.
 	dir := f.t.TempDir()
@@ -99,12 +111,7 @@ func (f *fixture) containerEnv(names ...string) map[string]string {
 	if unresolved, err := cache.InjectDevices(spec, names...); err != nil {
 		f.t.Fatalf("inject %v: %v (unresolved %v, %v)", names, err, unresolved, cache.GetErrors())
 	}
-	out := map[string]string{}
-	for _, kv := range spec.Process.Env {
-		k, v, _ := strings.Cut(kv, "=")
-		out[k] = v
-	}
-	return out
+	return spec
 }
 
 func claimCDI(uid, request string) string { return CDIKind + "=" + uid + "-" + request }

@@ -135,6 +135,26 @@ func TestPrepareTwoSharesOfOneGPU(t *testing.T) {
 			t.Errorf("%s: mounts %v", tc.uid, got)
 		}
 	}
+	// What the runtime makes of each claim's CDI device: its own limits and
+	// the MPS mounts.
+	for uid, want := range map[string]string{"u1": "0=10240M", "u22": "0=20480M"} {
+		spec := f.containerSpec(claimCDI(uid, "gpus"))
+		env := map[string]string{}
+		for _, kv := range spec.Process.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		if env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != want {
+			t.Errorf("%s's container: memory limit %q, want %q", uid, env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], want)
+		}
+		mounts := map[string]string{}
+		for _, m := range spec.Mounts {
+			mounts[m.Destination] = m.Source
+		}
+		if mounts["/dev/shm"] != testMPSDir+"/shm" || mounts["/run/resclass/mps/GPU-m/pipe"] != testMPSDir+"/GPU-m/pipe" {
+			t.Errorf("%s's container mounts %v", uid, mounts)
+		}
+	}
 	prepared := f.p.Prepared()
 	if s := prepared["u1"].Devices[0].Share; !maps.Equal(s, assignment.Share{"memory": 10 << 30, "compute": 25}) {
 		t.Errorf("u1's share recorded as %v", s)
