@@ -438,3 +438,41 @@ func TestDriverRoot(t *testing.T) {
 		t.Errorf("a missing binary: %v", err)
 	}
 }
+
+// Run passes when the set changes and at every probe period, and quits every
+// daemon when its context ends.
+func TestRun(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx, cancel := context.WithCancel(h.ctx)
+	started, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		h.s.Run(ctx, started)
+		close(done)
+	}()
+	h.s.Update(klogger(h), []string{"GPU-a"})
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no first pass after Update")
+	}
+	// Probe periods pass until the daemon answers.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if st, err := mpsstate.Read(h.dir, "GPU-a"); err == nil && st.Phase == mpsstate.Running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("GPU-a never Running under Run")
+		}
+		h.clock.Step(h.s.cfg.ProbePeriod)
+	}
+	pid := h.pid("GPU-a")
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	if alive(pid) || h.state("GPU-a").Phase != mpsstate.Stopped {
+		t.Errorf("after Run: daemon alive %v, %+v, want quit and Stopped", alive(pid), h.state("GPU-a"))
+	}
+}
