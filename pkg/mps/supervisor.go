@@ -86,7 +86,7 @@ type Config struct {
 	// Event, if set, records an Event on the Node (a daemon started again).
 	Event func(eventType, reason, message string)
 	// Clock is time for backoff and state files; nil is the real one.
-	Clock clock.WithTicker
+	Clock clock.Clock
 }
 
 // Supervisor keeps one MPS control daemon running per GPU of its set.
@@ -95,7 +95,7 @@ type Supervisor struct {
 	// daemonDir is Dir as the daemon sees it (below DriverRoot).
 	daemonDir string
 	binary    string
-	clock     clock.WithTicker
+	clock     clock.Clock
 
 	mu      sync.Mutex
 	desired map[string]bool
