@@ -92,9 +92,9 @@ func BenchmarkFilterPerNode(b *testing.B) {
 	class := func(b *testing.B, offered, shares bool) {
 		c := newCache()
 		c.setClass(gpuClass)
-		c.setClass(gpu10g)
 		class := gpuClass.Name
 		if shares {
+			c.setClass(gpu10g)
 			class = gpu10g.Name
 		}
 		infos := make([]fwk.NodeInfo, nodes)
