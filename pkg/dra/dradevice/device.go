@@ -93,8 +93,8 @@ const (
 // percent), coarse enough that a share's memory is the MPS client limit's
 // unit (MiB).
 var (
-	ShareMemoryStep  = resource.MustParse("1Mi")
-	ShareComputeStep = resource.MustParse("1")
+	shareMemoryStep  = resource.MustParse("1Mi")
+	shareComputeStep = resource.MustParse("1")
 )
 
 // pcieRoot is published under Kubernetes' standard name,
@@ -214,7 +214,8 @@ func Exact(q resource.Quantity) resource.Quantity {
 //     characters;
 //   - a string is longer than 64 characters;
 //   - a version has a non-zero part after the third (see Semver);
-//   - with kind and id, it has more than 32 attributes and capacities;
+//   - with kind, id and what it publishes of its sharing, it has more than 32
+//     attributes and capacities;
 //   - it serves shares and a quantity attribute is negative (see share).
 //
 // An unhealthy device carries the TaintUnhealthy NoSchedule taint, one whose
@@ -339,8 +340,9 @@ func Device(d *v1alpha1.Device) (resourceapi.Device, error) {
 // beta and on by default in Kubernetes 1.36): allowMultipleAllocations, the
 // attribute AttributeShareMode, and the capacities of ShareDomain that c
 // publishes, in whole bytes and percent as pkg/selector counts them, each
-// with a requestPolicy: any multiple of its step (ShareMemoryStep,
-// ShareComputeStep) up to the capacity, and 0 by default. The default is what
+// with a requestPolicy: any multiple of its step (shareMemoryStep,
+// shareComputeStep; any amount for a capacity smaller than one step) up to
+// the capacity, and 0 by default. The default is what
 // a claim that does not request the capacity consumes, so a class's share
 // that takes no compute takes none on DRA either; a claim that requests
 // nothing at all consumes nothing, and the kubelet plugin refuses to prepare
@@ -376,10 +378,10 @@ func share(out *resourceapi.Device, mode v1alpha1.SharingMode, c selector.Capaci
 		}
 	}
 	if c.Memory >= 0 {
-		add(v1alpha1.CapacityMemory, c.Memory, resource.BinarySI, ShareMemoryStep)
+		add(v1alpha1.CapacityMemory, c.Memory, resource.BinarySI, shareMemoryStep)
 	}
 	if c.Compute >= 0 {
-		add(v1alpha1.CapacityCompute, c.Compute, resource.DecimalSI, ShareComputeStep)
+		add(v1alpha1.CapacityCompute, c.Compute, resource.DecimalSI, shareComputeStep)
 	}
 	return nil
 }
