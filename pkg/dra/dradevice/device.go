@@ -74,9 +74,11 @@ const (
 	ShareDomain = "share.resclass.io"
 
 	// AttributeShareMode is the sharing mode of a device that serves shares,
-	// in ShareDomain. A DeviceClass's CEL cannot see allowMultipleAllocations,
-	// so this is what the selectors of share classes and of whole classes
-	// test.
+	// in ShareDomain: what the selectors of share classes and of whole
+	// classes test. CEL declares device.allowMultipleAllocations only where
+	// DRAConsumableCapacity is on, and an expression reading it would not
+	// compile elsewhere; an attribute compiles in every environment and says
+	// the mode too.
 	AttributeShareMode = "mode"
 
 	// TaintModeChange is the key of the NoSchedule taint a device carries
