@@ -335,9 +335,9 @@ func (t *pairTable) bestSets(cand []int, k int, base, freeDev []int, keep int) [
 // then decides, and feasibility never depends on this choice: tryPlace's
 // matching solves with these devices first and any others after).
 func (n *nodeState) topologySets(d *demand, exclusive []string, free []bool, usable func(int) bool) map[string][]int {
-	var freeDev []int
+	var freeDev []int // free for a whole-device pod
 	for i, dev := range n.devices {
-		if free[i] && dev.pool == nil {
+		if free[i] && dev.pool == nil && dev.shared == nil {
 			freeDev = append(freeDev, i)
 		}
 	}
