@@ -167,6 +167,18 @@ func shareUse(s *resourceclasses.SnapshotShare) string {
 	if s.Units > 0 {
 		out += fmt.Sprintf("; units free %d/%d", s.FreeUnits, s.Units)
 	}
+	// What keeps a pod within its share (docs/sharing.md, "Enforcement"):
+	// Soft and Accounting limits hold only for pods that keep to them.
+	var enforced []string
+	for _, e := range s.Enforcement {
+		enforced = append(enforced, fmt.Sprintf("%s %s (%s)", e.Capacity, e.Mechanism, e.Strength))
+	}
+	if len(enforced) > 0 {
+		out += "; enforced by " + strings.Join(enforced, ", ")
+	}
+	if s.Message != "" {
+		out += "; " + s.Message
+	}
 	return out
 }
 

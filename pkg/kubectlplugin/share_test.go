@@ -27,6 +27,9 @@ func TestShares(t *testing.T) {
 	}
 	node := v1alpha1.NodeDevices{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
 	node.Status.Devices = []v1alpha1.Device{shared("g0"), shared("g1")}
+	node.Status.Devices[0].Sharing.Enforcement = []v1alpha1.SharingEnforcement{
+		{Capacity: v1alpha1.CapacityMemory, Mechanism: v1alpha1.MechanismMPSClientLimit, Strength: v1alpha1.EnforcementSoft},
+	}
 	class := v1alpha1.ResourceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu-10g"}, Spec: v1alpha1.ResourceClassSpec{
 		ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: []v1alpha1.ResourceSelectorRequirement{
 			{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{v1alpha1.DeviceKindNvidiaGPU}},
@@ -67,7 +70,7 @@ func TestShares(t *testing.T) {
 	}
 	for _, want := range []string{
 		"units free 13/16",
-		"free   MPS shares use memory 30Gi/80Gi, compute 36/100%; units free 5/8; held by ml/nb",
+		"free   MPS shares use memory 30Gi/80Gi, compute 36/100%; units free 5/8; enforced by memory MPSClientLimit (Soft); held by ml/nb",
 		"free   MPS shares use memory 0/80Gi, compute 0/100%; units free 8/8",
 	} {
 		if !strings.Contains(out.String(), want) {

@@ -17,7 +17,13 @@ import (
 // class requests fit a node (PreFilter and Filter), and class status. It is
 // built as after a scheduler restart, from the pods' annotations alone; it
 // runs no informer and writes nothing. It is not safe for concurrent use.
-type Snapshot struct{ c *cache }
+type Snapshot struct {
+	c *cache
+	// sharing is what each shared device publishes beyond what the cache
+	// keeps (enforcement, message), by node and device id: the scheduler
+	// never reads it, a tool shows it.
+	sharing map[string]map[string]*v1alpha1.DeviceSharing
+}
 
 // NewSnapshot builds the cache from classes, every node's devices and the
 // pods (the scheduler's own view: every pod of every namespace).
@@ -26,15 +32,24 @@ func NewSnapshot(classes []v1alpha1.ResourceClass, nodes []v1alpha1.NodeDevices,
 	for i := range classes {
 		c.setClass(&classes[i])
 	}
+	sharing := map[string]map[string]*v1alpha1.DeviceSharing{}
 	for i := range nodes {
 		c.setNodeDevices(&nodes[i])
+		for j := range nodes[i].Status.Devices {
+			if d := &nodes[i].Status.Devices[j]; d.Sharing != nil {
+				if sharing[nodes[i].Name] == nil {
+					sharing[nodes[i].Name] = map[string]*v1alpha1.DeviceSharing{}
+				}
+				sharing[nodes[i].Name][d.ID] = d.Sharing
+			}
+		}
 	}
 	for i := range pods {
 		if h := holdingFromPod(&pods[i]); h != nil {
 			c.hold(h)
 		}
 	}
-	return &Snapshot{c: c}
+	return &Snapshot{c: c, sharing: sharing}
 }
 
 // WithNodes lets Fit judge, as Filter does, whether each node's agent serves
@@ -73,6 +88,11 @@ type SnapshotDevice struct {
 // SnapshotShare is what the shares of one shared device take.
 type SnapshotShare struct {
 	Mode v1alpha1.SharingMode `json:"mode"`
+	// RequestedMode, Enforcement and Message are the device's, as its node
+	// agent publishes them (v1alpha1.DeviceSharing).
+	RequestedMode v1alpha1.SharingMode          `json:"requestedMode,omitempty"`
+	Enforcement   []v1alpha1.SharingEnforcement `json:"enforcement,omitempty"`
+	Message       string                        `json:"message,omitempty"`
 	// Capacity is what all shares may take together; Used, what the shares
 	// the scheduler counts take; Free, the rest.
 	Capacity ShareAmounts `json:"capacity"`
@@ -165,12 +185,15 @@ func (s *Snapshot) Devices(class string) (nodes []SnapshotNode, ok bool) {
 			slices.Sort(v.HeldBy)
 			switch {
 			case d.shared != nil:
-				s := d.shared
-				free := s.free()
-				v.Share = &SnapshotShare{Mode: s.mode, Capacity: amounts(s.capacity, s.capacity.Memory, s.capacity.Compute),
-					Used: amounts(s.capacity, s.used.Memory, s.used.Compute), Free: amounts(s.capacity, free.Memory, free.Compute)}
+				sh := d.shared
+				free := sh.free()
+				v.Share = &SnapshotShare{Mode: sh.mode, Capacity: amounts(sh.capacity, sh.capacity.Memory, sh.capacity.Compute),
+					Used: amounts(sh.capacity, sh.used.Memory, sh.used.Compute), Free: amounts(sh.capacity, free.Memory, free.Compute)}
 				if cl.share {
-					v.Share.Units, v.Share.FreeUnits = unitsIn(cl.unit, s.capacity), unitsIn(cl.unit, free)
+					v.Share.Units, v.Share.FreeUnits = unitsIn(cl.unit, sh.capacity), unitsIn(cl.unit, free)
+				}
+				if p := s.sharing[name][d.id]; p != nil {
+					v.Share.RequestedMode, v.Share.Enforcement, v.Share.Message = p.RequestedMode, p.Enforcement, p.Message
 				}
 				v.Free = v.Selected && d.healthy && !d.excluded && v.Share.FreeUnits > 0
 			case d.pool != nil:
