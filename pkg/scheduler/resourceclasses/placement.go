@@ -21,7 +21,7 @@ import (
 // container that requests it, in the pod's order, with its share.
 type placement struct {
 	drawn     map[string][]string
-	shares    map[string][]placedShare // share class -> per entry of drawn
+	shares    map[string][]placedShare // share class -> per entry of drawn; nil without shares
 	numas     int                      // distinct NUMA nodes among the chosen devices
 	aligned   bool                     // all on one NUMA node
 	util      int64                    // 0..100: share of the requested classes' devices in use once placed
@@ -227,7 +227,7 @@ func (n *nodeState) placeTopology(d *demand, c placeClasses, free []bool) (*plac
 func (n *nodeState) tryPlace(d *demand, c placeClasses, free []bool, onlyNUMA int, order func(class string, idx []int) []int) (*placement, *unfit) {
 	exclusive, pools := c.exclusive, c.pools
 	usable := func(i int) bool { return free[i] && (onlyNUMA == anyNUMA || n.devices[i].numa == onlyNUMA) }
-	p := &placement{drawn: map[string][]string{}, shares: map[string][]placedShare{}}
+	p := &placement{drawn: map[string][]string{}}
 	prob := matching.Problem{Devices: len(n.devices)}
 	for _, class := range exclusive {
 		var cand []int
@@ -343,6 +343,9 @@ func (n *nodeState) placeShares(d *demand, classes []string, ss Strategy, usable
 				taken = map[int]selector.Share{}
 			}
 			taken[chosen] = addShare(taken[chosen], 1, amount)
+			if p.shares == nil {
+				p.shares = map[string][]placedShare{}
+			}
 			p.drawn[class] = append(p.drawn[class], n.devices[chosen].id)
 			p.shares[class] = append(p.shares[class], placedShare{units: units, amount: amount})
 		}
