@@ -339,6 +339,18 @@ func TestDrainingGPUTakesNoNewPod(t *testing.T) {
 	if d := nodes[0].Devices[0]; !strings.Contains(d.Unusable, "sharing mode is to change") || d.Free {
 		t.Errorf("snapshot of the draining GPU: %+v", d)
 	}
+
+	// The change given up: the GPU takes shares again, and its waiting
+	// pods are told.
+	var grown []string
+	c.grew = func(_ string, classes []string) { grown = append(grown, classes...) }
+	nd = nodeDevices("n1", sharedGPU("g0", 0, "80Gi", v1alpha1.SharingMPS), gpu("w0", 0, "80Gi"))
+	nd.ResourceVersion = "3"
+	c.setNodeDevices(nd)
+	if !slices.Contains(grown, gpu10g.Name) || !slices.Contains(grown, gpuClass.Name) {
+		t.Errorf("mode changes given up: grown %v, want gpu-10g and gpu", grown)
+	}
+	place(t, c, gpuPod("new", gpu10g.Name, 1), "n1", BinPack)
 }
 
 // TestSharingOnAKindThatServesNoShares: a device that publishes a sharing
