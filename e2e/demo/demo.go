@@ -174,6 +174,11 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		return err
 	}
 
+	p.section("12. One GPU shared by pods of different sizes, each with its own share")
+	if err := sharedGPU(ctx, p, cluster, agentKubelet, gpus); err != nil {
+		return err
+	}
+
 	p.section("Done")
 	if opts.keep {
 		p.line("The cluster stays up until you press Ctrl-C. Try:")
@@ -185,6 +190,7 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		p.line("  kubectl get resourcedistributions; kubectl -n web get configmap ml-settings -o yaml")
 		p.line("  export PATH=%s:$PATH   # kubectl-resclass, the plugin", filepath.Join(opts.root, "_output", "bin"))
 		p.line("  kubectl resclass capacity --nodes; kubectl resclass why-pending train-big -n demo")
+		p.line("  kubectl get nodedevices %s -o yaml   # a GPU's sharing; kubectl label node %s %s=mps", agentNode, agentNode, v1alpha1.LabelGPUSharing)
 		if p.err != nil {
 			return p.err
 		}

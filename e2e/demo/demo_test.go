@@ -52,6 +52,15 @@ func TestDemo(t *testing.T) {
 		"FailedScheduling",
 		`resourceSelector[0]: kind is "nic", not In nvidia-gpu`,
 		"speed is 100Gbps, not GtEq 200Gbps",
+		// a shared GPU
+		"mode: TimeSlicing",
+		"enforcement: memory by SchedulerAccounting (Accounting)",
+		"demo/notebook-1: assignment shares GPU-",
+		"memory 10Gi, compute 25%",
+		"demo/notebook-2: assignment shares GPU-",
+		"memory 20Gi, compute 50%",
+		"container env RESCLASS_SHARE_MEMORY=21474836480 RESCLASS_SHARE_COMPUTE=50",
+		"allocatable 4, requested 3, available 1",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("demo output lacks %q", want)
