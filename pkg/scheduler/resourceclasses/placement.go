@@ -388,9 +388,9 @@ func shareUnfit(container, class string, unit selector.Share, units int64, sized
 	if !sized {
 		// Node-dependent (another node may have larger devices), so
 		// unresolvable here only: preemption frees no capacity.
-		return &unfit{unresolvable: true, reason: fmt.Sprintf("container %q asks %d units of class %s (%s): more than one GPU of the class has", container, units, class, describeUnits(unit, units))}
+		return &unfit{unresolvable: true, reason: fmt.Sprintf("container %q asks %d units of class %s (%s): more than one GPU of the class has", container, units, class, inReason(describeUnits(unit, units)))}
 	}
-	return &unfit{shareRoom: true, reason: fmt.Sprintf("Insufficient free share capacity of class %s: container %q asks %d units (%s), more than any GPU of the class has free", class, container, units, describeUnits(unit, units))}
+	return &unfit{shareRoom: true, reason: fmt.Sprintf("Insufficient free share capacity of class %s: container %q asks %d units (%s), more than any GPU of the class has free", class, container, units, inReason(describeUnits(unit, units)))}
 }
 
 // oneShare answers Filter for the common share pod, one container asking
@@ -471,6 +471,14 @@ func describeUnits(unit selector.Share, units int64) string {
 		parts = append(parts, fmt.Sprintf("%d%% compute", unit.Compute*units))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// inReason spells a percentage in words for a reason of a refusal: the
+// scheduler's FailedScheduling Event takes its message as a format string
+// (upstream's schedule_one.go), where "125% compute" became
+// "125%!c(MISSING)ompute".
+func inReason(s string) string {
+	return strings.ReplaceAll(s, "%", " percent")
 }
 
 // describeShare says what share s takes.

@@ -188,7 +188,7 @@ func TestSharesOfMixedSizes(t *testing.T) {
 		t.Errorf("g1 used %+v, want %+v", got, want)
 	}
 	why := refusal(t, c, gpuPod("f", gpu10g.Name, 1), "n1")
-	if why.unresolvable || !strings.Contains(why.reason, "Insufficient free share capacity of class gpu-10g") || !strings.Contains(why.reason, "(10Gi memory, 12% compute)") {
+	if why.unresolvable || !strings.Contains(why.reason, "Insufficient free share capacity of class gpu-10g") || !strings.Contains(why.reason, "(10Gi memory, 12 percent compute)") {
 		t.Errorf("a full node: %+v, want a resolvable refusal that names the share", why)
 	}
 
@@ -289,7 +289,7 @@ func TestShareRefusals(t *testing.T) {
 	c := shareCache(nodeDevices("n1", sharedGPU("g0", 0, "80Gi", v1alpha1.SharingMPS), sharedGPU("g1", 0, "40Gi", v1alpha1.SharingMPS)))
 	big := testPod("big", ctr{name: "main", limits: map[corev1.ResourceName]string{cls("gpu-10g"): "9"}})
 	why := refusal(t, c, big, "n1")
-	if want := `container "main" asks 9 units of class gpu-10g (90Gi memory, 108% compute): more than one GPU of the class has`; !why.unresolvable || why.reason != want {
+	if want := `container "main" asks 9 units of class gpu-10g (90Gi memory, 108 percent compute): more than one GPU of the class has`; !why.unresolvable || why.reason != want {
 		t.Errorf("9 units: %+v, want unresolvable %q", why, want)
 	}
 	initPod := testPod("init",
