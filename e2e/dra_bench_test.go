@@ -72,7 +72,7 @@ func BenchmarkDRASchedulingThroughput(b *testing.B) {
 	}
 	b.Cleanup(func() { deleteNodes(draNames) })
 	schedClass(b, ctx, class, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"), req("memory", v1alpha1.ResourceSelectorOpGtEq, "30G"))
-	publishBenchSlices(b, ctx, draNames)
+	publishBenchSlices(b, ctx, draNames, "")
 	// The scheduler's class-status leader creates the class's DeviceClass.
 	deviceClass(b, ctx, class)
 	if err := cluster.StartDRAScheduler(ctx); err != nil {
@@ -142,13 +142,15 @@ func BenchmarkDRASchedulingThroughput(b *testing.B) {
 
 // publishBenchSlices publishes, for each node, one ResourceSlice of the
 // dgx-a100 profile's devices mapped by pkg/dra, as the node agent in DRA mode
-// publishes them (a GPU in MIG mode left out).
-func publishBenchSlices(b *testing.B, ctx context.Context, nodes []string) {
+// publishes them (a GPU in MIG mode left out), the GPUs in mode sharing
+// (framework.ShareGPUs; "" for exclusive).
+func publishBenchSlices(b *testing.B, ctx context.Context, nodes []string, sharing v1alpha1.SharingMode) {
 	b.Helper()
 	status, err := framework.LoadProfile("dgx-a100")
 	if err != nil {
 		b.Fatal(err)
 	}
+	framework.ShareGPUs(status.Devices, sharing)
 	var allocatable []v1alpha1.Device
 	for i := range status.Devices {
 		if kinds.Builtin.Allocation(&status.Devices[i]) != devicekind.Unallocatable {

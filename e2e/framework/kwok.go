@@ -42,6 +42,17 @@ type SimulatedNodes struct {
 	// Capacity adds to (or overrides) the nodes' capacity and allocatable, e.g.
 	// a plain extended resource to compare against.
 	Capacity corev1.ResourceList
+	// GPUSharing, if it is a mode that shares (TimeSlicing, MPS), publishes
+	// the profile's GPUs in that mode as the node agent does on a node
+	// labelled for it (ShareGPUs), and labels the nodes so
+	// (node.resclass.io/gpu-sharing). Empty (the default) or Exclusive: the
+	// profile's devices as they are.
+	GPUSharing v1alpha1.SharingMode
+	// Classes adds, for each, class.resclass.io/<name> to the nodes' capacity
+	// and allocatable as the node agent advertises it to the kubelet for the
+	// published devices (ClassCapacity): a share class's slots on GPUs that
+	// GPUSharing shares. Capacity overrides it.
+	Classes []*v1alpha1.ResourceClass
 }
 
 // AddSimulatedNodes creates kwok nodes, publishes their NodeDevices and waits until
@@ -56,6 +67,7 @@ func (c *Cluster) AddSimulatedNodes(ctx context.Context, opts SimulatedNodes) ([
 		if err != nil {
 			return nil, err
 		}
+		ShareGPUs(status.Devices, opts.GPUSharing)
 		devices = &status
 	}
 	names := make([]string, opts.Count)
@@ -77,11 +89,24 @@ func (c *Cluster) AddSimulatedNodes(ctx context.Context, opts SimulatedNodes) ([
 			capacity[name] = sum
 		}
 	}
+	for _, class := range opts.Classes {
+		var n int64
+		if devices != nil {
+			var err error
+			if n, err = ClassCapacity(class, devices.Devices); err != nil {
+				return nil, err
+			}
+		}
+		capacity[corev1.ResourceName(v1alpha1.ResourceNamePrefix+class.Name)] = *resource.NewQuantity(n, resource.DecimalSI)
+	}
 	for name, q := range opts.Capacity {
 		capacity[name] = q
 	}
 	err := parallel(ctx, names, 16, func(ctx context.Context, name string) error {
 		labels := map[string]string{SimulatedNodeLabel: "true", corev1.LabelHostname: name}
+		if opts.GPUSharing.Shares() {
+			labels[v1alpha1.LabelGPUSharing] = sharingLabel(opts.GPUSharing)
+		}
 		for k, v := range opts.Labels {
 			labels[k] = v
 		}
