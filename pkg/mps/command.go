@@ -19,19 +19,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
-	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/client/informers/externalversions"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/internal/kubeclient"
 	"github.com/resclass/resclass/pkg/mpsstate"
 )
 
@@ -94,18 +92,7 @@ func (o *options) run(ctx context.Context) error {
 	if o.nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required: the node this runs on")
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = o.kubeconfig
-	config, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return fmt.Errorf("client configuration: %w", err)
-	}
-	config.UserAgent = "resclass-mps-control/" + o.nodeName
-	resclass, err := versioned.NewForConfig(config)
-	if err != nil {
-		return err
-	}
-	kube, err := kubernetes.NewForConfig(config)
+	resclass, kube, err := kubeclient.New(o.kubeconfig, "resclass-mps-control/"+o.nodeName)
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
@@ -27,12 +26,12 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
-	"github.com/resclass/resclass/pkg/client/clientset/versioned"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/handoff"
+	"github.com/resclass/resclass/pkg/internal/kubeclient"
 	"github.com/resclass/resclass/pkg/introspection"
 	"github.com/resclass/resclass/pkg/kubeletpods"
 	"github.com/resclass/resclass/pkg/mpsstate"
@@ -126,18 +125,7 @@ func (o *serveOptions) run(ctx context.Context) error {
 	if o.nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required: the node this agent runs on")
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = o.kubeconfig
-	config, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return fmt.Errorf("client configuration: %w", err)
-	}
-	config.UserAgent = "resclass-node-agent/" + o.nodeName
-	resclass, err := versioned.NewForConfig(config)
-	if err != nil {
-		return err
-	}
-	kube, err := kubernetes.NewForConfig(config)
+	resclass, kube, err := kubeclient.New(o.kubeconfig, "resclass-node-agent/"+o.nodeName)
 	if err != nil {
 		return err
 	}
