@@ -77,7 +77,7 @@ const simulatedPoolSlots = 110
 func ClassCapacity(class *v1alpha1.ResourceClass, devices []v1alpha1.Device) (int64, error) {
 	c, errs := selector.Compile(&class.Spec, field.NewPath("spec"))
 	if len(errs) > 0 {
-		return 0, fmt.Errorf("class %s: %v", class.Name, errs.ToAggregate())
+		return 0, fmt.Errorf("class %s: %w", class.Name, errs.ToAggregate())
 	}
 	var n int64
 	for i := range devices {
