@@ -95,7 +95,8 @@ type Config struct {
 	WaitForPod time.Duration
 	// Recorder records Events on pods; nil records none.
 	Recorder record.EventRecorder
-	// Metrics, if set, counts outcomes and latencies.
+	// Metrics, if set, counts outcomes and latencies, and exports the
+	// devices' holders while Run runs.
 	Metrics *Metrics
 	// DeviceListStrategies say how GPUs are named to the runtime (envvar
 	// when empty; see DeviceListStrategy).
@@ -232,6 +233,8 @@ func (a *Allocator) Run(ctx context.Context, checkpoint string) error {
 		}
 	}
 	a.ready.Store(true)
+	// The records are the node's holders for as long as the allocator runs.
+	defer a.cfg.Metrics.attach(a)()
 	ticker := time.NewTicker(sweepInterval)
 	defer ticker.Stop()
 	for {

@@ -58,6 +58,7 @@ type fixture struct {
 	alloc    *Allocator
 	recorder *record.FakeRecorder
 	metrics  *Metrics
+	registry *prometheus.Registry
 }
 
 func newFixture(t testing.TB, pods ...*corev1.Pod) *fixture {
@@ -70,7 +71,8 @@ func newFixtureWaiting(t testing.TB, wait time.Duration, pods ...*corev1.Pod) *f
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
-	f := &fixture{t: t, ctx: ctx, recorder: record.NewFakeRecorder(100), metrics: NewMetrics(prometheus.NewRegistry())}
+	f := &fixture{t: t, ctx: ctx, recorder: record.NewFakeRecorder(100), registry: prometheus.NewRegistry()}
+	f.metrics = NewMetrics(f.registry)
 	f.kube = fake.NewClientset()
 	for _, p := range pods {
 		if _, err := f.kube.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {

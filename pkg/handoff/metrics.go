@@ -11,6 +11,7 @@ type Metrics struct {
 	outcomes *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	orders   *prometheus.CounterVec
+	holders  *holderCollector
 }
 
 // NewMetrics registers the allocator's metrics with reg.
@@ -30,7 +31,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Kubelet calls for which several pods waited for the same devices, by call (preferred, allocate) and result: asked (the kubelet's PodResources API named the pod it admits), waited (it admits a pod not in the agent's cache yet), guessed (it did not answer: the oldest pod was taken).",
 		}, []string{"call", "result"}),
 	}
-	reg.MustRegister(m.outcomes, m.latency, m.orders)
+	m.holders = newHolderCollector()
+	reg.MustRegister(m.outcomes, m.latency, m.orders, m.holders)
 	return m
 }
 
@@ -50,4 +52,14 @@ func (m *Metrics) order(call, result string) {
 	if m != nil {
 		m.orders.WithLabelValues(call, result).Inc()
 	}
+}
+
+// attach makes a's records the device_holder series until the returned func
+// detaches it (unless another allocator was attached since).
+func (m *Metrics) attach(a *Allocator) (detach func()) {
+	if m == nil {
+		return func() {}
+	}
+	m.holders.allocator.Store(a)
+	return func() { m.holders.allocator.CompareAndSwap(a, nil) }
 }
