@@ -71,6 +71,11 @@ type shared struct {
 
 	mu      sync.Mutex
 	waiting map[types.UID]waitingPod // pods with class requests not yet placed
+
+	// profiles are the names of the profiles sharing this state, the
+	// schedulerNames of the pods it places (class_pending_pods); under
+	// sharedMu.
+	profiles map[string]bool
 }
 
 // waitingPod is a pod with class requests not yet placed, and its demand,
@@ -109,17 +114,21 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	key := h.SharedInformerFactory()
 	if s := sharedBy[key]; s != nil {
 		p.shared = s
+		s.profiles[h.ProfileName()] = true
 		return p, nil
 	}
 	if err := p.start(ctx); err != nil {
 		return nil, err
 	}
+	p.profiles = map[string]bool{h.ProfileName(): true}
 	sharedBy[key] = p.shared
+	exporting.CompareAndSwap(nil, p.shared)
 	go func() {
 		<-ctx.Done()
 		sharedMu.Lock()
 		delete(sharedBy, key)
 		sharedMu.Unlock()
+		exporting.CompareAndSwap(p.shared, nil)
 	}()
 	return p, nil
 }
