@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -664,6 +665,19 @@ func TestHelmChart(t *testing.T) {
 			if ep["scheme"] != "https" || ep["authorization"] == nil {
 				t.Errorf("PodMonitor %s: %v, want HTTPS with the scraper's token", component, ep)
 			}
+			// The agent's resclass_node_agent_device_holder keeps its holder's
+			// namespace and pod (honorLabels), and the agent's series get its
+			// node: the dashboard's queries (dashboard_test.go's
+			// nodeAgentTargetLabels) stand on both.
+			relabelings, _, _ := unstructured.NestedSlice(ep, "relabelings")
+			if component == "node-agent" {
+				if ep["honorLabels"] != true || len(relabelings) != 1 ||
+					!cmp.Equal(relabelings[0], map[string]any{"sourceLabels": []any{"__meta_kubernetes_pod_node_name"}, "targetLabel": "node"}) {
+					t.Errorf("PodMonitor node-agent: honorLabels %v, relabelings %v; want true and __meta_kubernetes_pod_node_name to node", ep["honorLabels"], relabelings)
+				}
+			} else if ep["honorLabels"] != nil || relabelings != nil {
+				t.Errorf("PodMonitor %s: honorLabels %v, relabelings %v; want the target's labels as they are", component, ep["honorLabels"], relabelings)
+			}
 		}
 		// The scraper may GET /metrics and nothing else.
 		role := typed[rbacv1.ClusterRole](t, set.get(t, "ClusterRole", "", "resclass-metrics-scraper"))
@@ -683,6 +697,58 @@ func TestHelmChart(t *testing.T) {
 		}
 		if set.find("PodMonitor", ns, "resclass-distribution") != nil || set.find("PodMonitor", ns, "resclass-dra-scheduler") != nil {
 			t.Error("a PodMonitor for the distribution controller or the stock profile, which are off")
+		}
+	})
+
+	t.Run("grafana.dashboard", func(t *testing.T) {
+		if set := check(t, helmTemplate(t, nil)); set.find("ConfigMap", ns, "resclass-grafana-dashboard") != nil {
+			t.Error("the Grafana dashboard is opt-in, but the defaults render it")
+		}
+		want, err := os.ReadFile(filepath.Join(root, dashboardFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			name      string
+			values    map[string]any
+			namespace string
+			labels    map[string]string
+		}{
+			{"the sidecar's default label", map[string]any{"enabled": true}, ns, map[string]string{"grafana_dashboard": "1"}},
+			{"another label, more labels, another namespace", map[string]any{"enabled": true, "namespace": "monitoring", "label": "dashboards", "labelValue": "resclass",
+				"labels": map[string]any{"team": "gpu"}, "annotations": map[string]any{"grafana_folder": "resclass"}}, "monitoring", map[string]string{"dashboards": "resclass", "team": "gpu"}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				objs := helmTemplate(t, map[string]any{"grafana": map[string]any{"dashboard": tc.values}})
+				var set *objects
+				if tc.namespace == ns {
+					set = check(t, objs)
+				} else {
+					set = &objects{all: objs, byKey: map[string]*unstructured.Unstructured{}}
+					for _, o := range objs {
+						set.byKey[key(o)] = o
+					}
+				}
+				cm := typed[corev1.ConfigMap](t, set.get(t, "ConfigMap", tc.namespace, "resclass-grafana-dashboard"))
+				for k, v := range tc.labels {
+					if cm.Labels[k] != v {
+						t.Errorf("labels %v lack %s=%s", cm.Labels, k, v)
+					}
+				}
+				if tc.values["annotations"] != nil && cm.Annotations["grafana_folder"] != "resclass" {
+					t.Errorf("annotations %v", cm.Annotations)
+				}
+				if len(cm.Data) != 1 || cm.Data["resclass.json"] != strings.TrimRight(string(want), "\n") {
+					t.Errorf("data: %d keys; resclass.json is not %s", len(cm.Data), dashboardFile)
+				}
+				var d map[string]any
+				if err := json.Unmarshal([]byte(cm.Data["resclass.json"]), &d); err != nil || d["uid"] != "resclass" {
+					t.Errorf("resclass.json: uid %v, %v", d["uid"], err)
+				}
+			})
+		}
+		if _, err := install.HelmTemplate(context.Background(), map[string]any{"grafana": map[string]any{"dashboard": map[string]any{"enabled": true, "label": ""}}}); err == nil {
+			t.Error("grafana.dashboard.label \"\" rendered")
 		}
 	})
 
