@@ -1,16 +1,22 @@
 package handoff
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/checkpoint"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
 
 const holderHeader = `# HELP resclass_node_agent_device_holder 1 for each device the node agent handed to a pod through a class (what Allocate answered, or what the kubelet's checkpoint listed after a restart of the agent), until the pod ends or is deleted; kind is the device's kind (unknown: it left the inventory). A GPU shared by several pods has one series per pod.
@@ -114,4 +120,33 @@ resclass_node_agent_device_holder{class="nvidia.high.mem",device="GPU-0",kind="n
 	f.expectHolders(series)
 	detach()
 	f.expectHolders("")
+}
+
+// BenchmarkDeviceHolderScrape is one scrape of the holder series of a node
+// at its pod limit: 110 pods of one container, each with the node's 8 GPUs
+// (880 series, the most a node of whole GPUs has; shares add one per pod
+// sharing a GPU).
+func BenchmarkDeviceHolderScrape(b *testing.B) {
+	factory := NodePods(fake.NewClientset(), node)
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	a := New(Config{Node: node, Metrics: m}, factory.Core().V1().Pods().Informer())
+	var devices []v1alpha1.Device
+	var ids []string
+	for i := range 8 {
+		d := gpu(fmt.Sprintf("GPU-%d", i), int64(i))
+		devices = append(devices, d)
+		ids = append(ids, d.ID)
+	}
+	a.SetDevices(devices)
+	for p := range 110 {
+		uid := types.UID(fmt.Sprintf("uid-%d", p))
+		a.allocated[allocKey{pod: uid, container: "main", class: "gpu"}] = &Record{PodUID: uid, Namespace: "ml", Name: fmt.Sprintf("pod-%d", p), Container: "main", Class: "gpu", Devices: ids}
+	}
+	m.attach(a)
+	for b.Loop() {
+		if _, err := reg.Gather(); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
