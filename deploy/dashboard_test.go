@@ -1,11 +1,13 @@
 package deploy_test
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -244,6 +246,10 @@ func TestDashboard(t *testing.T) {
 			t.Errorf("no query of the dashboard uses %s", m)
 		}
 	}
+
+	// Every query goes to the data source the dashboard's variable
+	// datasource picks, a Prometheus one.
+	checkDatasources(t, data)
 
 	// The check fails when the dashboard and the binaries part: a metric
 	// renamed on either side, a label removed.
@@ -924,4 +930,40 @@ func (p *promParser) selector(name string) (labelSet, error) {
 		}
 	}
 	return ls, nil
+}
+
+// checkDatasources checks that the dashboard has the variable datasource
+// (type datasource, prometheus) and that every panel and target names it.
+func checkDatasources(t *testing.T, data []byte) {
+	t.Helper()
+	var d map[string]any
+	if err := json.Unmarshal(data, &d); err != nil {
+		t.Fatal(err)
+	}
+	vars, _ := d["templating"].(map[string]any)["list"].([]any)
+	if !slices.ContainsFunc(vars, func(v any) bool {
+		m := v.(map[string]any)
+		return m["name"] == "datasource" && m["type"] == "datasource" && m["query"] == "prometheus"
+	}) {
+		t.Error("the dashboard has no variable datasource of type datasource, query prometheus")
+	}
+	want := map[string]any{"type": "prometheus", "uid": "${datasource}"}
+	var walk func(where string, v any)
+	walk = func(where string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if ds, ok := v["datasource"]; ok && where != "annotations" && !reflect.DeepEqual(ds, want) {
+				title, _ := v["title"].(string)
+				t.Errorf("%s: datasource %v, want %v", cmp.Or(title, fmt.Sprintf("target %v", v["refId"])), ds, want)
+			}
+			for k, e := range v {
+				walk(cmp.Or(where, k), e)
+			}
+		case []any:
+			for _, e := range v {
+				walk(where, e)
+			}
+		}
+	}
+	walk("", d)
 }
