@@ -654,7 +654,9 @@ func (r *running) applySharing(logger klog.Logger, devices []v1alpha1.Device) {
 		m, ok := published[id]
 		return m, ok
 	}
-	r.sharing.apply(logger, devices, in)
+	if again := r.sharing.apply(logger, devices, in); again > 0 {
+		r.queue.AddAfter(passPublish, again)
+	}
 }
 
 // announceTimeout bounds the write that announces the stop: an apiserver

@@ -57,6 +57,17 @@ type sharingModes struct {
 	// --mps-dir below the host root.
 	stateDir string
 	now      func() time.Time
+	// settle is how long a GPU asked for another mode is published with
+	// requestedMode before it switches, even when no pod holds it: the
+	// scheduler stops placing pods on it when it reads requestedMode, and a
+	// pod it bound just before, for the mode the GPU leaves, reaches the
+	// agent's pod informer within that time. Switching at once would leave
+	// such a pod with slots (or a whole GPU) the kubelet no longer has:
+	// refused at admission.
+	settle time.Duration
+	// asked is, per GPU, the mode last asked for that differs from the one
+	// in force, and since when.
+	asked map[string]askedMode
 
 	current map[string]v1alpha1.SharingMode // GPU id -> the mode in force
 	waiting map[string]v1alpha1.SharingMode // GPU id -> the mode whose wait was recorded
@@ -70,9 +81,22 @@ func newSharingModes(hostRoot, mpsDir string) *sharingModes {
 	return &sharingModes{
 		stateDir: filepath.Join(hostRoot, mpsDir),
 		now:      time.Now,
+		settle:   defaultModeSettle,
+		asked:    map[string]askedMode{},
 		current:  map[string]v1alpha1.SharingMode{},
 		waiting:  map[string]v1alpha1.SharingMode{},
 	}
+}
+
+// defaultModeSettle is sharingModes.settle: the scheduler reads a
+// NodeDevices change within milliseconds, and the agent's pod informer a
+// binding as fast; seconds cover an apiserver under load.
+const defaultModeSettle = 2 * time.Second
+
+// askedMode is a mode asked for a GPU, and when it was first seen asked.
+type askedMode struct {
+	mode  v1alpha1.SharingMode
+	since time.Time
 }
 
 // sharingInput is what one pass of sharingModes reads besides the devices.
@@ -94,8 +118,9 @@ type sharingInput struct {
 }
 
 // apply sets Sharing on every GPU of devices, and marks a GPU in MPS mode
-// whose daemon does not run unhealthy.
-func (s *sharingModes) apply(logger klog.Logger, devices []v1alpha1.Device, in sharingInput) {
+// whose daemon does not run unhealthy. again, when positive, is when a pass
+// must run again for a GPU waiting only for settle to switch.
+func (s *sharingModes) apply(logger klog.Logger, devices []v1alpha1.Device, in sharingInput) (again time.Duration) {
 	if in.node != nil {
 		s.labels = in.node.Labels
 	}
@@ -125,9 +150,16 @@ func (s *sharingModes) apply(logger klog.Logger, devices []v1alpha1.Device, in s
 		if why != "" {
 			msgs = append(msgs, why)
 		}
+		settling := s.settleLeft(d.ID, current, wanted, known)
 		switch {
 		case current == wanted:
 			delete(s.waiting, d.ID)
+		case len(holders) == 0 && settling > 0:
+			sharing.RequestedMode = wanted
+			msgs = append(msgs, fmt.Sprintf("sharing mode %s in %s, once no pod can have been placed on the GPU for mode %s", wanted, settling.Round(100*time.Millisecond), current))
+			if again <= 0 || settling < again {
+				again = settling
+			}
 		case len(holders) == 0:
 			if known {
 				logger.Info("sharing mode changed", "device", d.ID, "mode", wanted, "was", current)
@@ -161,6 +193,23 @@ func (s *sharingModes) apply(logger klog.Logger, devices []v1alpha1.Device, in s
 		sharing.Message = boundMessage(strings.Join(msgs, "; "))
 		d.Sharing = sharing
 	}
+	return again
+}
+
+// settleLeft is how much longer GPU id must be published asking for wanted
+// before it may switch from current (settle); 0 when it may, or when the
+// mode in force is not known yet (nothing was published to settle).
+func (s *sharingModes) settleLeft(id string, current, wanted v1alpha1.SharingMode, known bool) time.Duration {
+	if current == wanted || !known {
+		delete(s.asked, id)
+		return 0
+	}
+	a, ok := s.asked[id]
+	if !ok || a.mode != wanted {
+		a = askedMode{mode: wanted, since: s.now()}
+		s.asked[id] = a
+	}
+	return max(0, s.settle-s.now().Sub(a.since))
 }
 
 // wantedSharingMode is the mode the labels ask for a GPU: its own label,

@@ -41,13 +41,19 @@ type sharingFixture struct {
 	events  []string
 	// published is what a previous agent published, nil for nothing.
 	published map[string]v1alpha1.SharingMode
+	clock     time.Time
+	// again is what the last pass asked: when to run the next.
+	again time.Duration
 }
 
 func newSharingFixture(t *testing.T) *sharingFixture {
 	root := t.TempDir()
 	f := &sharingFixture{t: t, root: root, labels: map[string]string{}, holders: map[string][]handoff.Holder{}}
 	f.s = newSharingModes(root, mpsstate.DefaultDir)
-	f.s.now = func() time.Time { return time.Date(2026, 11, 28, 1, 0, 0, 0, time.UTC) }
+	f.clock = time.Date(2026, 11, 28, 1, 0, 0, 0, time.UTC)
+	f.s.now = func() time.Time { return f.clock }
+	// Switching at once: TestSharingModeChangeSettles tests settle.
+	f.s.settle = 0
 	return f
 }
 
@@ -71,7 +77,7 @@ func (f *sharingFixture) pass() map[string]v1alpha1.Device {
 		in.published = func(id string) (v1alpha1.SharingMode, bool) { m, ok := f.published[id]; return m, ok }
 	}
 	logger, _ := ktesting.NewTestContext(f.t)
-	f.s.apply(logger, devices, in)
+	f.again = f.s.apply(logger, devices, in)
 	if devices[3].Sharing != nil {
 		f.t.Errorf("a NIC got a sharing block: %+v", devices[3].Sharing)
 	}
@@ -357,5 +363,49 @@ func TestShareText(t *testing.T) {
 	}
 	if got := shareText(nil); got != "" {
 		t.Errorf("no share: %q", got)
+	}
+}
+
+// TestSharingModeChangeSettles: a GPU nobody holds is first published asking
+// for its new mode, so that the scheduler stops placing pods on it for the
+// old one, and switches only once settle has passed; the pass asks to run
+// again then. A GPU whose holders kept it waiting longer than settle
+// switches as soon as they end.
+func TestSharingModeChangeSettles(t *testing.T) {
+	f := newSharingFixture(t)
+	f.s.settle = 2 * time.Second
+	f.pass() // exclusive, as nothing asked otherwise: no change to settle
+	if ev := f.takeEvents(); len(ev) != 0 || f.again != 0 {
+		t.Fatalf("first pass: events %v, again %v", ev, f.again)
+	}
+	f.holders["b"] = []handoff.Holder{{Namespace: "ml", Name: "train"}}
+	f.labels[v1alpha1.LabelGPUSharing] = "time-slicing"
+	got := f.pass()
+	if a := got["a"]; a.Sharing.Mode != v1alpha1.SharingExclusive || a.Sharing.RequestedMode != v1alpha1.SharingTimeSlicing || !strings.Contains(a.Sharing.Message, "sharing mode TimeSlicing in 2s") {
+		t.Errorf("a, free, asked for time-slicing: %+v", a.Sharing)
+	}
+	if f.again != 2*time.Second {
+		t.Errorf("the pass asks to run again in %v, want 2s", f.again)
+	}
+	f.clock = f.clock.Add(time.Second)
+	if a := f.pass()["a"]; a.Sharing.Mode != v1alpha1.SharingExclusive || f.again != time.Second {
+		t.Errorf("a second later: %+v, again %v", a.Sharing, f.again)
+	}
+	f.clock = f.clock.Add(time.Second)
+	got = f.pass()
+	if a := got["a"]; a.Sharing.Mode != v1alpha1.SharingTimeSlicing || a.Sharing.RequestedMode != "" {
+		t.Errorf("a after settle: %+v", a.Sharing)
+	}
+	if b := got["b"]; b.Sharing.Mode != v1alpha1.SharingExclusive || b.Sharing.RequestedMode != v1alpha1.SharingTimeSlicing {
+		t.Errorf("b, held: %+v", b.Sharing)
+	}
+	f.takeEvents()
+	// b's holder ends after settle: b switches at once.
+	delete(f.holders, "b")
+	if b := f.pass()["b"]; b.Sharing.Mode != v1alpha1.SharingTimeSlicing || f.again != 0 {
+		t.Errorf("b once its holder ended: %+v, again %v", b.Sharing, f.again)
+	}
+	if ev := f.takeEvents(); len(ev) != 1 || !strings.Contains(ev[0], reasonSharingChanged+" GPU b") {
+		t.Errorf("events %v", ev)
 	}
 }
