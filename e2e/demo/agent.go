@@ -68,6 +68,9 @@ func startNodeAgent(ctx context.Context, c *framework.Cluster, root string) (kn 
 		// The default device-list strategy, cdi-cri: its CDI spec goes into
 		// the cluster's directory, never the host's /var/run/cdi.
 		CDISpecDir: filepath.Join(c.Dir, agentNode+"-cdi"),
+		// Stopped only when the demo ends, when nothing is bound to the
+		// node any more: no grace for late pods.
+		ShutdownDelay: -1,
 	}, rc, kc)
 	// The agent's own log would interleave with the narrative.
 	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, logr.Discard()))

@@ -14,18 +14,14 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/resclass/resclass/e2e/framework"
-	"github.com/resclass/resclass/e2e/framework/exampleplugin"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/selector"
@@ -58,7 +54,8 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 	p.section("resclass demo: an embedded cluster of real Kubernetes parts")
 	p.line("etcd, kube-apiserver, kube-controller-manager and kubelets of Kubernetes %s, with the", kubernetesVersion())
 	p.line("resclass scheduler. Each kubelet node runs in a mount namespace of its own with a")
-	p.line("recording container runtime, and publishes the devices of a simulated machine.")
+	p.line("recording container runtime (it records what the kubelet asks and runs nothing); every")
+	p.line("device is simulated.")
 	cluster, err := framework.Start(ctx, framework.Options{
 		Scheduler: true,
 		Progress:  func(format string, args ...any) { p.line("  . "+format, args...) },
@@ -74,19 +71,21 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 			err = stopErr
 		}
 	}()
-	kubelets := map[string]*framework.KubeletNode{}
 	for _, name := range demoNodes {
-		n, err := cluster.AddKubeletNode(ctx, framework.NodeOptions{
-			Name: name, Profile: name, ExampleDevices: 2,
+		if _, err := cluster.AddKubeletNode(ctx, framework.NodeOptions{
+			Name: name, Profile: name,
 			Labels: map[string]string{"resclass.io/profile": name},
-		})
-		if err != nil {
+		}); err != nil {
 			return err
 		}
-		kubelets[name] = n
+	}
+	if _, err := cluster.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "demo"}}, metav1.CreateOptions{}); err != nil {
+		return err
 	}
 
 	p.section("1. Nodes and their devices (kubectl get nodedevices)")
+	p.line("  These three nodes' NodeDevices are the demo harness's: it publishes them from simulated")
+	p.line("  machines (e2e/profiles), as a node agent would. Sections 7 and 12 run the real node agent.")
 	if err := printTable(ctx, p, cluster, "/apis/resclass.io/v1alpha1/nodedevices"); err != nil {
 		return err
 	}
@@ -134,17 +133,12 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		return err
 	}
 
-	p.section("6. A pod through the resclass scheduler and a real kubelet")
-	if err := podWithDevices(ctx, p, cluster, kubelets); err != nil {
-		return err
-	}
-
-	p.section("7. The hand-off: the devices the scheduler chooses, written on the pod")
+	p.section("6. The hand-off: the devices the scheduler chooses, written on the pod")
 	if err := handOff(p, classes, nodes); err != nil {
 		return err
 	}
 
-	p.section("8. The node agent hands the assigned devices to the container")
+	p.section("7. The node agent hands the assigned devices to the container")
 	agentKubelet, gpus, stopAgent, err := startNodeAgent(ctx, cluster, opts.root)
 	if err != nil {
 		return err
@@ -154,12 +148,12 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		return err
 	}
 
-	p.section("9. The affinity policy and the critical-pods quota, enforced by the webhook beside the apiserver's quota")
+	p.section("8. The affinity policy and the critical-pods quota, enforced by the webhook beside the apiserver's quota")
 	if err := policyPods(ctx, p, cluster); err != nil {
 		return err
 	}
 
-	p.section("10. One ConfigMap or Secret, kept in many namespaces (ResourceDistribution)")
+	p.section("9. One ConfigMap or Secret, kept in many namespaces (ResourceDistribution)")
 	ctl, err := startDistribution(ctx, p, cluster)
 	if err != nil {
 		return err
@@ -169,13 +163,23 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		return err
 	}
 
-	p.section("11. kubectl resclass: the questions an operator asks")
+	p.section("10. kubectl resclass: the questions an operator asks")
 	if err := operatorQuestions(ctx, p, cluster, opts.root); err != nil {
 		return err
 	}
 
-	p.section("12. One GPU shared by pods of different sizes, each with its own share")
+	p.section("11. One GPU shared by pods of different sizes, each with its own share")
 	if err := sharedGPU(ctx, p, cluster, agentKubelet, gpus); err != nil {
+		return err
+	}
+
+	p.section("12. A DRA-mode node: the same class through Dynamic Resource Allocation")
+	dra, err := startDRANode(ctx, cluster)
+	if err != nil {
+		return err
+	}
+	defer dra.stop()
+	if err := draNodeSection(ctx, p, cluster, dra); err != nil {
 		return err
 	}
 
@@ -191,6 +195,7 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		p.line("  export PATH=%s:$PATH   # kubectl-resclass, the plugin", filepath.Join(opts.root, "_output", "bin"))
 		p.line("  kubectl resclass capacity --nodes; kubectl resclass why-pending train-big -n demo")
 		p.line("  kubectl get nodedevices %s -o yaml   # a GPU's sharing; kubectl label node %s %s=mps", agentNode, agentNode, v1alpha1.LabelGPUSharing)
+		p.line("  kubectl get deviceclass %s -o yaml; kubectl get resourceslices; kubectl -n demo get resourceclaims", draClass)
 		if p.err != nil {
 			return p.err
 		}
@@ -359,56 +364,11 @@ func selectionTable(p *printer, classes []class, nodes []node) error {
 	return errors.Join(table.err, tw.Flush())
 }
 
-// podWithDevices runs a pod that requests two devices of the example plugin and
-// shows what the kubelet passed to the container runtime.
-func podWithDevices(ctx context.Context, p *printer, c *framework.Cluster, kubelets map[string]*framework.KubeletNode) error {
-	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "demo"}}, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "train-0", Namespace: "demo"},
-		Spec: corev1.PodSpec{
-			NodeSelector: map[string]string{"resclass.io/profile": "dgx-a100"},
-			Containers: []corev1.Container{{
-				Name: "train", Image: "registry.example/train:1",
-				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{exampleplugin.ResourceName: resource.MustParse("2")}},
-			}},
-		},
-	}
-	p.line("  demo/train-0 asks for %s: 2 on a node labelled resclass.io/profile=dgx-a100.", exampleplugin.ResourceName)
-	if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	var got *corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		var err error
-		got, err = c.Client.CoreV1().Pods("demo").Get(ctx, pod.Name, metav1.GetOptions{})
-		return err == nil && got.Status.Phase == corev1.PodRunning, nil
-	})
-	if err != nil {
-		return fmt.Errorf("pod demo/train-0 did not start: %w", err)
-	}
-	p.line("  Scheduled to %s and Running.", got.Spec.NodeName)
-	rec, err := kubelets[got.Spec.NodeName].WaitForRecord(ctx, "demo", pod.Name, "train")
-	if err != nil {
-		return err
-	}
-	p.line("  The kubelet asked the runtime to create container \"train\" with")
-	p.line("    env %s=%s", exampleplugin.EnvDevices, rec.Env[exampleplugin.EnvDevices])
-	var cdi []string
-	for _, d := range rec.CDIDevices {
-		cdi = append(cdi, d.GetName())
-	}
-	p.line("    CDI devices %s", strings.Join(cdi, ", "))
-	p.line("  (the example device plugin; section 8 shows the node agent's own endpoints)")
-	return nil
-}
-
 // handOff shows the assignment annotations for a pod on dgx-a100, picked first-fit.
 func handOff(p *printer, classes []class, nodes []node) error {
 	p.line("  Pod train-1 on dgx-a100: container \"train\" requests class.resclass.io/nvidia.high.mem: 2")
 	p.line("  and class.resclass.io/fast.nic: 1; init container \"stage\" requests hugepages-1gig: 1.")
-	p.line("  Picked first-fit here to show the format; in section 8 the scheduler chooses.")
+	p.line("  Picked first-fit here to show the format; in section 7 the scheduler chooses.")
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "train-1", Namespace: "demo"}}
 	dgx := findNode(nodes, "dgx-a100")
 	taken := map[string]bool{}
