@@ -301,8 +301,11 @@ func uniq(s []string) []string {
 	return slices.Compact(s)
 }
 
+// deleteNodes deletes the Nodes, and stops those of them that are kubelet
+// nodes (framework.Cluster.StopKubeletNode).
 func deleteNodes(names []string) {
 	for _, n := range names {
+		_ = cluster.StopKubeletNode(n)
 		_ = cluster.Client.CoreV1().Nodes().Delete(context.Background(), n, metav1.DeleteOptions{})
 	}
 }

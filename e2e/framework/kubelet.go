@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -191,4 +192,24 @@ func (n *KubeletNode) WaitForRecord(ctx context.Context, namespace, pod, contain
 		return cri.Record{}, fmt.Errorf("no container %s of pod %s reached %s's runtime: %w", container, pod, n.Name, err)
 	}
 	return found, nil
+}
+
+// StopKubeletNode stops the kubelet node called name, if the cluster runs
+// one, and forgets it: a test that is done with its node gives back what
+// the kubelet holds until the cluster stops otherwise. Each kubelet holds
+// inotify instances (cAdvisor, its certificate and config watches), of which
+// a user has 128 by default (fs.inotify.max_user_instances): one suite
+// keeping every test's kubelet up ran out, and the next kubelet's cAdvisor
+// did not start.
+func (c *Cluster) StopKubeletNode(name string) error {
+	c.mu.Lock()
+	i := slices.IndexFunc(c.processes, func(p *process) bool { return p.name == "node-"+name })
+	if i < 0 {
+		c.mu.Unlock()
+		return nil
+	}
+	p := c.processes[i]
+	c.processes = slices.Delete(c.processes, i, i+1)
+	c.mu.Unlock()
+	return p.stop(20 * time.Second)
 }
