@@ -5,7 +5,9 @@
 # warm run takes seconds.
 #
 #   hack/build-e2e-binaries.sh LDFLAGS            every binary
-#   hack/build-e2e-binaries.sh LDFLAGS --no-kwok  all but kwok and helm (make demo needs neither)
+#   hack/build-e2e-binaries.sh LDFLAGS --no-kwok  all but kwok and kustomize (make demo
+#                                                 needs neither; it needs helm, which
+#                                                 renders its webhook's pod policies)
 #
 # The main module's binaries are built by one `go build`, so that shared packages
 # compile once and one binary links while the next compiles; a line every 20s
@@ -73,19 +75,20 @@ if $with_kwok; then
   done >"$out/kwok-stages.yaml"
   grep -q simulated-pending "$out/kwok-stages.yaml" || { echo "kwok's pod-ready stage changed: no selector to extend" >&2; exit 1; }
 
-  # helm renders and lints deploy/helm/resclass (deploy/install_test.go). It is
-  # told its version and the Kubernetes release of its client libraries, as
-  # helm's own release build does: `helm template` checks the chart's
-  # kubeVersion against that release.
-  # kustomize renders deploy/ for the same tests (`kubectl kustomize` without kubectl).
+  # kustomize renders deploy/ for the tests (`kubectl kustomize` without kubectl).
   echo ">> building kustomize ($((SECONDS - start))s)"
   go build -C hack/tools -o "$PWD/$out/kustomize" sigs.k8s.io/kustomize/kustomize/v5
-  echo ">> building helm ($((SECONDS - start))s)"
-  helm_version=$(go list -C hack/tools -m -f '{{.Version}}' helm.sh/helm/v3)
-  k8s_minor=$(go list -C hack/tools -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2)
-  go build -C hack/tools -o "$PWD/$out/helm" -ldflags "-X helm.sh/helm/v3/internal/version.version=$helm_version \
-    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor \
-    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$k8s_minor" \
-    helm.sh/helm/v3/cmd/helm
 fi
+# helm renders and lints deploy/helm/resclass (deploy/install_test.go), and
+# renders the webhook's pod policies for the e2e harness and the demo
+# (e2e/framework, Webhook.Policies). It is told its version and the Kubernetes
+# release of its client libraries, as helm's own release build does: `helm
+# template` checks the chart's kubeVersion against that release.
+echo ">> building helm ($((SECONDS - start))s)"
+helm_version=$(go list -C hack/tools -m -f '{{.Version}}' helm.sh/helm/v3)
+k8s_minor=$(go list -C hack/tools -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2)
+go build -C hack/tools -o "$PWD/$out/helm" -ldflags "-X helm.sh/helm/v3/internal/version.version=$helm_version \
+  -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor \
+  -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$k8s_minor" \
+  helm.sh/helm/v3/cmd/helm
 echo ">> embedded cluster binaries ready in $out ($((SECONDS - start))s)"
