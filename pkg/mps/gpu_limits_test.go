@@ -20,7 +20,6 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 
-	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
 	"github.com/resclass/resclass/pkg/mpsstate"
 )
 
@@ -38,17 +37,11 @@ import (
 // toolkit): RESCLASS_MPS_CUDACLIENT names a built one (for a GPU machine
 // without Go); unset, the test builds it with go and gcc.
 func TestRealMPSClientLimits(t *testing.T) {
-	if os.Getenv("RESCLASS_MPS_GPU_TEST") != "1" {
-		t.Skip("RESCLASS_MPS_GPU_TEST=1 runs it on a machine with a GPU")
-	}
-	binary, err := exec.LookPath(DefaultBinary)
-	if err != nil {
-		t.Skipf("no %s: %v", DefaultBinary, err)
-	}
+	binary, nvml, dev, gpu := realGPU(t)
 	client := os.Getenv("RESCLASS_MPS_CUDACLIENT")
 	if client == "" {
 		if _, err := exec.LookPath("go"); err != nil {
-			t.Skip("no RESCLASS_MPS_CUDACLIENT and no go to build testdata/cudaclient")
+			t.Fatal("RESCLASS_MPS_GPU_TEST=1 but no RESCLASS_MPS_CUDACLIENT and no go to build testdata/cudaclient")
 		}
 		client = filepath.Join(t.TempDir(), "cudaclient")
 		build := exec.Command("go", "build", "-o", client, "./testdata/cudaclient")
@@ -57,18 +50,6 @@ func TestRealMPSClientLimits(t *testing.T) {
 			t.Fatalf("building testdata/cudaclient: %v\n%s", err, out)
 		}
 	}
-	nvml, err := nvmldiscovery.Library{}.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ret := nvml.Init(); ret != lib.SUCCESS {
-		t.Fatalf("NVML: %v", ret)
-	}
-	dev, ret := nvml.DeviceGetHandleByIndex(0)
-	if ret != lib.SUCCESS {
-		t.Fatal(ret)
-	}
-	gpu, _ := dev.GetUUID()
 	name, _ := dev.GetName()
 	driver, _ := nvml.SystemGetDriverVersion()
 	before, ret := dev.GetComputeMode()

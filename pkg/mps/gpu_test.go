@@ -31,13 +31,8 @@ import (
 //	RESCLASS_MPS_CLIENT="python3 -c \"import torch; torch.ones(1, device='cuda')\"" \
 //	  go test ./pkg/mps -run Real -v
 func TestRealMPSControl(t *testing.T) {
-	if os.Getenv("RESCLASS_MPS_GPU_TEST") != "1" {
-		t.Skip("RESCLASS_MPS_GPU_TEST=1 runs it on a machine with a GPU")
-	}
-	binary, err := exec.LookPath(DefaultBinary)
-	if err != nil {
-		t.Skipf("no %s: %v", DefaultBinary, err)
-	}
+	binary, nvml, dev, gpu := realGPU(t)
+	var err error
 	// RESCLASS_MPS_DRIVER_ROOT, a view of the machine's / (a bind mount),
 	// runs the daemon chrooted there as the DaemonSet does.
 	root := os.Getenv("RESCLASS_MPS_DRIVER_ROOT")
@@ -48,18 +43,6 @@ func TestRealMPSControl(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	}
-	nvml, err := nvmldiscovery.Library{}.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ret := nvml.Init(); ret != lib.SUCCESS {
-		t.Fatalf("NVML: %v", ret)
-	}
-	dev, ret := nvml.DeviceGetHandleByIndex(0)
-	if ret != lib.SUCCESS {
-		t.Fatal(ret)
-	}
-	gpu, _ := dev.GetUUID()
 	mode := func() lib.ComputeMode {
 		m, ret := dev.GetComputeMode()
 		if ret != lib.SUCCESS {
@@ -128,4 +111,33 @@ func TestRealMPSControl(t *testing.T) {
 	}
 	logs, _ := os.ReadFile(filepath.Join(dir, gpu, "log", "control.log"))
 	t.Logf("control.log:\n%s", logs)
+}
+
+// realGPU is what the tests on a real GPU share: they run only when asked
+// (RESCLASS_MPS_GPU_TEST=1), and once asked, a machine without the MPS
+// control program or NVML fails them rather than skipping: a skip would
+// report a proof that was not made. It returns the control program, NVML
+// initialized, and GPU 0 with its UUID.
+func realGPU(t *testing.T) (binary string, nvml lib.Interface, dev lib.Device, gpu string) {
+	t.Helper()
+	if os.Getenv("RESCLASS_MPS_GPU_TEST") != "1" {
+		t.Skip("runs only on a machine with a GPU, with RESCLASS_MPS_GPU_TEST=1 (docs/sharing.md, \"On a real GPU\")")
+	}
+	binary, err := exec.LookPath(DefaultBinary)
+	if err != nil {
+		t.Fatalf("RESCLASS_MPS_GPU_TEST=1 but no %s: %v", DefaultBinary, err)
+	}
+	nvml, err = nvmldiscovery.Library{}.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ret := nvml.Init(); ret != lib.SUCCESS {
+		t.Fatalf("NVML: %v", ret)
+	}
+	dev, ret := nvml.DeviceGetHandleByIndex(0)
+	if ret != lib.SUCCESS {
+		t.Fatal(ret)
+	}
+	gpu, _ = dev.GetUUID()
+	return binary, nvml, dev, gpu
 }
