@@ -515,15 +515,8 @@ func (a *Allocator) Preferred(ctx context.Context, resource string, req *plugina
 		}
 		return true
 	}
-	var chosen match
-	found := a.waitFor(ctx, func() bool {
-		var ok bool
-		chosen, ok = a.choose(ctx, "preferred", byClass, class, class, fits)
-		return ok
-	})
-	a.cfg.Metrics.observe("preferred", start)
+	chosen, found := a.preferred(ctx, start, class, size, "assignment", fits)
 	if !found {
-		klog.FromContext(ctx).V(2).Info("no pending assignment fits the kubelet's request; leaving the choice to the kubelet", "class", class, "size", size)
 		return nil
 	}
 	out := make([]string, 0, size)
@@ -538,6 +531,23 @@ func (a *Allocator) Preferred(ctx context.Context, resource string, req *plugina
 		}
 	}
 	return out
+}
+
+// preferred waits, as Preferred does, for the first container that fits to
+// be known, and counts the call; found is false when none is, and the
+// kubelet is left to choose. what names the kind of container sought in the
+// log.
+func (a *Allocator) preferred(ctx context.Context, start time.Time, class string, size int, what string, fits acceptFunc) (chosen match, found bool) {
+	found = a.waitFor(ctx, func() bool {
+		var ok bool
+		chosen, ok = a.choose(ctx, "preferred", byClass, class, class, fits)
+		return ok
+	})
+	a.cfg.Metrics.observe("preferred", start)
+	if !found {
+		klog.FromContext(ctx).V(2).Info("no pending "+what+" fits the kubelet's request; leaving the choice to the kubelet", "class", class, "size", size)
+	}
+	return chosen, found
 }
 
 // isShareRequest says whether the kubelet's ids are share slots: a share
@@ -569,15 +579,8 @@ func (a *Allocator) preferredShare(ctx context.Context, start time.Time, class s
 		}
 		return len(must[ids[0]])+len(available[ids[0]]) >= size
 	}
-	var chosen match
-	found := a.waitFor(ctx, func() bool {
-		var ok bool
-		chosen, ok = a.choose(ctx, "preferred", byClass, class, class, fits)
-		return ok
-	})
-	a.cfg.Metrics.observe("preferred", start)
+	chosen, found := a.preferred(ctx, start, class, size, "share", fits)
 	if !found {
-		klog.FromContext(ctx).V(2).Info("no pending share fits the kubelet's request; leaving the choice to the kubelet", "class", class, "size", size)
 		return nil
 	}
 	dev := chosen.devices[0]
