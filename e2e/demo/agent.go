@@ -48,35 +48,48 @@ func startNodeAgent(ctx context.Context, c *framework.Cluster, root string) (kn 
 	if kn, err = c.AddKubeletNode(ctx, framework.NodeOptions{Name: agentNode}); err != nil {
 		return nil, nil, nil, err
 	}
+	gpus, stop, err = runMockAgent(ctx, c, kn, nil)
+	return kn, gpus, stop, err
+}
+
+// runMockAgent runs the node agent of kubelet node kn on a go-nvml DGX A100
+// mock of its own, with the agent's RBAC identity, its CDI spec in the
+// cluster's directory (never the host's /var/run/cdi) and tweak's changes to
+// its configuration. It returns the mock's GPUs and the stop, which must come
+// before the cluster stops: the agent's watches would hold the apiserver's
+// shutdown.
+func runMockAgent(ctx context.Context, c *framework.Cluster, kn *framework.KubeletNode, tweak func(*nodeagent.Config)) (gpus []string, stop func(), err error) {
 	dgx := nvmlmock.New()
-	sysfs := filepath.Join(c.Dir, agentNode+"-sysfs")
+	sysfs := filepath.Join(c.Dir, kn.Name+"-sysfs")
 	if err := dgx.WriteSysfs(sysfs); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	cfg := c.NodeAgentConfig(agentNode)
+	cfg := c.NodeAgentConfig(kn.Name)
 	rc, err := versioned.NewForConfig(cfg)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	agent := nodeagent.New(nodeagent.Config{
-		NodeName: agentNode, HostRoot: sysfs, PluginDir: kn.PluginDir(), WaitForPod: time.Second,
-		Kinds: kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
-		// The default device-list strategy, cdi-cri: its CDI spec goes into
-		// the cluster's directory, never the host's /var/run/cdi.
-		CDISpecDir: filepath.Join(c.Dir, agentNode+"-cdi"),
+	config := nodeagent.Config{
+		NodeName: kn.Name, HostRoot: sysfs, PluginDir: kn.PluginDir(), WaitForPod: time.Second,
+		Kinds:      kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
+		CDISpecDir: filepath.Join(c.Dir, kn.Name+"-cdi"),
 		// Stopped only when the demo ends, when nothing is bound to the
 		// node any more: no grace for late pods.
 		ShutdownDelay: -1,
-	}, rc, kc)
+	}
+	if tweak != nil {
+		tweak(&config)
+	}
+	agent := nodeagent.New(config, rc, kc)
 	// The agent's own log would interleave with the narrative.
 	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, logr.Discard()))
 	done := make(chan struct{})
 	go func() { defer close(done); _ = agent.Run(agentCtx) }()
-	return kn, dgx.UUIDs(), func() { cancel(); <-done }, nil
+	return dgx.UUIDs(), func() { cancel(); <-done }, nil
 }
 
 // agentHandOff shows the agent node's allocatable, writes an assignment on a

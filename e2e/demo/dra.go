@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-logr/logr"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -17,20 +16,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/klog/v2"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/e2e/framework/cri"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
-	"github.com/resclass/resclass/pkg/client/clientset/versioned"
-	"github.com/resclass/resclass/pkg/devicekind/kinds"
-	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
-	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
-	"github.com/resclass/resclass/pkg/discovery/nvml"
-	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/dra/dradevice"
 	"github.com/resclass/resclass/pkg/draplugin"
 	"github.com/resclass/resclass/pkg/handoff"
@@ -68,38 +59,18 @@ func startDRANode(ctx context.Context, c *framework.Cluster) (*draSetup, error) 
 	if err != nil {
 		return nil, err
 	}
-	dgx := nvmlmock.New()
-	sysfs := filepath.Join(c.Dir, draNode+"-sysfs")
-	if err := dgx.WriteSysfs(sysfs); err != nil {
-		return nil, err
-	}
-	cfg := c.NodeAgentConfig(draNode)
-	rc, err := versioned.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
 	// The kubelet's --root-dir, where it watches plugins_registry.
 	kubeletDir := filepath.Join(kn.Dir, "root")
-	cdiDir := filepath.Join(c.Dir, draNode+"-cdi")
-	agent := nodeagent.New(nodeagent.Config{
-		NodeName: draNode, HostRoot: sysfs, PluginDir: kn.PluginDir(), WaitForPod: time.Second,
-		Kinds:      kinds.Builtin.Configured(nvidiagpu.Kind{NVML: &nvmlsource.NVML{Binding: dgx, Health: nvml.HealthOptions{WaitTimeout: 100 * time.Millisecond}}}),
-		CDISpecDir: cdiDir,
-		DRA: nodeagent.DRAConfig{
+	gpus, stop, err := runMockAgent(ctx, c, kn, func(cfg *nodeagent.Config) {
+		cfg.DRA = nodeagent.DRAConfig{
 			PluginDataDir:   filepath.Join(kubeletDir, "plugins", dradevice.DriverName),
 			RegistrationDir: filepath.Join(kubeletDir, "plugins_registry"),
-		},
-		// Nothing is scheduled to the node once the demo ends: no grace.
-		ShutdownDelay: -1,
-	}, rc, kc)
-	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, logr.Discard()))
-	done := make(chan struct{})
-	go func() { defer close(done); _ = agent.Run(agentCtx) }()
-	return &draSetup{kn: kn, gpus: len(dgx.UUIDs()), cdiDir: cdiDir, stop: func() { cancel(); <-done }}, nil
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &draSetup{kn: kn, gpus: len(gpus), cdiDir: filepath.Join(c.Dir, kn.Name+"-cdi"), stop: stop}, nil
 }
 
 // draNodeSection shows the same example class served on the DRA node: the
