@@ -105,6 +105,10 @@ func TestGPUSharing(t *testing.T) {
 	waitClassAllocatable(t, ctx, "slots of 10Gi shares on GPUs 1–3", nodeName, small, 3*per10)
 	waitClassAllocatable(t, ctx, "slots of the MPS class on GPU 0", nodeName, mps, per10)
 
+	// Created long before a pod names it: the apiserver's Priority admission
+	// reads PriorityClasses from an informer, which a class created just
+	// before the pod may not have reached yet.
+	priorityLevel(t, ctx, "e2e-share-high", 1000, corev1.PreemptLowerPriority)
 	ns := newNamespace(t, ctx, nil)
 	pods := cluster.Client.CoreV1().Pods(ns)
 	create := func(p *corev1.Pod) {
@@ -197,7 +201,6 @@ func TestGPUSharing(t *testing.T) {
 	})
 
 	t.Run("a higher-priority share preempts a lower-priority one", func(t *testing.T) {
-		priorityLevel(t, ctx, "e2e-share-high", 1000, corev1.PreemptLowerPriority)
 		create(prioritized(ns, "hi", nodeName, mps, "e2e-share-high", 1, nil))
 		podRunning(t, ctx, ns, "hi")
 		gone := 0
