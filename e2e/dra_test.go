@@ -185,6 +185,27 @@ func TestDRANode(t *testing.T) {
 			given[id] = pod
 		}
 	}
+	// The agent's holder series name the pod of each prepared claim.
+	wantHolders := func(pods ...string) map[string]bool {
+		want := map[string]bool{}
+		for _, pod := range pods {
+			for _, id := range allocatedIDs(t, podClaim(t, ctx, ns, pod), slices1) {
+				want[holderSeries(classDRA, id, ns, pod)] = true
+			}
+		}
+		return want
+	}
+	waitHolders := func(what string, agent *nodeagent.Agent, want map[string]bool) {
+		t.Helper()
+		var got map[string]bool
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			got = agentHolders(t, agent)
+			return maps.Equal(got, want), nil
+		}); err != nil {
+			t.Errorf("%s: the DRA node's holder series %v, want %v", what, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+		}
+	}
+	waitHolders("three claims prepared", draAgent.agent, wantHolders("dra-a", "dra-b", "dra-c"))
 	rec := waitRecord(t, ctx, pkn, ns, "dp-a", "main")
 	if got := strings.Split(rec.Env["NVIDIA_VISIBLE_DEVICES"], ","); len(got) != 2 || !strings.HasPrefix(got[0], "GPU-") {
 		t.Errorf("dp-a on the device-plugin node: NVIDIA_VISIBLE_DEVICES=%v", got)
@@ -301,6 +322,7 @@ func TestDRANode(t *testing.T) {
 	if len(cp.Claims) != 3 {
 		t.Errorf("checkpoint after the restart holds %d claims, want 3", len(cp.Claims))
 	}
+	waitHolders("after the agent's restart", draAgent.agent, wantHolders("dra-a", "dra-b", "dra-c"))
 	// A fourth pod takes the last two GPUs; a fifth finds none and waits.
 	for _, name := range []string{"dra-d", "dra-e"} {
 		draClaimPod(t, ctx, ns, name, draNode, 2)
@@ -330,6 +352,7 @@ func TestDRANode(t *testing.T) {
 		t.Errorf("dra-a's claim was never unprepared: %v", err)
 	}
 	waitRecord(t, ctx, dkn, ns, "dra-e", "main")
+	waitHolders("dra-a's claim unprepared, dra-e's prepared", draAgent.agent, wantHolders("dra-b", "dra-c", "dra-d", "dra-e"))
 	// Counted: five claims prepared (three before the restart, which the
 	// restarted agent's counter does not hold), one unprepared.
 	if got := draClaims(t, draAgent.agent, "prepare", "prepared"); got < 2 {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -38,6 +39,8 @@ const (
 	maxDevicesPerClaim = 1024
 	maxCDIIDsPerDevice = 64
 	maxStringLen       = 1024
+	// maxPodsPerClaim is the API's bound on a claim's status.reservedFor.
+	maxPodsPerClaim = resourceapi.ResourceClaimReservedForMaxSize
 )
 
 // PreparedDevice is one device of a prepared claim.
@@ -55,6 +58,9 @@ type PreparedDevice struct {
 	// Share is what the claim takes of a device that serves shares
 	// (share.go), by capacity name; nil when it has the device whole.
 	Share assignment.Share `json:"share,omitempty"`
+	// Class is the ResourceClass the request's DeviceClass stands for (the
+	// device_holder series' class); empty in checkpoints of agents before it.
+	Class string `json:"class,omitempty"`
 }
 
 // PreparedClaim is a claim the plugin prepared and not yet unprepared.
@@ -62,6 +68,9 @@ type PreparedClaim struct {
 	Namespace string           `json:"namespace"`
 	Name      string           `json:"name"`
 	Devices   []PreparedDevice `json:"devices"`
+	// Pods are the pods the claim was reserved for when last prepared
+	// (status.reservedFor): the holders the device_holder series names.
+	Pods []string `json:"pods,omitempty"`
 }
 
 // Checkpoint is what survives a restart of the agent and of the kubelet: the
@@ -157,10 +166,21 @@ func (c *Checkpoint) validate() error {
 		if errs := validation.IsDNS1123Label(pc.Namespace); len(errs) > 0 {
 			return fmt.Errorf("claim %s: namespace %.64q: %s", uid, pc.Namespace, errs[0])
 		}
+		if len(pc.Pods) > maxPodsPerClaim {
+			return fmt.Errorf("claim %s: %d pods, at most %d", uid, len(pc.Pods), maxPodsPerClaim)
+		}
+		for _, pod := range pc.Pods {
+			if errs := validation.IsDNS1123Subdomain(pod); len(errs) > 0 {
+				return fmt.Errorf("claim %s: pod %.64q: %s", uid, pod, errs[0])
+			}
+		}
 		if len(pc.Devices) > maxDevicesPerClaim {
 			return fmt.Errorf("claim %s: %d devices, at most %d", uid, len(pc.Devices), maxDevicesPerClaim)
 		}
 		for _, d := range pc.Devices {
+			if errs := validation.IsDNS1123Subdomain(d.Class); d.Class != "" && len(errs) > 0 {
+				return fmt.Errorf("claim %s: device %s: class %.64q: %s", uid, d.Device, d.Class, errs[0])
+			}
 			for what, s := range map[string]string{"request": d.Request, "pool": d.Pool, "device": d.Device, "id": d.ID} {
 				if err := checkString(what, s); err != nil {
 					return fmt.Errorf("claim %s: %w", uid, err)

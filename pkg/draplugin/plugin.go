@@ -272,13 +272,19 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			p.warn(claim, err)
 			continue
 		}
-		if outcome == "prepared" {
-			if _, had := p.cp.Claims[claim.UID]; !had {
+		switch old, had := p.cp.Claims[claim.UID]; {
+		case outcome == "prepared":
+			if !had {
 				added = append(added, claim.UID)
 			}
 			p.cp.Claims[claim.UID] = *pc
 			changed = true
 			logger.V(2).Info("prepared", "claim", klog.KObj(claim), "devices", sortedIDs(*pc))
+		case !slices.Equal(old.Pods, pc.Pods) || !sameClasses(old, *pc):
+			// The same devices, for other pods now (a shared claim), or
+			// recorded by an agent before classes were.
+			p.cp.Claims[claim.UID] = *pc
+			changed = true
 		}
 		out[claim.UID] = kubeletplugin.PrepareResult{Devices: resultDevices(pc)}
 	}
@@ -304,7 +310,7 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	if claim.Status.Allocation == nil {
 		return nil, "invalid", fmt.Errorf("ResourceClaim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
-	pc := &PreparedClaim{Namespace: claim.Namespace, Name: claim.Name}
+	pc := &PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, Pods: reservedPods(claim)}
 	byRequest := map[string][]int{} // request -> indexes into pc.Devices
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != p.cfg.DriverName {
@@ -366,6 +372,9 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 			ids[i] = pc.Devices[j].ID
 		}
 		class := p.cfg.ClassOf(deviceClassOf(claim, request))
+		for _, j := range idx {
+			pc.Devices[j].Class = class
+		}
 		// What the request's containers get of every request they use
 		// (container.go), or of this one only.
 		all := ids
@@ -438,6 +447,46 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		return pc, "repeated", nil
 	}
 	return pc, "prepared", nil
+}
+
+// reservedPods are the pods claim is reserved for, sorted, at most the API's
+// bound of them.
+func reservedPods(claim *resourceapi.ResourceClaim) []string {
+	var pods []string
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup == "" && r.Resource == "pods" && len(pods) < maxPodsPerClaim {
+			pods = append(pods, r.Name)
+		}
+	}
+	slices.Sort(pods)
+	return slices.Compact(pods)
+}
+
+// sameClasses says whether a and b record the same class for each device.
+func sameClasses(a, b PreparedClaim) bool {
+	return slices.EqualFunc(a.Devices, b.Devices, func(x, y PreparedDevice) bool { return x.Class == y.Class })
+}
+
+// Holdings are the devices of the prepared claims, once for each pod a
+// claim was reserved for: the node agent's device_holder series on a DRA
+// node. A claim prepared by an agent that did not record its pods has none
+// until the kubelet prepares it again.
+func (p *Plugin) Holdings() []handoff.Holding {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []handoff.Holding
+	for _, pc := range p.cp.Claims {
+		for _, d := range pc.Devices {
+			kind := "unknown"
+			if dev := p.devices[d.ID]; dev != nil {
+				kind = dev.Kind
+			}
+			for _, pod := range pc.Pods {
+				out = append(out, handoff.Holding{Class: d.Class, Device: d.ID, Kind: kind, Namespace: pc.Namespace, Pod: pod})
+			}
+		}
+	}
+	return out
 }
 
 // deviceClassOf is the DeviceClass of request (or of its subrequest) in the

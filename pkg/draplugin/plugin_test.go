@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -345,5 +346,77 @@ func TestHealthStream(t *testing.T) {
 	resp, _ = f.p.health.snapshot(testNode)
 	if d := resp.Devices[1]; d.Device.DeviceName != "gpu-1" || d.Health != drahealthv1alpha1.HealthStatus_UNHEALTHY || d.Message != "XID 79" {
 		t.Errorf("gpu-1: %v", d)
+	}
+}
+
+// holderSeries are the device_holder series reg exports, one line each:
+// class device kind namespace pod.
+func holderSeries(t *testing.T, reg *prometheus.Registry) []string {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range families {
+		if mf.GetName() != "resclass_node_agent_device_holder" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			out = append(out, strings.Join([]string{labels["class"], labels["device"], labels["kind"], labels["namespace"], labels["pod"]}, " "))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestDeviceHolderSeries: on a DRA node the holders are the pods each
+// prepared claim is reserved for, with the class its DeviceClass stands for;
+// a shared claim's new consumer is recorded at its repeated prepare, the
+// series survive a restart (the checkpoint) and go at unprepare.
+func TestDeviceHolderSeries(t *testing.T) {
+	f := newFixture(t)
+	reg := prometheus.NewRegistry()
+	detach := handoff.NewMetrics(reg).AttachHolders(f.p)
+	f.prepare(claim("u1", "train", "gpu-0", "gpu-2"), claim("u2", "infer", "gpu-1"))
+	want := []string{
+		"infer GPU-b nvidia-gpu ns pod-u2",
+		"train GPU-a nvidia-gpu ns pod-u1",
+		"train GPU-c nvidia-gpu ns pod-u1",
+	}
+	if got := holderSeries(t, reg); !slices.Equal(got, want) {
+		t.Fatalf("series:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// A second pod shares claim u2: the kubelet prepares it again for it.
+	shared := claim("u2", "infer", "gpu-1")
+	shared.Status.ReservedFor = append(shared.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: "pod-x", UID: "pod-x"})
+	if res := f.prepare(shared)["u2"]; res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	detach()
+	if got := holderSeries(t, reg); len(got) != 0 {
+		t.Fatalf("detached, still %v", got)
+	}
+	f.restart()
+	reg = prometheus.NewRegistry()
+	handoff.NewMetrics(reg).AttachHolders(f.p)
+	want = []string{
+		"infer GPU-b nvidia-gpu ns pod-u2",
+		"infer GPU-b nvidia-gpu ns pod-x",
+		"train GPU-a nvidia-gpu ns pod-u1",
+		"train GPU-c nvidia-gpu ns pod-u1",
+	}
+	if got := holderSeries(t, reg); !slices.Equal(got, want) {
+		t.Fatalf("after a restart, series:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if _, err := f.p.UnprepareResourceClaims(f.ctx, []kubeletplugin.NamespacedObject{{UID: "u1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := holderSeries(t, reg); !slices.Equal(got, want[:2]) {
+		t.Fatalf("after unprepare of u1: %v", got)
 	}
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
 
-const holderHeader = `# HELP resclass_node_agent_device_holder 1 for each device the node agent handed to a pod through a class (what Allocate answered, or what the kubelet's checkpoint listed after a restart of the agent), until the pod ends or is deleted; kind is the device's kind (unknown: it left the inventory). A GPU shared by several pods has one series per pod.
+const holderHeader = `# HELP resclass_node_agent_device_holder 1 for each device the node agent handed to a pod through a class (what Allocate answered, or what the kubelet's checkpoint listed after a restart of the agent; on a DRA node, each pod a prepared claim was reserved for), until the pod ends or is deleted (on a DRA node, until the claim is unprepared); kind is the device's kind (unknown: it left the inventory). A GPU shared by several pods has one series per pod.
 # TYPE resclass_node_agent_device_holder gauge
 `
 

@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +52,25 @@ func (m *Metrics) observe(call string, start time.Time) {
 func (m *Metrics) order(call, result string) {
 	if m != nil {
 		m.orders.WithLabelValues(call, result).Inc()
+	}
+}
+
+// AttachHolders adds src's holdings to the device_holder series until the
+// returned func detaches it.
+func (m *Metrics) AttachHolders(src HolderSource) (detach func()) {
+	if m == nil {
+		return func() {}
+	}
+	c := m.holders
+	c.mu.Lock()
+	c.sources = append(c.sources, src)
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if i := slices.Index(c.sources, src); i >= 0 {
+			c.sources = slices.Delete(c.sources, i, i+1)
+		}
 	}
 }
 

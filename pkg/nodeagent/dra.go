@@ -51,6 +51,7 @@ var ErrModeChanged = errors.New("the node's device mode changed: restarting to s
 // the CDI spec of the GPUs (named by the per-claim specs).
 type draSet struct {
 	plugin   *draplugin.Plugin
+	detach   func() // the plugin's device_holder series
 	kinds    *devicekind.Registry
 	cdi      *cdiSpec
 	node     *corev1.Node
@@ -85,10 +86,14 @@ func (a *Agent) startDRA(ctx context.Context, node *corev1.Node, recorder record
 		return nil, err
 	}
 	logger.Info("DRA mode: serving the DRA kubelet plugin", "driver", dradevice.DriverName, "pluginDir", c.PluginDataDir)
-	return &draSet{plugin: plugin, kinds: a.config.Kinds, cdi: spec, node: node, recorder: recorder, logger: logger}, nil
+	detach := a.metrics.handoff.AttachHolders(plugin)
+	return &draSet{plugin: plugin, detach: detach, kinds: a.config.Kinds, cdi: spec, node: node, recorder: recorder, logger: logger}, nil
 }
 
-func (s *draSet) stop() { s.plugin.Stop() }
+func (s *draSet) stop() {
+	s.detach()
+	s.plugin.Stop()
+}
 
 // draInventory is what a DRA-mode node publishes as its NodeDevices: the
 // discovery conditions, and no device. Its devices are DRA's to allocate (its
