@@ -74,12 +74,13 @@ bench: e2e-binaries
 	hack/bench.sh $(BENCH)
 
 # DEMO_KEEP=1 keeps the cluster up for kubectl until Ctrl-C. The demo needs no
-# simulated nodes, so it skips building kwok.
+# simulated nodes and renders nothing, so it skips building kwok, kustomize
+# and helm.
 .PHONY: demo
 demo:
-	@hack/build-e2e-binaries.sh "$(K8S_VERSION_LDFLAGS)" --no-kwok
-	@# Built, then run: `go run` exits 1 when Ctrl-C interrupts it, whatever the demo does.
-	go build -o _output/bin/demo ./e2e/demo
+	@hack/build-e2e-binaries.sh "$(K8S_VERSION_LDFLAGS)" --demo
+	@# Built with the others, then run: `go run` exits 1 when Ctrl-C interrupts
+	@# it, whatever the demo does.
 	_output/bin/demo
 
 .PHONY: generate

@@ -52,6 +52,12 @@ var QuotaConfig []byte
 //go:embed policies/webhooks.yaml
 var PolicyWebhooks []byte
 
+// PolicyComponent is policies/kustomization.yaml: the component itself,
+// whose Deployment patch adds the webhook's flags that go with the policies.
+//
+//go:embed policies/kustomization.yaml
+var PolicyComponent []byte
+
 // AuthorPolicy is author-policy.yaml: the admission policy that binds a
 // ResourceDistribution's recorded author to the requester.
 //

@@ -45,14 +45,8 @@ func startWebhook(ctx context.Context, p *printer, c *framework.Cluster, root st
 	if rule == "" {
 		return nil, errors.New(file + " has no quota-config.yaml key")
 	}
-	// The component's three policies, as Helm values: the chart renders
-	// their webhooks and matchConditions, the same as the component's.
-	wh, err := c.StartWebhook(ctx, framework.WebhookOptions{
-		Policies: map[string]any{
-			"emptyNamespaceSelector": true, "crossNamespaceAffinityQuota": true, "priorityClassQuota": []any{"cluster-services"},
-		},
-		QuotaConfig: []byte(rule),
-	})
+	// The component's webhooks, flags and rule, read from its files.
+	wh, err := c.StartWebhook(ctx, framework.WebhookOptions{Component: true, QuotaConfig: []byte(rule)})
 	if err != nil {
 		return nil, err
 	}

@@ -41,8 +41,14 @@ type WebhookOptions struct {
 	// the covering-quota rule. nil: none, as a default install (no pods or
 	// workloads webhook at all).
 	Policies map[string]any
+	// Component turns the pod policies on as the kustomize component
+	// deploy/webhook/policies does, read from its files (no Helm): its
+	// webhooks, its flags and its covering-quota rule. deploy/install_test.go
+	// keeps it equal to the chart's render of the same three policies.
+	// Policies, if also set, wins.
+	Component bool
 	// QuotaConfig is the covering-quota rule file's content, in place of the
-	// one Policies render; nil: the rendered one, if any.
+	// one Policies or Component give; nil: theirs, if any.
 	QuotaConfig []byte
 	// Args are more flags for the binary.
 	Args []string
@@ -151,12 +157,17 @@ func (c *Cluster) StartWebhook(ctx context.Context, opts WebhookOptions) (*Webho
 		"--v=2",
 	}
 	var policies renderedPolicies
-	if opts.Policies != nil {
+	switch {
+	case opts.Policies != nil:
 		if policies, err = renderPolicies(ctx, opts.Policies); err != nil {
 			return nil, err
 		}
-		args = append(args, policies.args...)
+	case opts.Component:
+		if policies, err = componentPolicies(); err != nil {
+			return nil, err
+		}
 	}
+	args = append(args, policies.args...)
 	quotaConfig := opts.QuotaConfig
 	if quotaConfig == nil {
 		quotaConfig = policies.quotaConfig
@@ -277,7 +288,7 @@ func renderPolicies(ctx context.Context, policies map[string]any) (renderedPolic
 				return r, err
 			}
 			for _, a := range d.Spec.Template.Spec.Containers[0].Args {
-				if a == "--refuse-empty-namespace-selector" || strings.HasPrefix(a, "--match-conditions-cover=") {
+				if policyArg(a) {
 					r.args = append(r.args, a)
 				}
 			}
@@ -286,6 +297,71 @@ func renderPolicies(ctx context.Context, policies map[string]any) (renderedPolic
 			r.quotaConfig = []byte(data)
 		}
 	}
+	return r, nil
+}
+
+// policyArg says whether a is one of the webhook's flags that go with the pod
+// policies (the covering-quota rule's path is the harness's own).
+func policyArg(a string) bool {
+	return a == "--refuse-empty-namespace-selector" || strings.HasPrefix(a, "--match-conditions-cover=")
+}
+
+// componentPolicies is what the kustomize component deploy/webhook/policies
+// adds, read from its files as kustomize would apply them: the webhooks of
+// its JSON patch, the flags its Deployment patch adds, and its
+// covering-quota rule.
+func componentPolicies() (renderedPolicies, error) {
+	var r renderedPolicies
+	var webhookOps []struct {
+		Op    string                                    `json:"op"`
+		Path  string                                    `json:"path"`
+		Value admissionregistrationv1.ValidatingWebhook `json:"value"`
+	}
+	if err := yaml.UnmarshalStrict(deploywebhook.PolicyWebhooks, &webhookOps); err != nil {
+		return r, fmt.Errorf("deploy/webhook/policies/webhooks.yaml: %w", err)
+	}
+	for _, op := range webhookOps {
+		if op.Op != "add" || op.Path != "/webhooks/-" {
+			return r, fmt.Errorf("deploy/webhook/policies/webhooks.yaml: op %s %s: the harness reads only adds of webhooks", op.Op, op.Path)
+		}
+		r.webhooks = append(r.webhooks, op.Value)
+	}
+	var component struct {
+		Patches []struct {
+			Patch  string `json:"patch"`
+			Target struct {
+				Kind string `json:"kind"`
+			} `json:"target"`
+		} `json:"patches"`
+	}
+	if err := yaml.Unmarshal(deploywebhook.PolicyComponent, &component); err != nil {
+		return r, fmt.Errorf("deploy/webhook/policies/kustomization.yaml: %w", err)
+	}
+	for _, p := range component.Patches {
+		if p.Target.Kind != "Deployment" {
+			continue
+		}
+		var ops []struct {
+			Path  string `json:"path"`
+			Value any    `json:"value"`
+		}
+		if err := yaml.Unmarshal([]byte(p.Patch), &ops); err != nil {
+			return r, fmt.Errorf("deploy/webhook/policies/kustomization.yaml, the Deployment's patch: %w", err)
+		}
+		for _, op := range ops {
+			if a, ok := op.Value.(string); ok && strings.HasPrefix(op.Path, "/spec/template/spec/containers/0/args/") && policyArg(a) {
+				r.args = append(r.args, a)
+			}
+		}
+	}
+	if len(r.webhooks) == 0 || len(r.args) == 0 {
+		return r, errors.New("deploy/webhook/policies: no webhooks or no flags found in the component")
+	}
+	var cm corev1.ConfigMap
+	if err := yaml.UnmarshalStrict(deploywebhook.QuotaConfig, &cm); err != nil {
+		return r, fmt.Errorf("deploy/webhook/policies/quota-config.yaml: %w", err)
+	}
+	r.quotaConfig = []byte(cm.Data["quota-config.yaml"])
 	return r, nil
 }
 
