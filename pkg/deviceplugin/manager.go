@@ -321,6 +321,12 @@ func (m *Manager) ensure(ctx context.Context, s *server, kubelet fileID) error {
 			return err
 		}
 		if err := confirm(ctx, s.ep.socket); err != nil {
+			if ctx.Err() != nil {
+				// Stopping, not failing: stopAll drains the server, and a
+				// call that reached it already (a kubelet's Allocate) is
+				// answered rather than cut.
+				return ctx.Err()
+			}
 			s.stop()
 			return fmt.Errorf("endpoint does not answer on its own socket: %w", err)
 		}
