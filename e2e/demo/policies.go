@@ -160,6 +160,12 @@ func policyPods(ctx context.Context, p *printer, c *framework.Cluster) error {
 		what := fmt.Sprintf("critical-pods quota: %s with priorityClassName cluster-services", name)
 		if !want {
 			what += " (the quota's third)"
+			// The quota controller recounts from its own pod informer and
+			// may write a usage that misses a pod just admitted, which
+			// would admit a third: wait until it has counted both.
+			if err := waitQuotaUsed(ctx, c, "demo", "cluster-services", 2); err != nil {
+				return err
+			}
 		}
 		if err := try(what, pod(name, func(p *corev1.Pod) { p.Spec.PriorityClassName = "cluster-services" }), want); err != nil {
 			return err
@@ -178,6 +184,23 @@ func waitQuotaStatus(ctx context.Context, c *framework.Cluster, ns, name string)
 	})
 	if err != nil {
 		return fmt.Errorf("quota %s/%s has no status: %w", ns, name, err)
+	}
+	return nil
+}
+
+// waitQuotaUsed waits until quota ns/name's status counts pods pods.
+func waitQuotaUsed(ctx context.Context, c *framework.Cluster, ns, name string, pods int64) error {
+	var used resource.Quantity
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		q, err := c.Client.CoreV1().ResourceQuotas(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		used = q.Status.Used[corev1.ResourcePods]
+		return used.Value() == pods, nil
+	})
+	if err != nil {
+		return fmt.Errorf("quota %s/%s counts %s pods, want %d: %w", ns, name, used.String(), pods, err)
 	}
 	return nil
 }
