@@ -20,10 +20,16 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &resclassv1alpha1.DeviceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DeviceAttribute"):
 		return &resclassv1alpha1.DeviceAttributeApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DeviceMIG"):
+		return &resclassv1alpha1.DeviceMIGApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DeviceSharing"):
 		return &resclassv1alpha1.DeviceSharingApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DeviceSummary"):
 		return &resclassv1alpha1.DeviceSummaryApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("MIGInstance"):
+		return &resclassv1alpha1.MIGInstanceApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("MIGProfile"):
+		return &resclassv1alpha1.MIGProfileApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("NodeDevices"):
 		return &resclassv1alpha1.NodeDevicesApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("NodeDevicesStatus"):

@@ -61,6 +61,8 @@ var requiredSymbols = [][]string{
 	{"nvmlDeviceGetComputeInstanceId"},
 	{"nvmlDeviceGetGpuInstanceProfileInfo"},
 	{"nvmlDeviceGetGpuInstanceById"},
+	{"nvmlDeviceGetGpuInstancePossiblePlacements_v2", "nvmlDeviceGetGpuInstancePossiblePlacements"},
+	{"nvmlDeviceGetGpuInstances"},
 	{"nvmlGpuInstanceGetInfo"},
 	{"nvmlDeviceGetAttributes_v2", "nvmlDeviceGetAttributes"},
 	{"nvmlDeviceGetIndex"},

@@ -1,9 +1,12 @@
 package nvml
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"math/bits"
+	"slices"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -47,6 +50,9 @@ func (d *Discoverer) migDevices(parent lib.Device, gpu *v1alpha1.Device) []v1alp
 	// Looked up once per GPU rather than per MIG device: every MIG device of a GPU
 	// draws on the same table.
 	profiles := gpuInstanceProfiles(parent)
+	if gpuMemory, ok := gpu.Attributes[v1alpha1.AttributeMemory]; ok {
+		gpu.MIG = migGeometry(parent, profiles, uint64(gpuMemory.QuantityValue.Value()))
+	}
 	var out []v1alpha1.Device
 	for i := range count {
 		handle, ret := parent.GetMigDeviceHandleByIndex(i)
@@ -222,4 +228,75 @@ func migMemoryGB(profileMB, gpuMemory uint64) uint64 {
 	}
 	gb, _ := bits.Div64(hi, lo, 8)
 	return gb
+}
+
+// migGeometry is parent's MIG geometry: its GPU instance profiles (named as
+// migProfileName names a MIG device's), where each may be placed, and the GPU
+// instances that exist, for the NodeDevices that lets the scheduler work out
+// what can still be created (docs/mig.md). NVML's answers cross a trust
+// boundary: a placement outside the GPU's slices or of another size than
+// its profile's others, a profile without placements or with a name already
+// taken, and an instance that overlaps another are left out, so what is
+// published always describes a GPU that could exist. nil when no profile is
+// left (the GPU is then published without it, its MIG devices as before).
+func migGeometry(parent lib.Device, profiles map[uint32]gpuInstanceProfile, gpuMemory uint64) *v1alpha1.DeviceMIG {
+	out := &v1alpha1.DeviceMIG{}
+	names := map[string]bool{}
+	var used uint16 // the slices the instances listed so far take
+	for _, id := range slices.Sorted(maps.Keys(profiles)) {
+		profile := profiles[id]
+		info := profile.info
+		placements, ret := parent.GetGpuInstancePossiblePlacements(&info)
+		if ret != lib.SUCCESS || len(placements) == 0 || len(placements) > v1alpha1.MIGSlices {
+			continue
+		}
+		size := placements[0].Size
+		var starts []int32
+		for _, pl := range placements {
+			if pl.Size != size || size == 0 || size > v1alpha1.MIGSlices || pl.Start >= v1alpha1.MIGSlices || pl.Start+pl.Size > v1alpha1.MIGSlices {
+				starts = nil
+				break
+			}
+			starts = append(starts, int32(pl.Start))
+		}
+		name := migProfileName(profile.index, info.SliceCount, info.SliceCount, info.MemorySizeMB, gpuMemory)
+		if len(starts) == 0 || names[name] || info.SliceCount < 1 || info.SliceCount > v1alpha1.MIGSlices ||
+			info.InstanceCount < 1 || info.InstanceCount > v1alpha1.MIGSlices || info.MemorySizeMB == 0 || info.MemorySizeMB > gpuMemory>>20 {
+			continue
+		}
+		names[name] = true
+		slices.Sort(starts)
+		out.Profiles = append(out.Profiles, v1alpha1.MIGProfile{
+			Name: name, Slices: int32(size), Compute: int32(info.SliceCount),
+			Memory:          *resource.NewQuantity(int64(info.MemorySizeMB<<20), resource.BinarySI),
+			Multiprocessors: int32(min(info.MultiprocessorCount, 1024)),
+			Decoders:        int32(min(info.DecoderCount, 64)), JPEGs: int32(min(info.JpegCount, 64)), OFAs: int32(min(info.OfaCount, 64)),
+			Placements: slices.Compact(starts), Max: int32(info.InstanceCount),
+		})
+		instances, ret := parent.GetGpuInstances(&info)
+		if ret != lib.SUCCESS {
+			continue
+		}
+		for _, gi := range instances {
+			giInfo, ret := gi.GetInfo()
+			if ret != lib.SUCCESS || giInfo.Placement.Size != size || !slices.Contains(starts, int32(giInfo.Placement.Start)) {
+				continue
+			}
+			mask := uint16((1<<size)-1) << giInfo.Placement.Start
+			if used&mask != 0 || len(out.Instances) == v1alpha1.MIGSlices {
+				continue
+			}
+			used |= mask
+			out.Instances = append(out.Instances, v1alpha1.MIGInstance{Profile: name, Start: int32(giInfo.Placement.Start)})
+		}
+	}
+	if len(out.Profiles) == 0 {
+		return nil
+	}
+	slices.SortFunc(out.Profiles, func(a, b v1alpha1.MIGProfile) int {
+		return cmp.Or(cmp.Compare(a.Slices, b.Slices), cmp.Compare(a.Compute, b.Compute), a.Memory.Cmp(b.Memory),
+			cmp.Compare(a.Decoders+a.JPEGs+a.OFAs, b.Decoders+b.JPEGs+b.OFAs), cmp.Compare(a.Name, b.Name))
+	})
+	slices.SortFunc(out.Instances, func(a, b v1alpha1.MIGInstance) int { return cmp.Compare(a.Start, b.Start) })
+	return out
 }

@@ -5,15 +5,19 @@ import (
 	"math"
 	"math/big"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
+	"github.com/resclass/resclass/pkg/mig"
 )
 
 // a100ProfileIDs are the GPU instance profile ids an A100-SXM4-40GB reports
@@ -30,9 +34,11 @@ var a100ProfileIDs = map[int]uint32{
 }
 
 // gpuInstance is one GPU instance a test creates: its GPU_INSTANCE_PROFILE_*
-// index and the slice counts of its compute instances, one MIG device each.
+// index, the memory slice it starts at, and the slice counts of its compute
+// instances, one MIG device each.
 type gpuInstance struct {
 	profile       int
+	start         uint32
 	computeSlices []uint32
 }
 
@@ -48,6 +54,15 @@ func partition(t *testing.T, dev *dgxa100.Device, layout ...gpuInstance) []*mock
 		info, ret := profileInfo(i)
 		info.Id = a100ProfileIDs[i]
 		return info, ret
+	}
+	// The mock finds placements by the index; NVML by the profile's id.
+	dev.GetGpuInstancePossiblePlacementsFunc = func(info *lib.GpuInstanceProfileInfo) ([]lib.GpuInstancePlacement, lib.Return) {
+		for index, id := range a100ProfileIDs {
+			if id == info.Id {
+				return dgxa100.MIGPlacements.GpuInstancePossiblePlacements[index], lib.SUCCESS
+			}
+		}
+		return nil, lib.ERROR_INVALID_ARGUMENT
 	}
 	dev.GetGpuInstanceByIdFunc = func(id int) (lib.GpuInstance, lib.Return) {
 		dev.RLock()
@@ -65,7 +80,8 @@ func partition(t *testing.T, dev *dgxa100.Device, layout ...gpuInstance) []*mock
 		if ret != lib.SUCCESS {
 			t.Fatalf("profile %d: %v", l.profile, ret)
 		}
-		gi, _ := dev.CreateGpuInstance(&profile)
+		size := dgxa100.MIGPlacements.GpuInstancePossiblePlacements[l.profile][0].Size
+		gi, _ := dev.CreateGpuInstanceWithPlacement(&profile, &lib.GpuInstancePlacement{Start: l.start, Size: size})
 		giInfo, _ := gi.GetInfo()
 		for ci, slices := range l.computeSlices {
 			migs = append(migs, migDevice(fmt.Sprintf("MIG-%d-%d-%d", dev.Index, giInfo.Id, ci), int(giInfo.Id), ci, profile, slices))
@@ -137,13 +153,13 @@ func TestMIGDevices(t *testing.T) {
 	server, root := dgx(t)
 	gpu0, gpu3 := server.Devices[0].(*dgxa100.Device), server.Devices[3].(*dgxa100.Device)
 	partition(t, gpu0,
-		gpuInstance{lib.GPU_INSTANCE_PROFILE_3_SLICE, []uint32{3}},
-		gpuInstance{lib.GPU_INSTANCE_PROFILE_3_SLICE, []uint32{1, 2}})
+		gpuInstance{lib.GPU_INSTANCE_PROFILE_3_SLICE, 0, []uint32{3}},
+		gpuInstance{lib.GPU_INSTANCE_PROFILE_3_SLICE, 4, []uint32{1, 2}})
 	partition(t, gpu3,
-		gpuInstance{lib.GPU_INSTANCE_PROFILE_1_SLICE, []uint32{1}},
-		gpuInstance{lib.GPU_INSTANCE_PROFILE_1_SLICE_REV1, []uint32{1}},
-		gpuInstance{lib.GPU_INSTANCE_PROFILE_1_SLICE_REV2, []uint32{1}},
-		gpuInstance{lib.GPU_INSTANCE_PROFILE_2_SLICE, []uint32{2}})
+		gpuInstance{lib.GPU_INSTANCE_PROFILE_1_SLICE, 0, []uint32{1}},
+		gpuInstance{lib.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 1, []uint32{1}},
+		gpuInstance{lib.GPU_INSTANCE_PROFILE_1_SLICE_REV2, 2, []uint32{1}},
+		gpuInstance{lib.GPU_INSTANCE_PROFILE_2_SLICE, 4, []uint32{2}})
 	devices := discover(t, server, root)
 
 	var order []string
@@ -230,7 +246,7 @@ func TestMIGDevices(t *testing.T) {
 func TestMIGDisabledListsNoMIGDevices(t *testing.T) {
 	server, root := dgx(t)
 	gpu0 := server.Devices[0].(*dgxa100.Device)
-	partition(t, gpu0, gpuInstance{lib.GPU_INSTANCE_PROFILE_7_SLICE, []uint32{7}})
+	partition(t, gpu0, gpuInstance{lib.GPU_INSTANCE_PROFILE_7_SLICE, 0, []uint32{7}})
 	gpu0.MigMode = lib.DEVICE_MIG_DISABLE
 	devices := discover(t, server, root)
 	if ids := migIDs(devices); len(ids) != 0 || len(devices) != 8 {
@@ -296,8 +312,8 @@ func TestMIGEnumerationProblems(t *testing.T) {
 			server, root := dgx(t)
 			gpu0 := server.Devices[0].(*dgxa100.Device)
 			migs := partition(t, gpu0,
-				gpuInstance{lib.GPU_INSTANCE_PROFILE_3_SLICE, []uint32{3}},
-				gpuInstance{lib.GPU_INSTANCE_PROFILE_3_SLICE, []uint32{1, 2}})
+				gpuInstance{lib.GPU_INSTANCE_PROFILE_3_SLICE, 0, []uint32{3}},
+				gpuInstance{lib.GPU_INSTANCE_PROFILE_3_SLICE, 4, []uint32{1, 2}})
 			tc.breakIt(gpu0, migs)
 			devices := discover(t, server, root)
 			if got := migIDs(devices); strings.Join(got, " ") != strings.Join(tc.wantMIGs, " ") {
@@ -391,6 +407,146 @@ func FuzzMIGProfileName(f *testing.F) {
 			want.Add(want, big.NewInt(4)).Div(want, big.NewInt(8))
 			if gb := migMemoryGB(profileMB, gpu); want.IsUint64() && gb != want.Uint64() || !want.IsUint64() && gb != math.MaxUint64 {
 				t.Fatalf("migMemoryGB(%d, %d) = %d, want %s", profileMB, gpu, gb, want)
+			}
+		})
+	})
+}
+
+// TestMIGGeometry: a GPU in MIG mode is published with its profiles, as
+// NVML names and places them (the A100-40GB table of pkg/mig, which is
+// checked against NVIDIA's figures), and the GPU instances on it; a GPU
+// whose MIG mode is off has none. NVML answers that describe no possible
+// GPU (a placement past the slices, two instances on one slice) are left out.
+func TestMIGGeometry(t *testing.T) {
+	server, root := dgx(t)
+	gpu3 := server.Devices[3].(*dgxa100.Device)
+	partition(t, gpu3,
+		gpuInstance{lib.GPU_INSTANCE_PROFILE_1_SLICE, 0, []uint32{1}},
+		gpuInstance{lib.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 1, []uint32{1}},
+		gpuInstance{lib.GPU_INSTANCE_PROFILE_1_SLICE_REV2, 2, []uint32{1}},
+		gpuInstance{lib.GPU_INSTANCE_PROFILE_2_SLICE, 4, []uint32{2}})
+	devices := discover(t, server, root)
+	if g := byID(t, devices, server.Devices[1].(*dgxa100.Device).UUID); g.MIG != nil {
+		t.Errorf("a GPU whose MIG mode is off has a MIG geometry: %+v", g.MIG)
+	}
+	got := byID(t, devices, gpu3.UUID).MIG
+	if got == nil {
+		t.Fatal("the GPU in MIG mode has no geometry")
+	}
+	var want []v1alpha1.MIGProfile
+	for _, p := range mig.A100_40GB.Profiles {
+		var placements []int32
+		for _, s := range p.Starts {
+			placements = append(placements, int32(s))
+		}
+		want = append(want, v1alpha1.MIGProfile{Name: p.Name, Slices: int32(p.Size), Compute: int32(p.Compute),
+			Memory: *resource.NewQuantity(p.MemoryMiB<<20, resource.BinarySI), Multiprocessors: int32(p.Multiprocessors),
+			Decoders: int32(p.Decoders), JPEGs: int32(p.JPEGs), OFAs: int32(p.OFAs), Placements: placements, Max: int32(p.Max)})
+	}
+	if !apiequality.Semantic.DeepEqual(got.Profiles, want) {
+		t.Errorf("profiles\n%+v\nwant\n%+v", got.Profiles, want)
+	}
+	wantInstances := []v1alpha1.MIGInstance{{Profile: "1g.5gb", Start: 0}, {Profile: "1g.5gb+me", Start: 1}, {Profile: "1g.10gb", Start: 2}, {Profile: "2g.10gb", Start: 4}}
+	if !slices.Equal(got.Instances, wantInstances) {
+		t.Errorf("instances %+v, want %+v", got.Instances, wantInstances)
+	}
+
+	// NVML lies: 2g.10gb may also start at slice 7 (past the GPU), and a
+	// second 1g.5gb sits on slice 0.
+	placements := gpu3.GetGpuInstancePossiblePlacementsFunc
+	gpu3.GetGpuInstancePossiblePlacementsFunc = func(info *lib.GpuInstanceProfileInfo) ([]lib.GpuInstancePlacement, lib.Return) {
+		out, ret := placements(info)
+		if info.Id == a100ProfileIDs[lib.GPU_INSTANCE_PROFILE_2_SLICE] {
+			out = append(slices.Clone(out), lib.GpuInstancePlacement{Start: 7, Size: 2})
+		}
+		return out, ret
+	}
+	profile, _ := gpu3.GetGpuInstanceProfileInfo(lib.GPU_INSTANCE_PROFILE_1_SLICE)
+	if _, ret := gpu3.CreateGpuInstanceWithPlacement(&profile, &lib.GpuInstancePlacement{Start: 0, Size: 1}); ret != lib.SUCCESS {
+		t.Fatal(ret)
+	}
+	got = byID(t, discover(t, server, root), gpu3.UUID).MIG
+	var names []string
+	for _, p := range got.Profiles {
+		names = append(names, p.Name)
+	}
+	if slices.Contains(names, "2g.10gb") || len(names) != len(want)-1 {
+		t.Errorf("with a placement past the slices, profiles %v: want every one but 2g.10gb", names)
+	}
+	if n := len(got.Instances); n != 3 || got.Instances[0] != wantInstances[0] {
+		t.Errorf("with two instances on slice 0 and 2g.10gb left out, instances %+v: want one 1g.5gb at 0, 1g.5gb+me, 1g.10gb", got.Instances)
+	}
+}
+
+// FuzzMIGGeometry reads a GPU's geometry from any answers NVML may give for
+// two profiles (placements and instances from the fuzzer's bytes, two bytes
+// each: start, size): what is published must describe a GPU that could
+// exist, within the CRD's bounds, whatever came in.
+func FuzzMIGGeometry(f *testing.F) {
+	f.Add([]byte{0, 1, 1, 1, 2, 1}, []byte{0, 2, 2, 2}, []byte{0, 1}, []byte{2, 2})
+	f.Add([]byte{7, 2, 255, 255}, []byte{0, 8}, []byte{0, 1, 0, 1}, []byte{0, 8})
+	f.Fuzz(func(t *testing.T, placementsA, placementsB, instancesA, instancesB []byte) {
+		watchdog.Run(t, func() {
+			pairs := func(b []byte) [][2]uint32 {
+				var out [][2]uint32
+				for i := 0; i+1 < len(b) && len(out) < 64; i += 2 {
+					out = append(out, [2]uint32{uint32(b[i]), uint32(b[i+1])})
+				}
+				return out
+			}
+			profiles := map[uint32]gpuInstanceProfile{
+				19: {index: lib.GPU_INSTANCE_PROFILE_1_SLICE, info: lib.GpuInstanceProfileInfo{Id: 19, SliceCount: 1, InstanceCount: 7, MemorySizeMB: 4864}},
+				14: {index: lib.GPU_INSTANCE_PROFILE_2_SLICE, info: lib.GpuInstanceProfileInfo{Id: 14, SliceCount: 2, InstanceCount: 3, MemorySizeMB: 9856}},
+			}
+			placements := map[uint32][][2]uint32{19: pairs(placementsA), 14: pairs(placementsB)}
+			instances := map[uint32][][2]uint32{19: pairs(instancesA), 14: pairs(instancesB)}
+			dev := &mock.Device{
+				GetGpuInstancePossiblePlacementsFunc: func(info *lib.GpuInstanceProfileInfo) ([]lib.GpuInstancePlacement, lib.Return) {
+					var out []lib.GpuInstancePlacement
+					for _, p := range placements[info.Id] {
+						out = append(out, lib.GpuInstancePlacement{Start: p[0], Size: p[1]})
+					}
+					return out, lib.SUCCESS
+				},
+				GetGpuInstancesFunc: func(info *lib.GpuInstanceProfileInfo) ([]lib.GpuInstance, lib.Return) {
+					var out []lib.GpuInstance
+					for _, p := range instances[info.Id] {
+						gi := lib.GpuInstanceInfo{ProfileId: info.Id, Placement: lib.GpuInstancePlacement{Start: p[0], Size: p[1]}}
+						out = append(out, &mock.GpuInstance{GetInfoFunc: func() (lib.GpuInstanceInfo, lib.Return) { return gi, lib.SUCCESS }})
+					}
+					return out, lib.SUCCESS
+				},
+			}
+			got := migGeometry(dev, profiles, 40<<30)
+			if got == nil {
+				return
+			}
+			if len(got.Profiles) > 32 || len(got.Instances) > v1alpha1.MIGSlices {
+				t.Fatalf("%d profiles, %d instances", len(got.Profiles), len(got.Instances))
+			}
+			size := map[string]int32{}
+			for _, p := range got.Profiles {
+				if _, dup := size[p.Name]; dup || p.Slices < 1 || p.Slices > v1alpha1.MIGSlices || len(p.Placements) == 0 || len(p.Placements) > v1alpha1.MIGSlices {
+					t.Fatalf("profile %+v", p)
+				}
+				for _, s := range p.Placements {
+					if s < 0 || s+p.Slices > v1alpha1.MIGSlices {
+						t.Fatalf("profile %s placed at %d, past the slices", p.Name, s)
+					}
+				}
+				size[p.Name] = p.Slices
+			}
+			var used uint16
+			for _, in := range got.Instances {
+				n, ok := size[in.Profile]
+				if !ok {
+					t.Fatalf("instance of %s, not a profile listed", in.Profile)
+				}
+				mask := uint16((1<<n)-1) << in.Start
+				if used&mask != 0 || in.Start+n > v1alpha1.MIGSlices {
+					t.Fatalf("instance %+v overlaps another or passes the slices", in)
+				}
+				used |= mask
 			}
 		})
 	})

@@ -113,6 +113,12 @@ type Device struct {
 	// device is served whole.
 	// +optional
 	Sharing *DeviceSharing `json:"sharing,omitempty"`
+
+	// MIG is how a GPU in MIG mode can be partitioned: its GPU instance
+	// profiles, where each may be placed, and the instances on it now.
+	// Absent for a GPU whose MIG mode is off and for every other device.
+	// +optional
+	MIG *DeviceMIG `json:"mig,omitempty"`
 }
 
 // DeviceAttribute is one typed value. Exactly one field is set.

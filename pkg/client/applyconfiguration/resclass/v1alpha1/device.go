@@ -24,6 +24,10 @@ type DeviceApplyConfiguration struct {
 	// shared (a GPU): whole to one pod, or in shares to several. Absent, the
 	// device is served whole.
 	Sharing *DeviceSharingApplyConfiguration `json:"sharing,omitempty"`
+	// MIG is how a GPU in MIG mode can be partitioned: its GPU instance
+	// profiles, where each may be placed, and the instances on it now.
+	// Absent for a GPU whose MIG mode is off and for every other device.
+	MIG *DeviceMIGApplyConfiguration `json:"mig,omitempty"`
 }
 
 // DeviceApplyConfiguration constructs a declarative configuration of the Device type for use with
@@ -83,5 +87,13 @@ func (b *DeviceApplyConfiguration) WithAttributes(entries map[string]DeviceAttri
 // If called multiple times, the Sharing field is set to the value of the last call.
 func (b *DeviceApplyConfiguration) WithSharing(value *DeviceSharingApplyConfiguration) *DeviceApplyConfiguration {
 	b.Sharing = value
+	return b
+}
+
+// WithMIG sets the MIG field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the MIG field is set to the value of the last call.
+func (b *DeviceApplyConfiguration) WithMIG(value *DeviceMIGApplyConfiguration) *DeviceApplyConfiguration {
+	b.MIG = value
 	return b
 }
