@@ -49,8 +49,10 @@ func (p *Profile) mask(start int) uint8 {
 
 // Table is a GPU product's profiles, smallest first (Less).
 type Table struct {
-	Product  string
-	Profiles []Profile
+	Product string
+	// MemoryMiB is the whole GPU's memory, as NVML states it.
+	MemoryMiB int64
+	Profiles  []Profile
 }
 
 // Profile returns the profile named name, or nil.
@@ -128,7 +130,7 @@ var (
 var Builtin = []*Table{A100_40GB, A100_80GB, H100_80GB}
 
 // A100_40GB is the A100-SXM4-40GB (go-nvml's DGX A100 mock has the same).
-var A100_40GB = &Table{Product: "NVIDIA A100-SXM4-40GB", Profiles: []Profile{
+var A100_40GB = &Table{Product: "NVIDIA A100-SXM4-40GB", MemoryMiB: 40960, Profiles: []Profile{
 	{Name: "1g.5gb", Compute: 1, Size: 1, MemoryMiB: 4864, Multiprocessors: 14, Starts: starts1, Max: 7},
 	{Name: "1g.5gb+me", Compute: 1, Size: 1, MemoryMiB: 4864, Multiprocessors: 14, Decoders: 1, JPEGs: 1, OFAs: 1, Starts: starts1, Max: 1},
 	{Name: "1g.10gb", Compute: 1, Size: 2, MemoryMiB: 9856, Multiprocessors: 14, Decoders: 1, Starts: starts2, Max: 4},
@@ -139,7 +141,7 @@ var A100_40GB = &Table{Product: "NVIDIA A100-SXM4-40GB", Profiles: []Profile{
 }}
 
 // A100_80GB is the A100-SXM4-80GB: the 40GB's geometry, twice the memory.
-var A100_80GB = &Table{Product: "NVIDIA A100-SXM4-80GB", Profiles: []Profile{
+var A100_80GB = &Table{Product: "NVIDIA A100-SXM4-80GB", MemoryMiB: 81920, Profiles: []Profile{
 	{Name: "1g.10gb", Compute: 1, Size: 1, MemoryMiB: 9728, Multiprocessors: 14, Starts: starts1, Max: 7},
 	{Name: "1g.10gb+me", Compute: 1, Size: 1, MemoryMiB: 9728, Multiprocessors: 14, Decoders: 1, JPEGs: 1, OFAs: 1, Starts: starts1, Max: 1},
 	{Name: "1g.20gb", Compute: 1, Size: 2, MemoryMiB: 19968, Multiprocessors: 14, Decoders: 1, Starts: starts2, Max: 4},
@@ -151,7 +153,7 @@ var A100_80GB = &Table{Product: "NVIDIA A100-SXM4-80GB", Profiles: []Profile{
 
 // H100_80GB is the H100 80GB HBM3: the A100's geometry, with more
 // multiprocessors and media engines per slice.
-var H100_80GB = &Table{Product: "NVIDIA H100 80GB HBM3", Profiles: []Profile{
+var H100_80GB = &Table{Product: "NVIDIA H100 80GB HBM3", MemoryMiB: 81559, Profiles: []Profile{
 	{Name: "1g.10gb", Compute: 1, Size: 1, MemoryMiB: 9984, Multiprocessors: 16, Decoders: 1, JPEGs: 1, Starts: starts1, Max: 7},
 	{Name: "1g.10gb+me", Compute: 1, Size: 1, MemoryMiB: 9984, Multiprocessors: 16, Decoders: 1, JPEGs: 1, OFAs: 1, Starts: starts1, Max: 1},
 	{Name: "1g.20gb", Compute: 1, Size: 2, MemoryMiB: 20096, Multiprocessors: 26, Decoders: 1, JPEGs: 1, Starts: starts2, Max: 4},

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/internal/watchdog"
 	"github.com/resclass/resclass/pkg/mig"
 )
@@ -550,4 +551,106 @@ func FuzzMIGGeometry(f *testing.F) {
 			}
 		})
 	})
+}
+
+// TestMIGMockCreatesAsNVML: the repository's NVML mock creates MIG instances
+// as NVML does (nvmlmock.EnableMIG), and discovery reads them: an H100's
+// table, overlapping placements and a profile's limit refused, a GPU
+// instance with a compute instance kept, an injected failure answered once,
+// and each compute instance a MIG device with its own UUID and profile.
+func TestMIGMockCreatesAsNVML(t *testing.T) {
+	server := nvmlmock.New()
+	root := t.TempDir()
+	if err := server.WriteSysfs(root); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range server.Devices {
+		d.(*dgxa100.Device).GetNvLinkStateFunc = func(int) (lib.EnableState, lib.Return) {
+			return lib.FEATURE_DISABLED, lib.ERROR_NOT_SUPPORTED
+		}
+	}
+	gpu := server.Devices[2].(*dgxa100.Device)
+	if err := server.EnableMIG(gpu.UUID, mig.H100_80GB); err != nil {
+		t.Fatal(err)
+	}
+	info := func(index int) *lib.GpuInstanceProfileInfo {
+		t.Helper()
+		p, ret := gpu.GetGpuInstanceProfileInfo(index)
+		if ret != lib.SUCCESS {
+			t.Fatalf("profile %d: %v", index, ret)
+		}
+		return &p
+	}
+	create := func(index int, start, size uint32) (lib.GpuInstance, lib.Return) {
+		return gpu.CreateGpuInstanceWithPlacement(info(index), &lib.GpuInstancePlacement{Start: start, Size: size})
+	}
+	withCI := func(gi lib.GpuInstance, slices uint32) {
+		t.Helper()
+		ciIndex := map[uint32]int{1: lib.COMPUTE_INSTANCE_PROFILE_1_SLICE, 3: lib.COMPUTE_INSTANCE_PROFILE_3_SLICE}[slices]
+		ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciIndex, lib.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if ret != lib.SUCCESS {
+			t.Fatal(ret)
+		}
+		if _, ret := gi.CreateComputeInstance(&ciInfo); ret != lib.SUCCESS {
+			t.Fatal(ret)
+		}
+	}
+	big, ret := create(lib.GPU_INSTANCE_PROFILE_3_SLICE, 4, 4)
+	if ret != lib.SUCCESS {
+		t.Fatal(ret)
+	}
+	withCI(big, 3)
+	if _, ret := create(lib.GPU_INSTANCE_PROFILE_2_SLICE, 4, 2); ret != lib.ERROR_INSUFFICIENT_RESOURCES {
+		t.Errorf("2g.20gb over 3g.40gb@4: %v, want ERROR_INSUFFICIENT_RESOURCES", ret)
+	}
+	if ret := big.Destroy(); ret != lib.ERROR_IN_USE {
+		t.Errorf("destroying a GPU instance with a compute instance: %v, want ERROR_IN_USE", ret)
+	}
+	small, ret := create(lib.GPU_INSTANCE_PROFILE_1_SLICE, 0, 1)
+	if ret != lib.SUCCESS {
+		t.Fatal(ret)
+	}
+	withCI(small, 1)
+	if _, ret := create(lib.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 1, 1); ret != lib.SUCCESS {
+		t.Fatal(ret)
+	}
+	if _, ret := create(lib.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 2, 1); ret != lib.ERROR_INSUFFICIENT_RESOURCES {
+		t.Errorf("a second 1g.10gb+me: %v, want ERROR_INSUFFICIENT_RESOURCES (its limit is one)", ret)
+	}
+	server.FailMIGCreate(gpu.UUID, lib.ERROR_UNKNOWN)
+	if _, ret := create(lib.GPU_INSTANCE_PROFILE_1_SLICE, 3, 1); ret != lib.ERROR_UNKNOWN {
+		t.Errorf("after FailMIGCreate: %v, want ERROR_UNKNOWN", ret)
+	}
+	if got := server.MIGInstances(gpu.UUID); !slices.Equal(got, []string{"3g.40gb@4", "1g.10gb@0", "1g.10gb+me@1"}) {
+		t.Errorf("instances %v", got)
+	}
+
+	devices := discover(t, server.Server, root)
+	parent := byID(t, devices, gpu.UUID)
+	if parent.Attributes[v1alpha1.AttributeProduct].String() != "Mock NVIDIA H100 80GB HBM3" || parent.MIG == nil {
+		t.Fatalf("the H100: %v, geometry %+v", attributes(parent), parent.MIG)
+	}
+	var names []string
+	for _, p := range parent.MIG.Profiles {
+		names = append(names, p.Name)
+	}
+	if want := []string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}; !slices.Equal(names, want) {
+		t.Errorf("profiles %v, want the H100's %v", names, want)
+	}
+	wantInstances := []v1alpha1.MIGInstance{{Profile: "1g.10gb", Start: 0}, {Profile: "1g.10gb+me", Start: 1}, {Profile: "3g.40gb", Start: 4}}
+	if !slices.Equal(parent.MIG.Instances, wantInstances) {
+		t.Errorf("instances %+v, want %+v", parent.MIG.Instances, wantInstances)
+	}
+	var profiles []string
+	for _, d := range devices {
+		if d.Kind == v1alpha1.DeviceKindNvidiaMIG {
+			if !strings.HasPrefix(d.ID, "MIG-") || d.Attributes[v1alpha1.AttributeParent].String() != gpu.UUID || !d.Healthy {
+				t.Errorf("MIG device %s: %v", d.ID, attributes(d))
+			}
+			profiles = append(profiles, d.Attributes[v1alpha1.AttributeMIGProfile].String())
+		}
+	}
+	if !slices.Equal(profiles, []string{"3g.40gb", "1g.10gb"}) {
+		t.Errorf("MIG devices of profiles %v, want one per compute instance: 3g.40gb, 1g.10gb", profiles)
+	}
 }

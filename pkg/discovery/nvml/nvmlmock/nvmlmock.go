@@ -9,6 +9,9 @@
 // NVML reports on every call for it and as the event set's wait error (SetLost),
 // NVML failing mid-run without the driver going away (FailCount), and the
 // volatile ECC counts an uncorrected error raises and a reset zeroes (Reset).
+//
+// And MIG as NVML does it (EnableMIG, mig.go): the A100's or the H100's
+// profiles, placements that conflict, MIG devices with UUIDs, failures.
 package nvmlmock
 
 import (
@@ -39,6 +42,7 @@ type Server struct {
 	failCount   lib.Return
 	ecc         map[string]uint64 // UUID → volatile uncorrected ECC errors
 	initialised bool
+	mig         map[string]*migGPU // UUID → MIG state, for GPUs EnableMIG put in MIG mode (mig.go)
 }
 
 // New returns a DGX A100 whose GPUs answer every call the node agent makes.
@@ -135,12 +139,13 @@ func New() *Server {
 			}
 			return uuid, lib.SUCCESS
 		}
-		memory := dev.MemoryInfo
 		dev.GetMemoryInfoFunc = func() (lib.Memory, lib.Return) {
 			if s.isLost(uuid) {
 				return lib.Memory{}, lib.ERROR_GPU_IS_LOST
 			}
-			return memory, lib.SUCCESS
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return dev.MemoryInfo, lib.SUCCESS // EnableMIG may give it another table's
 		}
 		dev.GetRetiredPagesPendingStatusFunc = func() (lib.EnableState, lib.Return) {
 			return lib.FEATURE_DISABLED, lib.SUCCESS
