@@ -1,9 +1,9 @@
 package mig
 
 import (
-	"container/heap"
-	"math/rand/v2"
 	"testing"
+
+	"github.com/resclass/resclass/pkg/internal/arrivals"
 )
 
 // BenchmarkMIGPlacement: 32 A100-80GB GPUs in MIG mode and a seeded stream of
@@ -27,9 +27,9 @@ import (
 // by fixed.
 func BenchmarkMIGPlacement(b *testing.B) {
 	const (
-		gpus     = 32
-		arrivals = 6000
-		lifetime = 120 // mean, in arrivals: 120 held × 2.35 slices ≈ 1.1 × 256
+		gpus         = 32
+		arrivalCount = 6000
+		lifetime     = 120 // mean, in arrivals: 120 held × 2.35 slices ≈ 1.1 × 256
 	)
 	table := A100_80GB
 	reqs := requests(table)
@@ -37,45 +37,9 @@ func BenchmarkMIGPlacement(b *testing.B) {
 	if len(weights) != len(reqs) {
 		b.Fatalf("%d weights for %d requests", len(weights), len(reqs))
 	}
-	type arrival struct{ req, leaves int }
-	rng := rand.New(rand.NewPCG(20261128, 38))
-	total := 0
-	for _, w := range weights {
-		total += w
-	}
-	stream := make([]arrival, arrivals)
-	for i := range stream {
-		w := rng.IntN(total)
-		for r := range weights {
-			if w -= weights[r]; w < 0 {
-				stream[i].req = r
-				break
-			}
-		}
-		stream[i].leaves = i + 1 + int(rng.ExpFloat64()*lifetime)
-	}
-
-	type result struct {
-		served, refused, whole int
-		wholeMean              float64
-	}
-	run := func(place func(i int) bool, release func(i int), whole func() int) (r result) {
-		var departures departureHeap
-		sum := 0
-		for i, a := range stream {
-			for len(departures) > 0 && departures[0].at <= i {
-				release(heap.Pop(&departures).(departure).arrival)
-			}
-			if place(i) {
-				r.served++
-				heap.Push(&departures, departure{at: a.leaves, arrival: i})
-			} else {
-				r.refused++
-			}
-			sum += whole()
-		}
-		r.whole, r.wholeMean = whole(), float64(sum)/float64(len(stream))
-		return r
+	stream := arrivals.Stream(38, arrivalCount, weights, lifetime)
+	run := func(place func(i int) bool, release func(i int), whole func() int) arrivals.Result {
+		return arrivals.Replay(stream, place, release, whole)
 	}
 	largest := &table.Profiles[len(table.Profiles)-1]
 	fleet := func() []*GPU {
@@ -98,7 +62,7 @@ func BenchmarkMIGPlacement(b *testing.B) {
 	}
 	// dynamic replays the stream creating and destroying instances, choose
 	// picking the GPU and the instance.
-	dynamic := func(choose func(fl []*GPU, r request) (int, Instance, bool)) result {
+	dynamic := func(choose func(fl []*GPU, r request) (int, Instance, bool)) arrivals.Result {
 		fl := fleet()
 		type held struct {
 			gpu int
@@ -106,7 +70,7 @@ func BenchmarkMIGPlacement(b *testing.B) {
 		}
 		holding := map[int]held{}
 		return run(func(i int) bool {
-			g, in, ok := choose(fl, reqs[stream[i].req])
+			g, in, ok := choose(fl, reqs[stream[i].Kind])
 			if !ok {
 				return false
 			}
@@ -124,7 +88,7 @@ func BenchmarkMIGPlacement(b *testing.B) {
 		}, wholeOf(fl))
 	}
 
-	var ours, first, fixed result
+	var ours, first, fixed arrivals.Result
 	for b.Loop() {
 		ours = dynamic(func(fl []*GPU, r request) (int, Instance, bool) {
 			best, found := -1, Choice{}
@@ -137,16 +101,8 @@ func BenchmarkMIGPlacement(b *testing.B) {
 		})
 		first = dynamic(func(fl []*GPU, r request) (int, Instance, bool) {
 			for gi, g := range fl {
-				for pi := range table.Profiles {
-					p := &table.Profiles[pi]
-					if !r.accept(p) {
-						continue
-					}
-					for _, s := range p.Starts {
-						if g.Fits(p, s) {
-							return gi, Instance{p, s}, true
-						}
-					}
+				if in, ok := firstFit(g, r.accept); ok {
+					return gi, in, true
 				}
 			}
 			return 0, Instance{}, false
@@ -154,7 +110,7 @@ func BenchmarkMIGPlacement(b *testing.B) {
 		l := fixedLayout(table, reqs, weights, gpus)
 		got := map[int]int{}
 		fixed = run(func(i int) bool {
-			slot, ok := l.place(reqs[stream[i].req])
+			slot, ok := l.place(reqs[stream[i].Kind])
 			if ok {
 				got[i] = slot
 			}
@@ -167,14 +123,14 @@ func BenchmarkMIGPlacement(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 	for _, m := range []struct {
 		name string
-		r    result
+		r    arrivals.Result
 	}{{"ours", ours}, {"first-fit", first}, {"fixed", fixed}} {
-		b.ReportMetric(float64(m.r.served), "served-"+m.name)
-		b.ReportMetric(float64(m.r.refused), "refused-"+m.name)
-		b.ReportMetric(float64(m.r.whole), "whole-"+m.name)
-		b.ReportMetric(m.r.wholeMean, "whole-mean-"+m.name)
+		b.ReportMetric(float64(m.r.Served), "served-"+m.name)
+		b.ReportMetric(float64(m.r.Refused), "refused-"+m.name)
+		b.ReportMetric(float64(m.r.Whole), "whole-"+m.name)
+		b.ReportMetric(m.r.WholeMean, "whole-mean-"+m.name)
 	}
-	b.ReportMetric(float64(ours.served)/float64(fixed.served), "ratio")
+	b.ReportMetric(float64(ours.Served)/float64(fixed.Served), "ratio")
 }
 
 // layout is a fixed partition: its instances, each free or held.
@@ -259,19 +215,4 @@ func (l *layout) whole() int {
 		}
 	}
 	return n
-}
-
-type departure struct{ at, arrival int }
-
-type departureHeap []departure
-
-func (h departureHeap) Len() int           { return len(h) }
-func (h departureHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h departureHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *departureHeap) Push(x any)        { *h = append(*h, x.(departure)) }
-func (h *departureHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
 }

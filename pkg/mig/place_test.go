@@ -223,27 +223,15 @@ func TestChooseAgainstExhaustiveSearch(t *testing.T) {
 
 // serve replays requests seq on a GPU whose slices used are taken, with
 // Choose or with first fit, and returns how many it served.
-func serve(table *Table, used uint8, reqs []request, seq []int, firstFit bool) int {
+func serve(table *Table, used uint8, reqs []request, seq []int, first bool) int {
 	g := gpuAt(table, used)
 	n := 0
 	for _, i := range seq {
 		r := reqs[i]
 		var in Instance
 		ok := false
-		if firstFit {
-		search:
-			for pi := range table.Profiles {
-				p := &table.Profiles[pi]
-				if !r.accept(p) {
-					continue
-				}
-				for _, s := range p.Starts {
-					if g.Fits(p, s) {
-						in, ok = Instance{p, s}, true
-						break search
-					}
-				}
-			}
+		if first {
+			in, ok = firstFit(g, r.accept)
 		} else {
 			var c Choice
 			c, ok = g.Choose(r.accept)
@@ -257,4 +245,21 @@ func serve(table *Table, used uint8, reqs []request, seq []int, firstFit bool) i
 		}
 	}
 	return n
+}
+
+// firstFit is the placement that looks no further: the smallest accepted
+// profile that fits, at its lowest free start.
+func firstFit(g *GPU, accept func(*Profile) bool) (Instance, bool) {
+	for pi := range g.Table.Profiles {
+		p := &g.Table.Profiles[pi]
+		if !accept(p) {
+			continue
+		}
+		for _, s := range p.Starts {
+			if g.Fits(p, s) {
+				return Instance{p, s}, true
+			}
+		}
+	}
+	return Instance{}, false
 }

@@ -21,18 +21,10 @@ import (
 	"github.com/resclass/resclass/pkg/mig"
 )
 
-// a100ProfileIDs are the GPU instance profile ids an A100-SXM4-40GB reports
-// (nvidia-smi mig -lgip). The mock uses the GPU_INSTANCE_PROFILE_* indices as ids
-// instead, which would hide a lookup of a profile by its id as an index.
-var a100ProfileIDs = map[int]uint32{
-	lib.GPU_INSTANCE_PROFILE_1_SLICE:      19,
-	lib.GPU_INSTANCE_PROFILE_1_SLICE_REV1: 20,
-	lib.GPU_INSTANCE_PROFILE_1_SLICE_REV2: 15,
-	lib.GPU_INSTANCE_PROFILE_2_SLICE:      14,
-	lib.GPU_INSTANCE_PROFILE_3_SLICE:      9,
-	lib.GPU_INSTANCE_PROFILE_4_SLICE:      5,
-	lib.GPU_INSTANCE_PROFILE_7_SLICE:      0,
-}
+// a100ProfileIDs are the GPU instance profile ids an A100-SXM4-40GB reports.
+// The mock uses the GPU_INSTANCE_PROFILE_* indices as ids instead, which would
+// hide a lookup of a profile by its id as an index.
+var a100ProfileIDs = nvmlmock.ProfileIDs
 
 // gpuInstance is one GPU instance a test creates: its GPU_INSTANCE_PROFILE_*
 // index, the memory slice it starts at, and the slice counts of its compute
@@ -559,16 +551,7 @@ func FuzzMIGGeometry(f *testing.F) {
 // instance with a compute instance kept, an injected failure answered once,
 // and each compute instance a MIG device with its own UUID and profile.
 func TestMIGMockCreatesAsNVML(t *testing.T) {
-	server := nvmlmock.New()
-	root := t.TempDir()
-	if err := server.WriteSysfs(root); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range server.Devices {
-		d.(*dgxa100.Device).GetNvLinkStateFunc = func(int) (lib.EnableState, lib.Return) {
-			return lib.FEATURE_DISABLED, lib.ERROR_NOT_SUPPORTED
-		}
-	}
+	server, root := dgxMock(t)
 	gpu := server.Devices[2].(*dgxa100.Device)
 	if err := server.EnableMIG(gpu.UUID, mig.H100_80GB); err != nil {
 		t.Fatal(err)

@@ -25,6 +25,13 @@ var wellKnown = kinds.Builtin.Attributes()
 
 func dgx(t *testing.T) (*dgxa100.Server, string) {
 	t.Helper()
+	server, root := dgxMock(t)
+	return server.Server, root
+}
+
+// dgxMock is dgx's server, as nvmlmock's (with its failures and MIG).
+func dgxMock(t *testing.T) (*nvmlmock.Server, string) {
+	t.Helper()
 	server := nvmlmock.New()
 	root := t.TempDir()
 	if err := server.WriteSysfs(root); err != nil {
@@ -35,7 +42,7 @@ func dgx(t *testing.T) (*dgxa100.Server, string) {
 			return lib.FEATURE_DISABLED, lib.ERROR_NOT_SUPPORTED
 		}
 	}
-	return server.Server, root
+	return server, root
 }
 
 // discover opens NVML on server and describes its GPUs.

@@ -1,9 +1,7 @@
 package resourceclasses
 
 import (
-	"container/heap"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -11,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/internal/arrivals"
 )
 
 // BenchmarkSharePlacement: 64 GPUs of 80Gi, 8 per node, in MPS mode, and a
@@ -39,7 +38,7 @@ func BenchmarkSharePlacement(b *testing.B) {
 	const (
 		nodes, perNode = 8, 8
 		gpuMemory      = 80
-		arrivals       = 6000
+		arrivalCount   = 6000
 		lifetime       = 420 // mean, in arrivals
 		replicas       = 8
 	)
@@ -51,55 +50,16 @@ func BenchmarkSharePlacement(b *testing.B) {
 	}{{"share-5g", 5, 6, 3}, {"share-10g", 10, 12, 4}, {"share-20g", 20, 25, 2}, {"share-40g", 40, 50, 1}}
 
 	// The stream: each arrival's size and the arrival after which it leaves.
-	type arrival struct {
-		size, leaves int
+	weights := make([]int, len(sizes))
+	for i, sz := range sizes {
+		weights[i] = sz.weight
 	}
-	rng := rand.New(rand.NewPCG(20261128, 37))
-	var total int
-	for _, s := range sizes {
-		total += s.weight
-	}
-	stream := make([]arrival, arrivals)
-	for i := range stream {
-		w := rng.IntN(total)
-		for s := range sizes {
-			if w -= sizes[s].weight; w < 0 {
-				stream[i].size = s
-				break
-			}
-		}
-		stream[i].leaves = i + 1 + int(rng.ExpFloat64()*lifetime)
-	}
-
-	type result struct {
-		served, refused, whole int
-		wholeMean              float64
-	}
+	stream := arrivals.Stream(37, arrivalCount, weights, lifetime)
 	// run replays the stream: place(i) places arrival i or reports that it
 	// does not fit, release(i) ends it, whole() counts the GPUs no share
 	// takes.
-	run := func(place func(i int) bool, release func(i int), whole func() int) (r result) {
-		var departures departureHeap
-		wholeSum := 0
-		defer func() {
-			r.whole = whole()
-			r.wholeMean = float64(wholeSum) / float64(len(stream))
-		}()
-		for i, a := range stream {
-			if i > 0 {
-				wholeSum += whole()
-			}
-			for len(departures) > 0 && departures[0].at <= i {
-				release(heap.Pop(&departures).(departure).pod)
-			}
-			if place(i) {
-				r.served++
-				heap.Push(&departures, departure{at: a.leaves, pod: i})
-			} else {
-				r.refused++
-			}
-		}
-		return r
+	run := func(place func(i int) bool, release func(i int), whole func() int) arrivals.Result {
+		return arrivals.Replay(stream, place, release, whole)
 	}
 
 	names := make([]string, nodes)
@@ -107,10 +67,10 @@ func BenchmarkSharePlacement(b *testing.B) {
 	for _, s := range sizes {
 		classes = append(classes, shareClass(s.class, fmt.Sprintf("%dGi", s.memory), s.compute))
 	}
-	pods := make([]*corev1.Pod, arrivals)
-	demands := make([]*demand, arrivals)
+	pods := make([]*corev1.Pod, arrivalCount)
+	demands := make([]*demand, arrivalCount)
 	for i, a := range stream {
-		pods[i] = gpuPod(fmt.Sprintf("p%d", i), sizes[a.size].class, 1)
+		pods[i] = gpuPod(fmt.Sprintf("p%d", i), sizes[a.Kind].class, 1)
 		d, err := podDemand(pods[i])
 		if err != nil {
 			b.Fatal(err)
@@ -145,7 +105,7 @@ func BenchmarkSharePlacement(b *testing.B) {
 	}
 	// throughCache replays the stream through the plugin's cache: nodes
 	// chosen by choose among those where the pod fits, shares by ss.
-	throughCache := func(b *testing.B, choose func(c *cache, fit []string, d *demand) string, ss Strategy) result {
+	throughCache := func(b *testing.B, choose func(c *cache, fit []string, d *demand) string, ss Strategy) arrivals.Result {
 		c := fleet()
 		return run(func(i int) bool {
 			var fit []string
@@ -169,14 +129,14 @@ func BenchmarkSharePlacement(b *testing.B) {
 	}
 	firstFit := func(_ *cache, fit []string, _ *demand) string { return fit[0] }
 
-	equalSplit := func() result {
+	equalSplit := func() arrivals.Result {
 		free := make([]int, nodes*perNode) // replicas free per GPU
 		for g := range free {
 			free[g] = replicas
 		}
 		const replica = gpuMemory / replicas
-		on := make([]int, arrivals)
-		need := func(i int) int { return int((sizes[stream[i].size].memory + replica - 1) / replica) }
+		on := make([]int, arrivalCount)
+		need := func(i int) int { return int((sizes[stream[i].Kind].memory + replica - 1) / replica) }
 		return run(func(i int) bool {
 			best := -1
 			for g, f := range free {
@@ -201,7 +161,7 @@ func BenchmarkSharePlacement(b *testing.B) {
 		})
 	}
 
-	var ours, ff, split result
+	var ours, ff, split arrivals.Result
 	for b.Loop() {
 		ours = throughCache(b, binPack, BinPack)
 		ff = throughCache(b, firstFit, FirstFit)
@@ -210,29 +170,12 @@ func BenchmarkSharePlacement(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 	for _, m := range []struct {
 		name string
-		r    result
+		r    arrivals.Result
 	}{{"ours", ours}, {"firstfit", ff}, {"split", split}} {
-		b.ReportMetric(float64(m.r.served), "served-"+m.name)
-		b.ReportMetric(float64(m.r.refused), "refused-"+m.name)
-		b.ReportMetric(float64(m.r.whole), "whole-"+m.name)
-		b.ReportMetric(m.r.wholeMean, "whole-mean-"+m.name)
+		b.ReportMetric(float64(m.r.Served), "served-"+m.name)
+		b.ReportMetric(float64(m.r.Refused), "refused-"+m.name)
+		b.ReportMetric(float64(m.r.Whole), "whole-"+m.name)
+		b.ReportMetric(m.r.WholeMean, "whole-mean-"+m.name)
 	}
-	b.ReportMetric(float64(ours.served)/float64(split.served), "ratio")
-}
-
-// departure is when a served arrival leaves.
-type departure struct{ at, pod int }
-
-// departureHeap orders departures by time.
-type departureHeap []departure
-
-func (h departureHeap) Len() int           { return len(h) }
-func (h departureHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h departureHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *departureHeap) Push(x any)        { *h = append(*h, x.(departure)) }
-func (h *departureHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+	b.ReportMetric(float64(ours.Served)/float64(split.Served), "ratio")
 }

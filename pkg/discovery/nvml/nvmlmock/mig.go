@@ -21,11 +21,11 @@ import (
 // compute instance is a MIG device with its own UUID, and the next creation
 // can be made to fail (FailMIGCreate).
 
-// migProfileIDs are the GPU instance profile ids NVML reports on the A100
-// and H100 (nvidia-smi mig -lgip), by GPU_INSTANCE_PROFILE_* index: not the
-// index itself, so that code looking a profile up by its id as an index fails
-// here as on a GPU.
-var migProfileIDs = map[int]uint32{
+// ProfileIDs are the GPU instance profile ids NVML reports on the A100 and
+// H100 (nvidia-smi mig -lgip), by GPU_INSTANCE_PROFILE_* index: not the index
+// itself, so that code looking a profile up by its id as an index fails here
+// as on a GPU.
+var ProfileIDs = map[int]uint32{
 	lib.GPU_INSTANCE_PROFILE_1_SLICE:      19,
 	lib.GPU_INSTANCE_PROFILE_1_SLICE_REV1: 20,
 	lib.GPU_INSTANCE_PROFILE_1_SLICE_REV2: 15,
@@ -109,7 +109,7 @@ func (s *Server) EnableMIG(gpuUUID string, table *mig.Table) error {
 		if !ok {
 			return fmt.Errorf("%s: profile %s has no NVML index here", table.Product, p.Name)
 		}
-		ids[migProfileIDs[index]] = p
+		ids[ProfileIDs[index]] = p
 	}
 	g := &migGPU{dev: d, table: table, slices: mig.NewGPU(table), failNext: lib.SUCCESS}
 	s.mu.Lock()
@@ -126,7 +126,7 @@ func (s *Server) EnableMIG(gpuUUID string, table *mig.Table) error {
 	d.MigMode = lib.DEVICE_MIG_ENABLE
 	d.GetMigModeFunc = func() (int, int, lib.Return) { return lib.DEVICE_MIG_ENABLE, lib.DEVICE_MIG_ENABLE, lib.SUCCESS }
 	d.GetGpuInstanceProfileInfoFunc = func(index int) (lib.GpuInstanceProfileInfo, lib.Return) {
-		id, known := migProfileIDs[index]
+		id, known := ProfileIDs[index]
 		p := ids[id]
 		if !known || p == nil {
 			return lib.GpuInstanceProfileInfo{}, lib.ERROR_NOT_SUPPORTED
