@@ -121,15 +121,9 @@ func BenchmarkMIGPlacement(b *testing.B) {
 		}, l.whole)
 	}
 	b.ReportMetric(0, "ns/op")
-	for _, m := range []struct {
-		name string
-		r    arrivals.Result
-	}{{"ours", ours}, {"first-fit", first}, {"fixed", fixed}} {
-		b.ReportMetric(float64(m.r.Served), "served-"+m.name)
-		b.ReportMetric(float64(m.r.Refused), "refused-"+m.name)
-		b.ReportMetric(float64(m.r.Whole), "whole-"+m.name)
-		b.ReportMetric(m.r.WholeMean, "whole-mean-"+m.name)
-	}
+	ours.Report(b, "ours")
+	first.Report(b, "first-fit")
+	fixed.Report(b, "fixed")
 	b.ReportMetric(float64(ours.Served)/float64(fixed.Served), "ratio")
 }
 

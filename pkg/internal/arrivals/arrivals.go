@@ -6,6 +6,7 @@ package arrivals
 import (
 	"container/heap"
 	"math/rand/v2"
+	"testing"
 )
 
 // Arrival is one request: its kind (an index into the weights) and the
@@ -64,6 +65,15 @@ func Replay(stream []Arrival, place func(i int) bool, release func(i int), whole
 	r.Whole = whole()
 	r.WholeMean = float64(sum+r.Whole) / float64(len(stream))
 	return r
+}
+
+// Report reports r as the benchmark's figures for placement name:
+// served-, refused-, whole- and whole-mean-<name>.
+func (r Result) Report(b *testing.B, name string) {
+	b.ReportMetric(float64(r.Served), "served-"+name)
+	b.ReportMetric(float64(r.Refused), "refused-"+name)
+	b.ReportMetric(float64(r.Whole), "whole-"+name)
+	b.ReportMetric(r.WholeMean, "whole-mean-"+name)
 }
 
 // departure is when a served arrival leaves.

@@ -168,14 +168,8 @@ func BenchmarkSharePlacement(b *testing.B) {
 		split = equalSplit()
 	}
 	b.ReportMetric(0, "ns/op")
-	for _, m := range []struct {
-		name string
-		r    arrivals.Result
-	}{{"ours", ours}, {"firstfit", ff}, {"split", split}} {
-		b.ReportMetric(float64(m.r.Served), "served-"+m.name)
-		b.ReportMetric(float64(m.r.Refused), "refused-"+m.name)
-		b.ReportMetric(float64(m.r.Whole), "whole-"+m.name)
-		b.ReportMetric(m.r.WholeMean, "whole-mean-"+m.name)
-	}
+	ours.Report(b, "ours")
+	ff.Report(b, "firstfit")
+	split.Report(b, "split")
 	b.ReportMetric(float64(ours.Served)/float64(split.Served), "ratio")
 }
