@@ -47,6 +47,8 @@ the scheduler plugin's own decision code, run over what the cluster publishes:
   why-pending POD               the pod's class requests against every node, in the
                                 scheduler's words, and the pod's Events
   preview -f class.yaml         what a class not yet created would select
+  mig [--node NODE]             every GPU in MIG mode: its instances, what could
+                                still be created
 
 It reads ResourceClasses, NodeDevices and pods of every namespace, and Events
 (and Nodes, when allowed) with the kubeconfig kubectl uses; the view ClusterRole,
@@ -59,7 +61,7 @@ writes nothing. Install it by copying the kubectl-resclass binary onto the PATH.
 	}
 	o.config.AddFlags(cmd.PersistentFlags())
 	cmd.PersistentFlags().StringVarP(&o.output, "output", "o", "", "Output format: empty for tables, json or yaml.")
-	cmd.AddCommand(o.explainCommand(), o.capacityCommand(), o.whyPendingCommand(), o.previewCommand())
+	cmd.AddCommand(o.explainCommand(), o.capacityCommand(), o.whyPendingCommand(), o.previewCommand(), o.migCommand())
 	return cmd
 }
 

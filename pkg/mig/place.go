@@ -9,8 +9,9 @@ import (
 // instances on it.
 type GPU struct {
 	Table *Table
-	used  uint8          // the memory slices instances occupy
-	count map[string]int // instances by profile name
+	used  uint8           // the memory slices instances occupy
+	count map[string]int  // instances by profile name
+	at    [Slots]*Profile // the profile of the instance starting at each slice
 }
 
 // NewGPU is t's GPU with no instance.
@@ -46,17 +47,19 @@ func (g *GPU) Add(p *Profile, start int) error {
 	}
 	g.used |= p.mask(start)
 	g.count[p.Name]++
+	g.at[start] = p
 	return nil
 }
 
 // Remove forgets the instance of p at start; it fails if none is there.
 func (g *GPU) Remove(p *Profile, start int) error {
 	m := p.mask(start)
-	if g.count[p.Name] == 0 || g.used&m != m {
+	if start < 0 || start >= Slots || g.at[start] != p || g.used&m != m {
 		return fmt.Errorf("%s: no %s at %d", g.Table.Product, p.Name, start)
 	}
 	g.used &^= m
 	g.count[p.Name]--
+	g.at[start] = nil
 	return nil
 }
 
