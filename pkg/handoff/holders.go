@@ -54,15 +54,15 @@ func (c *holderCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range sources {
 		all = append(all, s.Holdings()...)
 	}
-	for _, h := range SortHoldings(all) {
+	for _, h := range sortHoldings(all) {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 1, h.Class, h.Device, h.Kind, h.Namespace, h.Pod)
 	}
 }
 
-// SortHoldings sorts hs and keeps each (device, pod, class) once: two
+// sortHoldings sorts hs and keeps each (device, pod, class) once: two
 // containers of a pod may hold one device (an init container's device
 // reused, two shares of one GPU).
-func SortHoldings(hs []Holding) []Holding {
+func sortHoldings(hs []Holding) []Holding {
 	slices.SortFunc(hs, func(x, y Holding) int {
 		return cmp.Or(cmp.Compare(x.Device, y.Device), cmp.Compare(x.Namespace, y.Namespace), cmp.Compare(x.Pod, y.Pod), cmp.Compare(x.Class, y.Class))
 	})
