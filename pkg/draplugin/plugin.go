@@ -170,7 +170,9 @@ func New(cfg Config) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CDI spec directory %s: %w", cfg.CDIDir, err)
 	}
-	p := &Plugin{cfg: cfg, kinds: cfg.Kinds, cp: cp, cdi: cache, devices: map[string]*v1alpha1.Device{}, ids: map[string]string{}, health: newHealthHub()}
+	// devices stays nil until the first SetDevices: Holdings tells "not
+	// known yet" from "none".
+	p := &Plugin{cfg: cfg, kinds: cfg.Kinds, cp: cp, cdi: cache, ids: map[string]string{}, health: newHealthHub()}
 	p.handoff = handoff.NewHandoff(cfg.HostRoot, strategies, p.device)
 	return p, nil
 }
@@ -470,10 +472,16 @@ func sameClasses(a, b PreparedClaim) bool {
 // Holdings are the devices of the prepared claims, once for each pod a
 // claim was reserved for: the node agent's device_holder series on a DRA
 // node. A claim prepared by an agent that did not record its pods has none
-// until the kubelet prepares it again.
+// until the kubelet prepares it again. Until the agent's first inventory
+// reaches the plugin (SetDevices, just after a restart) there are none: the
+// devices' kinds are not known yet, and a series with kind "unknown" would
+// say they left the node.
 func (p *Plugin) Holdings() []handoff.Holding {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.devices == nil {
+		return nil
+	}
 	var out []handoff.Holding
 	for _, pc := range p.cp.Claims {
 		for _, d := range pc.Devices {

@@ -401,6 +401,15 @@ func TestDeviceHolderSeries(t *testing.T) {
 	if got := holderSeries(t, reg); len(got) != 0 {
 		t.Fatalf("detached, still %v", got)
 	}
+	// Restarted, the plugin has its checkpoint before the agent's inventory:
+	// no series until it knows the devices' kinds.
+	fresh, err := New(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := fresh.Holdings(); len(h) != 0 {
+		t.Errorf("before its first inventory the plugin exports %v", h)
+	}
 	f.restart()
 	reg = prometheus.NewRegistry()
 	handoff.NewMetrics(reg).AttachHolders(f.p)
