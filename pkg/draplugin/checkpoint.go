@@ -1,13 +1,8 @@
 package draplugin
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -19,6 +14,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
+	"github.com/resclass/resclass/pkg/internal/sealed"
 )
 
 // CheckpointFile is the plugin's record of the claims it prepared, in its
@@ -81,25 +77,14 @@ type Checkpoint struct {
 	Claims map[types.UID]PreparedClaim `json:"claims"`
 }
 
-// checkpointFile is the file's layout: the data and its SHA-256, so that a
-// torn or edited file is noticed rather than believed.
-type checkpointFile struct {
-	Version  string          `json:"version"`
-	Checksum string          `json:"checksum"`
-	Data     json.RawMessage `json:"data"`
-}
-
-// Marshal renders the checkpoint with its checksum.
+// Marshal renders the checkpoint in its envelope (pkg/internal/sealed: a
+// version and the data's SHA-256, so that a torn or edited file is noticed
+// rather than believed).
 func (c *Checkpoint) Marshal() ([]byte, error) {
 	if c.Claims == nil {
 		c.Claims = map[types.UID]PreparedClaim{}
 	}
-	data, err := json.Marshal(c)
-	if err != nil {
-		return nil, err
-	}
-	sum := sha256.Sum256(data)
-	return json.Marshal(checkpointFile{Version: checkpointVersion, Checksum: hex.EncodeToString(sum[:]), Data: data})
+	return sealed.Marshal(checkpointVersion, c)
 }
 
 // ParseCheckpoint reads a checkpoint written by Marshal, refusing, with a
@@ -107,23 +92,9 @@ func (c *Checkpoint) Marshal() ([]byte, error) {
 // does not match, more than the bounds allow, a claim or device without its
 // names, a share out of bounds, one device in two claims unless as shares.
 func ParseCheckpoint(blob []byte) (*Checkpoint, error) {
-	if len(blob) > maxCheckpointBytes {
-		return nil, fmt.Errorf("checkpoint: %d bytes, at most %d", len(blob), maxCheckpointBytes)
-	}
-	var f checkpointFile
-	if err := strictUnmarshal(blob, &f); err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
-	}
-	if f.Version != checkpointVersion {
-		return nil, fmt.Errorf("checkpoint: version %.64q, want %q", f.Version, checkpointVersion)
-	}
-	sum := sha256.Sum256(f.Data)
-	if f.Checksum != hex.EncodeToString(sum[:]) {
-		return nil, errors.New("checkpoint: checksum does not match its data (torn or edited file)")
-	}
 	var c Checkpoint
-	if err := strictUnmarshal(f.Data, &c); err != nil {
-		return nil, fmt.Errorf("checkpoint data: %w", err)
+	if err := sealed.Unmarshal(blob, checkpointVersion, maxCheckpointBytes, &c); err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
@@ -132,18 +103,6 @@ func ParseCheckpoint(blob []byte) (*Checkpoint, error) {
 		c.Claims = map[types.UID]PreparedClaim{}
 	}
 	return &c, nil
-}
-
-func strictUnmarshal(blob []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(blob))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("data after the JSON object")
-	}
-	return nil
 }
 
 func (c *Checkpoint) validate() error {

@@ -1,15 +1,11 @@
 package mig
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"unicode"
+
+	"github.com/resclass/resclass/pkg/internal/sealed"
 )
 
 // The node agent's ownership record (docs/mig.md, "Creation and ownership").
@@ -48,14 +44,8 @@ const (
 	maxIDLen       = 128
 )
 
-// recordFile is the file's layout.
-type recordFile struct {
-	Version  string          `json:"version"`
-	Checksum string          `json:"checksum"`
-	Data     json.RawMessage `json:"data"`
-}
-
-// Marshal renders r with its checksum; it refuses a record ParseRecord would.
+// Marshal renders r in its envelope (pkg/internal/sealed); it refuses a
+// record ParseRecord would.
 func (r *Record) Marshal() ([]byte, error) {
 	if err := r.validate(); err != nil {
 		return nil, err
@@ -63,12 +53,7 @@ func (r *Record) Marshal() ([]byte, error) {
 	if r.Instances == nil {
 		r.Instances = []Owned{}
 	}
-	data, err := json.Marshal(r)
-	if err != nil {
-		return nil, err
-	}
-	sum := sha256.Sum256(data)
-	return json.Marshal(recordFile{Version: recordVersion, Checksum: hex.EncodeToString(sum[:]), Data: data})
+	return sealed.Marshal(recordVersion, r)
 }
 
 // ParseRecord reads a record Marshal wrote, refusing anything else with a
@@ -76,40 +61,14 @@ func (r *Record) Marshal() ([]byte, error) {
 // more than the bounds, an entry without its names or out of the slices, one
 // instance (a GPU's start or instance id) listed twice.
 func ParseRecord(blob []byte) (*Record, error) {
-	if len(blob) > maxRecordBytes {
-		return nil, fmt.Errorf("MIG ownership record: %d bytes, at most %d", len(blob), maxRecordBytes)
-	}
-	var f recordFile
-	if err := strictJSON(blob, &f); err != nil {
-		return nil, fmt.Errorf("MIG ownership record: %w", err)
-	}
-	if f.Version != recordVersion {
-		return nil, fmt.Errorf("MIG ownership record: version %.64q, want %q", f.Version, recordVersion)
-	}
-	sum := sha256.Sum256(f.Data)
-	if f.Checksum != hex.EncodeToString(sum[:]) {
-		return nil, errors.New("MIG ownership record: checksum does not match its data (torn or edited file)")
-	}
 	var r Record
-	if err := strictJSON(f.Data, &r); err != nil {
-		return nil, fmt.Errorf("MIG ownership record data: %w", err)
+	if err := sealed.Unmarshal(blob, recordVersion, maxRecordBytes, &r); err != nil {
+		return nil, fmt.Errorf("MIG ownership record: %w", err)
 	}
 	if err := r.validate(); err != nil {
 		return nil, err
 	}
 	return &r, nil
-}
-
-func strictJSON(blob []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(blob))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("data after the JSON object")
-	}
-	return nil
 }
 
 func (r *Record) validate() error {
