@@ -79,7 +79,7 @@ func TestDRAExtendedResourceForm(t *testing.T) {
 	var slices1 []resourceapi.ResourceSlice
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		slices1 = nodeSlices(t, ctx, draNode)
-		return len(sliceIDs(slices1)) == len(draGPUs.UUIDs()), nil
+		return len(dradevice.IDs(slices1)) == len(draGPUs.UUIDs()), nil
 	})
 	if err != nil {
 		t.Fatalf("the DRA node's ResourceSlices never listed its GPUs: %v", err)
@@ -187,7 +187,7 @@ func TestDRAExtendedResourceForm(t *testing.T) {
 // byDRAName maps the slices' DRA device names to resclass ids.
 func byDRAName(list []resourceapi.ResourceSlice) map[string]string {
 	out := map[string]string{}
-	for id, name := range sliceIDs(list) {
+	for id, name := range dradevice.IDs(list) {
 		out[name] = id
 	}
 	return out

@@ -91,12 +91,12 @@ func TestDRANode(t *testing.T) {
 	var slices1 []resourceapi.ResourceSlice
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		slices1 = nodeSlices(t, ctx, draNode)
-		return len(sliceIDs(slices1)) == len(uuids), nil
+		return len(dradevice.IDs(slices1)) == len(uuids), nil
 	})
 	if err != nil {
-		t.Fatalf("the DRA node's ResourceSlices never listed its %d GPUs: %v (have %v)", len(uuids), err, sliceIDs(slices1))
+		t.Fatalf("the DRA node's ResourceSlices never listed its %d GPUs: %v (have %v)", len(uuids), err, dradevice.IDs(slices1))
 	}
-	if got := slices.Sorted(maps.Keys(sliceIDs(slices1))); !slices.Equal(got, slices.Sorted(slices.Values(uuids))) {
+	if got := slices.Sorted(maps.Keys(dradevice.IDs(slices1))); !slices.Equal(got, slices.Sorted(slices.Values(uuids))) {
 		t.Errorf("ResourceSlices list %v, want %v", got, uuids)
 	}
 	for _, s := range slices1 {
@@ -504,19 +504,6 @@ func nodeSlices(t *testing.T, ctx context.Context, node string) []resourceapi.Re
 	return list.Items
 }
 
-// sliceIDs maps the resclass ids the slices publish to their DRA names.
-func sliceIDs(list []resourceapi.ResourceSlice) map[string]string {
-	out := map[string]string{}
-	for _, s := range list {
-		for i := range s.Spec.Devices {
-			if id, ok := dradevice.ID(&s.Spec.Devices[i]); ok && s.Spec.Driver == dradevice.DriverName {
-				out[id] = s.Spec.Devices[i].Name
-			}
-		}
-	}
-	return out
-}
-
 func resourceVersions(list []resourceapi.ResourceSlice) map[string]string {
 	out := map[string]string{}
 	for _, s := range list {
@@ -568,7 +555,7 @@ func podClaim(t *testing.T, ctx context.Context, ns, pod string) *resourceapi.Re
 func allocatedIDs(t *testing.T, c *resourceapi.ResourceClaim, list []resourceapi.ResourceSlice) []string {
 	t.Helper()
 	byName := map[string]string{}
-	for id, name := range sliceIDs(list) {
+	for id, name := range dradevice.IDs(list) {
 		byName[name] = id
 	}
 	if c.Status.Allocation == nil {

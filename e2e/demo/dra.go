@@ -112,7 +112,7 @@ func draNodeSection(ctx context.Context, p *printer, c *framework.Cluster, d *dr
 			return false, err
 		}
 		list = l.Items
-		return len(sliceIDs(list)) == d.gpus, nil
+		return len(dradevice.IDs(list)) == d.gpus, nil
 	})
 	if err != nil {
 		return fmt.Errorf("%s's ResourceSlices never listed its %d GPUs: %w", draNode, d.gpus, err)
@@ -237,7 +237,7 @@ func draPodResult(ctx context.Context, p *printer, c *framework.Cluster, d *draS
 	if claim.Status.Allocation == nil {
 		return fmt.Errorf("claim demo/%s is not allocated", claimName)
 	}
-	ids := sliceIDs(list)
+	ids := dradevice.IDs(list)
 	byName := map[string]string{}
 	for id, n := range ids {
 		byName[n] = id
@@ -298,19 +298,6 @@ func claimEnv(dir string, rec cri.Record) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
-}
-
-// sliceIDs maps the resclass ids the slices publish to their DRA names.
-func sliceIDs(list []resourceapi.ResourceSlice) map[string]string {
-	out := map[string]string{}
-	for _, s := range list {
-		for i := range s.Spec.Devices {
-			if id, ok := dradevice.ID(&s.Spec.Devices[i]); ok && s.Spec.Driver == dradevice.DriverName {
-				out[id] = s.Spec.Devices[i].Name
-			}
-		}
-	}
-	return out
 }
 
 func attrString(a resourceapi.DeviceAttribute) string {

@@ -424,3 +424,20 @@ func ID(d *resourceapi.Device) (string, bool) {
 	}
 	return *a.StringValue, true
 }
+
+// IDs maps the resclass ids the slices of this driver publish to their DRA
+// device names.
+func IDs(slices []resourceapi.ResourceSlice) map[string]string {
+	out := map[string]string{}
+	for _, s := range slices {
+		if s.Spec.Driver != DriverName {
+			continue
+		}
+		for i := range s.Spec.Devices {
+			if id, ok := ID(&s.Spec.Devices[i]); ok {
+				out[id] = s.Spec.Devices[i].Name
+			}
+		}
+	}
+	return out
+}
