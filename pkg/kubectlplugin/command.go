@@ -112,13 +112,7 @@ func (c *clients) load(ctx context.Context) (*world, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if w.nodes, err = listAll(ctx, "nodedevices.resclass.io", func(ctx context.Context, o metav1.ListOptions) ([]v1alpha1.NodeDevices, string, error) {
-		l, err := rc.NodeDevices().List(ctx, o)
-		if err != nil {
-			return nil, "", err
-		}
-		return l.Items, l.Continue, nil
-	}); err != nil {
+	if w.nodes, err = c.nodeDevices(ctx); err != nil {
 		return nil, err
 	}
 	if w.pods, err = listAll(ctx, "pods (all namespaces: the devices they hold)", func(ctx context.Context, o metav1.ListOptions) ([]corev1.Pod, string, error) {
@@ -131,6 +125,17 @@ func (c *clients) load(ctx context.Context) (*world, error) {
 		return nil, err
 	}
 	return &w, nil
+}
+
+// nodeDevices lists every NodeDevices, paged.
+func (c *clients) nodeDevices(ctx context.Context) ([]v1alpha1.NodeDevices, error) {
+	return listAll(ctx, "nodedevices.resclass.io", func(ctx context.Context, o metav1.ListOptions) ([]v1alpha1.NodeDevices, string, error) {
+		l, err := c.resclass.ResclassV1alpha1().NodeDevices().List(ctx, o)
+		if err != nil {
+			return nil, "", err
+		}
+		return l.Items, l.Continue, nil
+	})
 }
 
 // listAll pages through one list, what naming it in errors.

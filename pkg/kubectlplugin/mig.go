@@ -55,11 +55,16 @@ profiles may not both fit where either alone would, so the counts are not a sum.
 			if err := o.checkOutput(); err != nil {
 				return err
 			}
-			w, err := o.world(cmd.Context())
+			// NodeDevices alone: neither classes nor every pod.
+			c, err := o.clients()
 			if err != nil {
 				return err
 			}
-			gpus := migGPUs(w.nodes, node)
+			nodes, err := c.nodeDevices(cmd.Context())
+			if err != nil {
+				return err
+			}
+			gpus := migGPUs(nodes, node)
 			return o.print(gpus, func(t *table) { migTable(t, gpus) })
 		},
 	}
