@@ -14,6 +14,7 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/mig"
 )
 
 // The plugin's -o json/yaml, as a script reads it. (The test does not import
@@ -263,6 +265,58 @@ spec:
 		}
 		if out, err := kubectlResclass(t, ctx, user, "preview", "-f", file); err == nil || !strings.Contains(out, "spec.resourceSelector[0].matchExpressions[0].values[0]") {
 			t.Errorf("preview of an invalid class: %v, want a refusal naming the field:\n%s", err, out)
+		}
+	})
+
+	t.Run("mig", func(t *testing.T) {
+		// A NodeDevices as an agent publishes one for a GPU in MIG mode: the
+		// A100-40GB's profiles, a 3g.20gb at slice 4.
+		const migNode = "kr-mig"
+		geometry := &v1alpha1.DeviceMIG{Instances: []v1alpha1.MIGInstance{{Profile: "3g.20gb", Start: 4}}}
+		for _, p := range mig.A100_40GB.Profiles {
+			var placements []int32
+			for _, s := range p.Starts {
+				placements = append(placements, int32(s))
+			}
+			geometry.Profiles = append(geometry.Profiles, v1alpha1.MIGProfile{Name: p.Name, Slices: int32(p.Size), Compute: int32(p.Compute),
+				Memory: *resource.NewQuantity(p.MemoryMiB<<20, resource.BinarySI), Decoders: int32(p.Decoders), JPEGs: int32(p.JPEGs),
+				OFAs: int32(p.OFAs), Placements: placements, Max: int32(p.Max)})
+		}
+		rc, err := cluster.Resclass()
+		if err != nil {
+			t.Fatal(err)
+		}
+		nd, err := rc.ResclassV1alpha1().NodeDevices().Create(ctx, &v1alpha1.NodeDevices{ObjectMeta: metav1.ObjectMeta{Name: migNode}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = rc.ResclassV1alpha1().NodeDevices().Delete(context.Background(), migNode, metav1.DeleteOptions{})
+		})
+		nd.Status.Devices = []v1alpha1.Device{{ID: "GPU-kr-mig", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, MIG: geometry,
+			Attributes: map[string]v1alpha1.DeviceAttribute{v1alpha1.AttributeProduct: v1alpha1.StringAttribute(mig.A100_40GB.Product)}}}
+		if _, err := rc.ResclassV1alpha1().NodeDevices().UpdateStatus(ctx, nd, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		out, err := kubectlResclass(t, ctx, user, "mig", "--node", migNode, "-o", "json")
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		var gpus []struct {
+			GPU        string   `json:"gpu"`
+			Instances  []string `json:"instances"`
+			FreeSlices int      `json:"freeSlices"`
+			Largest    string   `json:"largest"`
+		}
+		if err := json.Unmarshal([]byte(out), &gpus); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if len(gpus) != 1 || gpus[0].GPU != "GPU-kr-mig" || strings.Join(gpus[0].Instances, ",") != "3g.20gb@4" || gpus[0].FreeSlices != 4 || gpus[0].Largest != "4g.20gb" {
+			t.Errorf("mig --node %s: %s", migNode, out)
+		}
+		table, err := kubectlResclass(t, ctx, user, "mig")
+		if err != nil || !strings.Contains(table, "GPU-kr-mig") || strings.Contains(table, node) {
+			t.Errorf("mig: %v, want the MIG GPU and not the T4 node:\n%s", err, table)
 		}
 	})
 

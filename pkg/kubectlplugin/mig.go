@@ -93,7 +93,7 @@ func migTable(t *table, gpus []MIGGPU) {
 		if largest == "" {
 			largest = "-"
 		}
-		t.row("%s\t%s\t%s\t%d/8\t%s\t%s", g.Node, g.GPU, instances, g.FreeSlices, largest, strings.Join(can, " "))
+		t.row("%s\t%s\t%s\t%d/%d\t%s\t%s", g.Node, g.GPU, instances, g.FreeSlices, mig.Slots, largest, strings.Join(can, " "))
 	}
 }
 
