@@ -4,8 +4,26 @@ import (
 	"fmt"
 	"slices"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
+
+// API is t as the node agent publishes it for a GPU with instances: what
+// FromAPI reads back.
+func (t *Table) API(instances ...v1alpha1.MIGInstance) *v1alpha1.DeviceMIG {
+	m := &v1alpha1.DeviceMIG{Instances: instances}
+	for _, p := range t.Profiles {
+		var placements []int32
+		for _, s := range p.Starts {
+			placements = append(placements, int32(s))
+		}
+		m.Profiles = append(m.Profiles, v1alpha1.MIGProfile{Name: p.Name, Slices: int32(p.Size), Compute: int32(p.Compute),
+			Memory: *resource.NewQuantity(p.MemoryMiB<<20, resource.BinarySI), Multiprocessors: int32(p.Multiprocessors),
+			Decoders: int32(p.Decoders), JPEGs: int32(p.JPEGs), OFAs: int32(p.OFAs), Placements: placements, Max: int32(p.Max)})
+	}
+	return m
+}
 
 // FromAPI is the GPU a NodeDevices' MIG geometry describes (what the node
 // agent publishes for a GPU in MIG mode): its table, in Less order, and its

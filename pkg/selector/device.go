@@ -46,6 +46,9 @@ type Device struct {
 	// sharing is nil for a device served whole (most devices: kept small).
 	sharing    *sharing
 	sharingErr error
+	// potential: a MIG slice not created yet (mig.Potentials), which only a
+	// class with createMIG selects.
+	potential bool
 }
 
 type namedAttribute struct {
@@ -64,6 +67,17 @@ func NewDevice(d *v1alpha1.Device) *Device {
 	dev.sharing, dev.sharingErr = decodeSharing(d.Sharing)
 	return dev
 }
+
+// NewPotentialDevice decodes a potential MIG slice (mig.Potentials): a
+// device only classes with createMIG select.
+func NewPotentialDevice(d *v1alpha1.Device) *Device {
+	dev := NewDevice(d)
+	dev.potential = true
+	return dev
+}
+
+// Potential says whether d is a MIG slice not created yet.
+func (d *Device) Potential() bool { return d.potential }
 
 // attr is the attribute called name, if the device has it.
 func (d *Device) attr(name string) (attribute, bool) {

@@ -155,6 +155,8 @@ type expression struct {
 type Class struct {
 	selectors [][]expression
 	share     *Share // nil: the class takes whole devices
+	// createMIG: the class also selects potential MIG slices.
+	createMIG bool
 }
 
 // Compile validates spec and compiles it. fldPath is the path of spec in its object
@@ -181,6 +183,10 @@ func Compile(spec *v1alpha1.ResourceClassSpec, fldPath *field.Path) (*Class, fie
 	share, shareErrs := compileShare(spec.Share, fldPath.Child("share"))
 	errs = append(errs, shareErrs...)
 	c.share = share
+	c.createMIG = spec.CreateMIG
+	if spec.CreateMIG && spec.Share != nil {
+		errs = append(errs, field.Invalid(fldPath.Child("createMIG"), true, "a share class cannot create MIG slices: a slice is one pod's, whole"))
+	}
 	if len(errs) > 0 {
 		return nil, errs
 	}

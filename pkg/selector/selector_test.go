@@ -391,3 +391,54 @@ func TestShareFits(t *testing.T) {
 		t.Errorf("Times(3) = %+v", got)
 	}
 }
+
+// TestCreateMIGSelection: a potential MIG slice is selected only by a class
+// with createMIG, which selects existing devices as any class does; a share
+// class cannot create slices.
+func TestCreateMIGSelection(t *testing.T) {
+	migs := []v1alpha1.ResourcePropertySelector{{MatchExpressions: []v1alpha1.ResourceSelectorRequirement{
+		{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{"nvidia-mig"}},
+		{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"20G"}},
+	}}}
+	slice := func(mem string) *v1alpha1.Device {
+		return &v1alpha1.Device{ID: "GPU-0/mig/x@0", Kind: v1alpha1.DeviceKindNvidiaMIG, Healthy: true,
+			Attributes: map[string]v1alpha1.DeviceAttribute{v1alpha1.AttributeMemory: v1alpha1.QuantityAttribute(resource.MustParse(mem))}}
+	}
+	creates := &v1alpha1.ResourceClassSpec{ResourceSelector: migs, CreateMIG: true}
+	existing := &v1alpha1.ResourceClassSpec{ResourceSelector: migs}
+	for name, tc := range map[string]struct {
+		spec      *v1alpha1.ResourceClassSpec
+		dev       *Device
+		matches   bool
+		why       string
+		createMIG bool
+	}{
+		"createMIG, potential":           {creates, NewPotentialDevice(slice("40Gi")), true, "", true},
+		"createMIG, potential too small": {creates, NewPotentialDevice(slice("10Gi")), false, "memory is 10Gi", true},
+		"createMIG, existing":            {creates, NewDevice(slice("40Gi")), true, "", true},
+		"existing only, potential":       {existing, NewPotentialDevice(slice("40Gi")), false, "does not set createMIG", false},
+		"existing only, existing":        {existing, NewDevice(slice("40Gi")), true, "", false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, errs := Compile(tc.spec, field.NewPath("spec"))
+			if len(errs) > 0 {
+				t.Fatal(errs)
+			}
+			if c.CreatesMIG() != tc.createMIG {
+				t.Errorf("CreatesMIG = %v", c.CreatesMIG())
+			}
+			if got := c.Matches(tc.dev); got != tc.matches {
+				t.Errorf("Matches = %v, want %v", got, tc.matches)
+			}
+			ok, why := c.Explain(tc.dev)
+			if ok != tc.matches || (tc.why != "" && !strings.Contains(strings.Join(why, "; "), tc.why)) {
+				t.Errorf("Explain = %v %q, want %v and %q", ok, why, tc.matches, tc.why)
+			}
+		})
+	}
+	compute := int32(10)
+	_, errs := Compile(&v1alpha1.ResourceClassSpec{ResourceSelector: migs, CreateMIG: true, Share: &v1alpha1.ResourceShare{Compute: &compute}}, field.NewPath("spec"))
+	if len(errs) != 1 || errs[0].Field != "spec.createMIG" {
+		t.Errorf("share with createMIG: %v", errs)
+	}
+}

@@ -135,8 +135,12 @@ func (d *Device) Sharing() (mode v1alpha1.SharingMode, c Capacity, ok bool) {
 }
 
 // servesClass: a share class selects only devices that serve shares and have
-// room for one unit; a class without a share only devices served whole.
+// room for one unit; a class without a share only devices served whole; a
+// potential MIG slice only a class with createMIG.
 func (c *Class) servesClass(d *Device) bool {
+	if d.potential {
+		return c.createMIG
+	}
 	if c.share == nil {
 		return d.sharing == nil
 	}
@@ -150,6 +154,8 @@ func (c *Class) servesClass(d *Device) bool {
 // whyNotServed says why servesClass is false.
 func (c *Class) whyNotServed(d *Device) string {
 	switch {
+	case d.potential:
+		return "the device is a MIG slice not created yet, and the class does not set createMIG"
 	case c.share == nil:
 		return fmt.Sprintf("the device serves shares (%s) and the class takes whole devices", d.sharing.mode)
 	case d.sharing == nil:
@@ -158,3 +164,7 @@ func (c *Class) whyNotServed(d *Device) string {
 	_, why := c.share.Fits(1, d.sharing.capacity)
 	return "one unit of the class's share does not fit the device: " + why
 }
+
+// CreatesMIG says whether the class selects potential MIG slices
+// (spec.createMIG).
+func (c *Class) CreatesMIG() bool { return c.createMIG }

@@ -12,19 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/mig"
 )
-
-// migInherited are the parent GPU's attributes a MIG device carries too, so that a
-// class selects MIG devices by the same keys as GPUs (product, driver, NUMA node).
-var migInherited = []string{
-	v1alpha1.AttributeProduct,
-	v1alpha1.AttributeArchitecture,
-	v1alpha1.AttributeComputeCapability,
-	v1alpha1.AttributeDriverVersion,
-	v1alpha1.AttributeCUDADriverVersion,
-	v1alpha1.AttributeNUMANode,
-	v1alpha1.AttributePCIAddress,
-}
 
 // migDevices describes the MIG devices of parent, the GPU described as gpu, when
 // it is in MIG mode. They are enumerated the way NVIDIA's k8s-device-plugin
@@ -38,7 +27,7 @@ var migInherited = []string{
 // through. A MIG device that is named but not fully described is listed unhealthy,
 // as a GPU is.
 func (d *Discoverer) migDevices(parent lib.Device, gpu *v1alpha1.Device) []v1alpha1.Device {
-	if mig, ok := gpu.Attributes[v1alpha1.AttributeMIGEnabled]; !ok || !*mig.BoolValue {
+	if on, ok := gpu.Attributes[v1alpha1.AttributeMIGEnabled]; !ok || !*on.BoolValue {
 		return nil
 	}
 	var p problems
@@ -63,12 +52,12 @@ func (d *Discoverer) migDevices(parent lib.Device, gpu *v1alpha1.Device) []v1alp
 		if !p.check(what, ret) {
 			continue
 		}
-		mig, err := describeMIG(parent, handle, gpu, profiles)
+		dev, err := describeMIG(parent, handle, gpu, profiles)
 		if err != nil {
 			p.add(what, err.Error())
 			continue
 		}
-		out = append(out, mig)
+		out = append(out, dev)
 	}
 	return out
 }
@@ -80,10 +69,10 @@ func describeMIG(parent, handle lib.Device, gpu *v1alpha1.Device, profiles map[u
 	if ret != lib.SUCCESS {
 		return v1alpha1.Device{}, fmt.Errorf("UUID: %s", ret.Error())
 	}
-	mig := v1alpha1.Device{ID: uuid, Kind: v1alpha1.DeviceKindNvidiaMIG, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
-	attrs := mig.Attributes
+	dev := v1alpha1.Device{ID: uuid, Kind: v1alpha1.DeviceKindNvidiaMIG, Healthy: true, Attributes: map[string]v1alpha1.DeviceAttribute{}}
+	attrs := dev.Attributes
 	attrs[v1alpha1.AttributeParent] = v1alpha1.StringAttribute(gpu.ID)
-	for _, name := range migInherited {
+	for _, name := range mig.Inherited {
 		if a, ok := gpu.Attributes[name]; ok {
 			attrs[name] = *a.DeepCopy()
 		}
@@ -115,8 +104,8 @@ func describeMIG(parent, handle lib.Device, gpu *v1alpha1.Device, profiles map[u
 			attrs[v1alpha1.AttributeMIGProfile] = v1alpha1.StringAttribute(name)
 		}
 	}
-	p.report(&mig)
-	return mig, nil
+	p.report(&dev)
+	return dev, nil
 }
 
 // gpuInstanceProfile is one GPU instance profile a GPU offers: index is its

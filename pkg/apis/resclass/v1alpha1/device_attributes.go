@@ -69,6 +69,9 @@ const (
 	AttributeGPUInstanceID     = "gpuInstanceID"     // MIG GPU instance
 	AttributeComputeInstanceID = "computeInstanceID" // MIG compute instance
 	AttributeMultiprocessors   = "multiprocessors"   // streaming multiprocessors
+	AttributeDecoders          = "decoders"          // a MIG profile's video decoders
+	AttributeJPEGs             = "jpegs"             // a MIG profile's JPEG decoders
+	AttributeOFAs              = "ofas"              // a MIG profile's optical flow accelerators
 	AttributeNVLinkPeers       = "nvlinkPeers"       // comma-separated NVML indices of the GPUs reached over active NVLinks, ascending
 	AttributeNVLinks           = "nvlinks"           // number of active NVLinks
 	AttributeNVLinkPeerLinks   = "nvlinkPeerLinks"   // per peer GPU (NVML index) the NVLinks to it: "1:2,2:1,3:1"

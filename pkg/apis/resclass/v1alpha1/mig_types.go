@@ -15,8 +15,33 @@ import (
 // MIGSlices is the number of memory slices of a MIG-capable GPU.
 const MIGSlices = 8
 
+// MIGMode is how resclass partitions a GPU in MIG mode.
+// +kubebuilder:validation:Enum=Static;Dynamic
+type MIGMode string
+
+const (
+	// MIGStatic: the GPU's MIG devices are those an operator made; resclass
+	// serves them as they are.
+	MIGStatic MIGMode = "Static"
+	// MIGDynamic: resclass creates slices on the GPU for the pods that need
+	// them and destroys them once no pod holds them (docs/mig.md).
+	MIGDynamic MIGMode = "Dynamic"
+)
+
 // DeviceMIG is a GPU's MIG geometry and the GPU instances on it.
 type DeviceMIG struct {
+	// Mode is how resclass partitions the GPU, as the operator marked it
+	// (node.resclass.io/gpu-mig, gpu-mig.node.resclass.io/<GPU UUID>).
+	// Absent means Static.
+	// +optional
+	Mode MIGMode `json:"mode,omitempty"`
+
+	// Message says why a marking was not followed (a value that names no
+	// mode, say).
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Message string `json:"message,omitempty"`
+
 	// Profiles are the GPU instance profiles the GPU offers.
 	// +optional
 	// +listType=map
@@ -104,4 +129,10 @@ type MIGInstance struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=7
 	Start int32 `json:"start"`
+
+	// Created says resclass created it for a pod (its ownership record
+	// names it). Such an instance's MIG device is not published as a
+	// device of its own: it belongs to the pod it was made for.
+	// +optional
+	Created bool `json:"created,omitempty"`
 }

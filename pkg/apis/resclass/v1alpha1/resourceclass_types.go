@@ -42,6 +42,7 @@ type ResourceClass struct {
 }
 
 // ResourceClassSpec selects devices.
+// +kubebuilder:validation:XValidation:rule="!(has(self.share) && has(self.createMIG) && self.createMIG)",message="a share class cannot create MIG slices: a slice is one pod's, whole"
 type ResourceClassSpec struct {
 	// ResourceSelector selects a device when ANY of its entries matches. A null or
 	// empty list selects no device.
@@ -57,6 +58,16 @@ type ResourceClassSpec struct {
 	// N devices.
 	// +optional
 	Share *ResourceShare `json:"share,omitempty"`
+
+	// CreateMIG, when true, lets the class select MIG slices that do not
+	// exist yet: the potential slices of GPUs an operator marked for dynamic
+	// MIG (docs/mig.md). Each is evaluated as a device of kind nvidia-mig
+	// with the attributes of its profile and parent GPU; the scheduler picks
+	// profile and placement and the node agent creates the slice for the
+	// pod. Without it the class selects existing devices only, as before.
+	// A share class cannot create slices.
+	// +optional
+	CreateMIG bool `json:"createMIG,omitempty"`
 }
 
 // ResourcePropertySelector matches a device when ALL of its expressions match. A

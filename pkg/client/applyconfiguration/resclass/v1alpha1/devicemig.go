@@ -2,11 +2,22 @@
 
 package v1alpha1
 
+import (
+	resclassv1alpha1 "github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+)
+
 // DeviceMIGApplyConfiguration represents a declarative configuration of the DeviceMIG type for use
 // with apply.
 //
 // DeviceMIG is a GPU's MIG geometry and the GPU instances on it.
 type DeviceMIGApplyConfiguration struct {
+	// Mode is how resclass partitions the GPU, as the operator marked it
+	// (node.resclass.io/gpu-mig, gpu-mig.node.resclass.io/<GPU UUID>).
+	// Absent means Static.
+	Mode *resclassv1alpha1.MIGMode `json:"mode,omitempty"`
+	// Message says why a marking was not followed (a value that names no
+	// mode, say).
+	Message *string `json:"message,omitempty"`
 	// Profiles are the GPU instance profiles the GPU offers.
 	Profiles []MIGProfileApplyConfiguration `json:"profiles,omitempty"`
 	// Instances are the GPU instances on the GPU now.
@@ -17,6 +28,22 @@ type DeviceMIGApplyConfiguration struct {
 // apply.
 func DeviceMIG() *DeviceMIGApplyConfiguration {
 	return &DeviceMIGApplyConfiguration{}
+}
+
+// WithMode sets the Mode field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Mode field is set to the value of the last call.
+func (b *DeviceMIGApplyConfiguration) WithMode(value resclassv1alpha1.MIGMode) *DeviceMIGApplyConfiguration {
+	b.Mode = &value
+	return b
+}
+
+// WithMessage sets the Message field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Message field is set to the value of the last call.
+func (b *DeviceMIGApplyConfiguration) WithMessage(value string) *DeviceMIGApplyConfiguration {
+	b.Message = &value
+	return b
 }
 
 // WithProfiles adds the given value to the Profiles field in the declarative configuration

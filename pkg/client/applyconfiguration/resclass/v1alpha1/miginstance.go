@@ -11,6 +11,10 @@ type MIGInstanceApplyConfiguration struct {
 	Profile *string `json:"profile,omitempty"`
 	// Start is the first memory slice it occupies.
 	Start *int32 `json:"start,omitempty"`
+	// Created says resclass created it for a pod (its ownership record
+	// names it). Such an instance's MIG device is not published as a
+	// device of its own: it belongs to the pod it was made for.
+	Created *bool `json:"created,omitempty"`
 }
 
 // MIGInstanceApplyConfiguration constructs a declarative configuration of the MIGInstance type for use with
@@ -32,5 +36,13 @@ func (b *MIGInstanceApplyConfiguration) WithProfile(value string) *MIGInstanceAp
 // If called multiple times, the Start field is set to the value of the last call.
 func (b *MIGInstanceApplyConfiguration) WithStart(value int32) *MIGInstanceApplyConfiguration {
 	b.Start = &value
+	return b
+}
+
+// WithCreated sets the Created field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Created field is set to the value of the last call.
+func (b *MIGInstanceApplyConfiguration) WithCreated(value bool) *MIGInstanceApplyConfiguration {
+	b.Created = &value
 	return b
 }

@@ -16,6 +16,14 @@ type ResourceClassSpecApplyConfiguration struct {
 	// the class selects only devices served whole, and a request of N gets
 	// N devices.
 	Share *ResourceShareApplyConfiguration `json:"share,omitempty"`
+	// CreateMIG, when true, lets the class select MIG slices that do not
+	// exist yet: the potential slices of GPUs an operator marked for dynamic
+	// MIG (docs/mig.md). Each is evaluated as a device of kind nvidia-mig
+	// with the attributes of its profile and parent GPU; the scheduler picks
+	// profile and placement and the node agent creates the slice for the
+	// pod. Without it the class selects existing devices only, as before.
+	// A share class cannot create slices.
+	CreateMIG *bool `json:"createMIG,omitempty"`
 }
 
 // ResourceClassSpecApplyConfiguration constructs a declarative configuration of the ResourceClassSpec type for use with
@@ -42,5 +50,13 @@ func (b *ResourceClassSpecApplyConfiguration) WithResourceSelector(values ...*Re
 // If called multiple times, the Share field is set to the value of the last call.
 func (b *ResourceClassSpecApplyConfiguration) WithShare(value *ResourceShareApplyConfiguration) *ResourceClassSpecApplyConfiguration {
 	b.Share = value
+	return b
+}
+
+// WithCreateMIG sets the CreateMIG field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the CreateMIG field is set to the value of the last call.
+func (b *ResourceClassSpecApplyConfiguration) WithCreateMIG(value bool) *ResourceClassSpecApplyConfiguration {
+	b.CreateMIG = &value
 	return b
 }
