@@ -16,6 +16,10 @@
 //	  {"name":"setup","init":true,"classes":{"fast.nic":["0000:3b:00.0"]}},
 //	  {"name":"train","classes":{"nvidia.high.mem":["GPU-4b8a…","GPU-9c1d…"]}}]}
 //
+// A MIG slice to create is named by mig.SliceID ("GPU-4b8a…/mig/2g.20gb@4": the
+// parent GPU, the profile and the start) and makes the assignment version 2
+// ("version":2), which an agent that predates slices refuses.
+//
 // Decode is strict: a pod carrying an assignment that is not exactly right must fail
 // loudly in Allocate rather than run on devices nobody accounted for. Encode
 // validates with the same rules, so the scheduler can never write what the agent
@@ -48,6 +52,7 @@ import (
 	sigsjson "sigs.k8s.io/json"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/mig"
 )
 
 const (
@@ -70,6 +75,12 @@ const (
 
 // Assignment is the devices the scheduler gave a pod on one node.
 type Assignment struct {
+	// Version is 2 when a container is given a MIG slice to create (its id
+	// is mig.SliceID's, docs/mig.md); absent otherwise (version 1, which
+	// every agent reads). Encode sets it; an agent that predates slices
+	// refuses a version 2 assignment (an unknown field) rather than hand
+	// out a device that does not exist.
+	Version int `json:"version,omitempty"`
 	// Node is the node the devices are on, so an agent can tell an assignment
 	// meant for another node.
 	Node string `json:"node"`
@@ -94,12 +105,37 @@ type Container struct {
 	Shares map[string]Share `json:"shares,omitempty"`
 }
 
+// Version2 is the version of an assignment that gives MIG slices to create.
+const Version2 = 2
+
+// HasSlices says whether a gives a container a MIG slice to create.
+func (a *Assignment) HasSlices() bool {
+	for _, c := range a.Containers {
+		for _, ids := range c.Classes {
+			for _, id := range ids {
+				if _, _, _, ok := mig.ParseSliceID(id); ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // Share is what a container's share takes of a device, by capacity name
 // (v1alpha1.CapacityMemory in bytes, v1alpha1.CapacityCompute in percent).
 type Share map[string]int64
 
 // Encode validates a and returns its annotation value.
 func Encode(a *Assignment) (string, error) {
+	if a != nil {
+		v := *a
+		v.Version = 0
+		if v.HasSlices() {
+			v.Version = Version2
+		}
+		a = &v
+	}
 	if err := Validate(a); err != nil {
 		return "", fmt.Errorf("invalid assignment: %w", err)
 	}
@@ -151,6 +187,14 @@ func Validate(a *Assignment) error {
 		return errors.New("assignment is nil")
 	}
 	errs := checkName(field.NewPath("node"), a.Node, validation.DNS1123SubdomainMaxLength, validation.IsDNS1123Subdomain)
+	switch {
+	case a.Version != 0 && a.Version != Version2:
+		errs = append(errs, field.NotSupported(field.NewPath("version"), a.Version, []string{"2"}))
+	case a.Version == Version2 && !a.HasSlices():
+		errs = append(errs, field.Invalid(field.NewPath("version"), a.Version, "version 2 is for assignments that give MIG slices to create; this one gives none"))
+	case a.Version == 0 && a.HasSlices():
+		errs = append(errs, field.Invalid(field.NewPath("version"), a.Version, "an assignment that gives MIG slices to create is version 2"))
+	}
 
 	containers := field.NewPath("containers")
 	if len(a.Containers) == 0 {

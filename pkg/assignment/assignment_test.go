@@ -436,3 +436,34 @@ func TestShares(t *testing.T) {
 		})
 	}
 }
+
+// TestVersion2: an assignment that gives a MIG slice to create is version
+// 2, written so by Encode, and read only as such; every other one stays
+// version 1, as agents before slices read it.
+func TestVersion2(t *testing.T) {
+	slice := &Assignment{Node: "n", Containers: []Container{{Name: "c", Classes: map[string][]string{"mig-20g": {"GPU-0/mig/2g.20gb@4"}}}}}
+	s, err := Encode(slice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"version":2,"node":"n","containers":[{"name":"c","classes":{"mig-20g":["GPU-0/mig/2g.20gb@4"]}}]}`; s != want {
+		t.Errorf("encoded %s, want %s", s, want)
+	}
+	a, err := Decode(s)
+	if err != nil || a.Version != 2 || !a.HasSlices() {
+		t.Fatalf("decoded %+v, %v", a, err)
+	}
+	whole := &Assignment{Node: "n", Containers: []Container{{Name: "c", Classes: map[string][]string{"gpu": {"GPU-0"}}}}}
+	if s, err := Encode(whole); err != nil || strings.Contains(s, "version") {
+		t.Errorf("a version 1 assignment encodes as %s, %v", s, err)
+	}
+	for what, bad := range map[string]string{
+		"a slice in version 1":     `{"node":"n","containers":[{"name":"c","classes":{"m":["GPU-0/mig/2g.20gb@4"]}}]}`,
+		"version 2 without slices": `{"version":2,"node":"n","containers":[{"name":"c","classes":{"g":["GPU-0"]}}]}`,
+		"a version to come":        `{"version":3,"node":"n","containers":[{"name":"c","classes":{"m":["GPU-0/mig/2g.20gb@4"]}}]}`,
+	} {
+		if _, err := Decode(bad); err == nil || !strings.Contains(err.Error(), "version") {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+}

@@ -164,3 +164,18 @@ func (c Choice) Better(d Choice) bool {
 	}
 	return c.placements > d.placements
 }
+
+// Clone is a copy of g that changes apart from it (the table shared).
+func (g *GPU) Clone() *GPU {
+	c := *g
+	c.count = make(map[string]int, len(g.count))
+	for k, v := range g.count {
+		c.count[k] = v
+	}
+	return &c
+}
+
+// Has says whether an instance of p starts at start.
+func (g *GPU) Has(p *Profile, start int) bool {
+	return start >= 0 && start < Slots && g.at[start] == p
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/kinds"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/mig"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -121,6 +122,7 @@ type deviceState struct {
 	sel      *selector.Device
 	pool     *poolState  // huge-pages only
 	shared   *shareState // a GPU in a sharing mode (devicekind.Shared) only
+	slice    *sliceRef   // a potential MIG slice only (slices.go)
 	holders  int         // pods holding an exclusive device (more than 1 is a conflict)
 	// draining: the device's sharing mode is to change and waits for the
 	// pods that hold it (Sharing.RequestedMode). It takes no new pod of
@@ -578,6 +580,16 @@ func newNodeState(nd *v1alpha1.NodeDevices) *nodeState {
 			ds.draining, ds.excluded = true, true
 		}
 	}
+	// Potential MIG slices go behind every published device, so that the
+	// published ones keep their positions.
+	published := len(n.devices)
+	for i := range nd.Status.Devices {
+		if d := &nd.Status.Devices[i]; mig.Dynamic(d) {
+			if j, ok := n.index[d.ID]; ok && j < published && !n.devices[j].invalid {
+				n.addPotentials(d)
+			}
+		}
+	}
 	// Peers are named by NVML index; one no GPU of the node has is left out.
 	for i, links := range peerLinks {
 		if n.devices[i].invalid {
@@ -639,6 +651,12 @@ func (n *nodeState) newRoom(class string, i int, old *nodeState, oldShareFree ma
 		return true
 	}
 	was := old.devices[j]
+	if dev.slice != nil {
+		// A slice that could not be created before and can now (an
+		// instance destroyed, a pod gone), or a GPU whose instances changed.
+		return n.sliceFits(i) && (was.slice == nil || !old.sliceFits(j) || !slices.Contains(old.matches[class], j) ||
+			was.slice.gpu.base.FreeSlices() < dev.slice.gpu.base.FreeSlices())
+	}
 	if !was.givable() || !slices.Contains(old.matches[class], j) || (dev.pool == nil) != (was.pool == nil) || (dev.shared == nil) != (was.shared == nil) {
 		return true
 	}
@@ -1590,6 +1608,9 @@ func (h *holding) checkOn(n *nodeState, classes map[string]*classState) *inconsi
 			}
 			seen[id] = class
 		}
+	}
+	if why := n.checkSlices(slices.Collect(maps.Keys(seen))); why != nil {
+		return why
 	}
 	return h.checkShares(n, classes)
 }

@@ -81,6 +81,9 @@ func (n *nodeState) placeWith(d *demand, s, ss Strategy) (*placement, *unfit) {
 		}
 		if _, ok := n.shareUnits[class]; ok {
 			c.shares = append(c.shares, class)
+		} else if n.selectsSlices(class) {
+			c.slices = append(c.slices, class)
+			c.exclusive = append(c.exclusive, class)
 		} else if slices.ContainsFunc(n.matches[class], func(i int) bool { return n.devices[i].pool != nil }) {
 			c.pools = append(c.pools, class)
 		} else {
@@ -164,6 +167,10 @@ type placeClasses struct {
 	exclusive []string // whole devices, by the matching
 	pools     []string // hugepage pools: pages
 	shares    []string // share classes: amounts of shared devices
+	// slices are classes that select potential MIG slices: placeSlices
+	// serves what draws it can, the matching the rest with whole devices
+	// (they are among exclusive too).
+	slices []string
 	// shareOrder is the share strategy (placeWith).
 	shareOrder Strategy
 }
@@ -228,15 +235,16 @@ func (n *nodeState) tryPlace(d *demand, c placeClasses, free []bool, onlyNUMA in
 	exclusive, pools := c.exclusive, c.pools
 	usable := func(i int) bool { return free[i] && (onlyNUMA == anyNUMA || n.devices[i].numa == onlyNUMA) }
 	p := &placement{drawn: map[string][]string{}}
+	bySlices := n.placeSlices(d, c.slices, usable, p)
 	prob := matching.Problem{Devices: len(n.devices)}
 	for _, class := range exclusive {
 		var cand []int
 		for _, i := range n.matches[class] {
-			if usable(i) {
+			if usable(i) && n.devices[i].slice == nil {
 				cand = append(cand, i)
 			}
 		}
-		prob.Demand = append(prob.Demand, d.draws[class])
+		prob.Demand = append(prob.Demand, d.draws[class]-bySlices[class])
 		prob.Candidates = append(prob.Candidates, order(class, cand))
 	}
 	// Pods whose assignment is not believed hold devices of their classes,
@@ -501,7 +509,7 @@ func blockedRows(n *nodeState, free []bool) ([]int, [][]int) {
 	for _, class := range slices.Sorted(maps.Keys(n.blocked)) {
 		var cand []int
 		for _, i := range n.matches[class] {
-			if free[i] && n.devices[i].pool == nil && n.devices[i].shared == nil {
+			if free[i] && n.devices[i].pool == nil && n.devices[i].shared == nil && n.devices[i].slice == nil {
 				cand = append(cand, i)
 			}
 		}
@@ -569,7 +577,7 @@ func (n *nodeState) utilization(d *demand, p *placement) int64 {
 	for _, class := range d.classes {
 		for _, i := range n.matches[class] {
 			dev := n.devices[i]
-			if seen[i] || dev.pool != nil || dev.excluded || !dev.healthy {
+			if seen[i] || dev.pool != nil || dev.slice != nil || dev.excluded || !dev.healthy {
 				continue
 			}
 			seen[i] = true
@@ -584,11 +592,13 @@ func (n *nodeState) utilization(d *demand, p *placement) int64 {
 	}
 	for _, ids := range p.drawn {
 		for _, id := range ids {
-			if dev := n.devices[n.index[id]]; dev.pool == nil && dev.shared == nil {
+			if dev := n.devices[n.index[id]]; dev.pool == nil && dev.shared == nil && dev.slice == nil {
 				used += 1000
 			}
 		}
 	}
+	st, su := n.sliceUtil(d, p)
+	total, used = total+st, used+su
 	if total == 0 {
 		return 0
 	}
@@ -661,7 +671,7 @@ func (n *nodeState) count(idx []int) *quickCounts {
 	q := &quickCounts{}
 	for _, i := range idx {
 		dev := n.devices[i]
-		if dev.pool != nil || dev.shared != nil {
+		if dev.pool != nil || dev.shared != nil || dev.slice != nil {
 			q.divisible = true
 		}
 		if !dev.healthy || dev.excluded {

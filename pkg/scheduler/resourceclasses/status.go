@@ -232,9 +232,10 @@ func (c *cache) classStatusLocked(perNode bool) (map[string]v1alpha1.ResourceCla
 func (n *nodeState) capacity(class string, idx []int) (alloc, room int64) {
 	unit, shares := n.shareUnits[class]
 	var free []int
+	alloc, room = n.sliceCapacity(idx)
 	for _, i := range idx {
 		d := n.devices[i]
-		if !d.healthy || d.excluded {
+		if !d.healthy || d.excluded || d.slice != nil {
 			continue
 		}
 		if shares {
