@@ -14,7 +14,6 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
@@ -272,16 +271,7 @@ spec:
 		// A NodeDevices as an agent publishes one for a GPU in MIG mode: the
 		// A100-40GB's profiles, a 3g.20gb at slice 4.
 		const migNode = "kr-mig"
-		geometry := &v1alpha1.DeviceMIG{Instances: []v1alpha1.MIGInstance{{Profile: "3g.20gb", Start: 4}}}
-		for _, p := range mig.A100_40GB.Profiles {
-			var placements []int32
-			for _, s := range p.Starts {
-				placements = append(placements, int32(s))
-			}
-			geometry.Profiles = append(geometry.Profiles, v1alpha1.MIGProfile{Name: p.Name, Slices: int32(p.Size), Compute: int32(p.Compute),
-				Memory: *resource.NewQuantity(p.MemoryMiB<<20, resource.BinarySI), Decoders: int32(p.Decoders), JPEGs: int32(p.JPEGs),
-				OFAs: int32(p.OFAs), Placements: placements, Max: int32(p.Max)})
-		}
+		geometry := mig.A100_40GB.API(v1alpha1.MIGInstance{Profile: "3g.20gb", Start: 4})
 		rc, err := cluster.Resclass()
 		if err != nil {
 			t.Fatal(err)

@@ -17,8 +17,15 @@ type MIGGPU struct {
 	Node    string `json:"node"`
 	GPU     string `json:"gpu"`
 	Product string `json:"product,omitempty"`
+	// Mode is how resclass partitions the GPU: Dynamic (slices created for
+	// pods) or Static (the layout an operator made).
+	Mode string `json:"mode"`
+	// Message says why the operator's marking is not followed, if it is not.
+	Message string `json:"message,omitempty"`
 	// Instances are the GPU instances, "<profile>@<first slice>".
 	Instances []string `json:"instances"`
+	// Created are those of Instances resclass created for pods.
+	Created []string `json:"created,omitempty"`
 	// FreeSlices are the memory slices (of 8) no instance takes.
 	FreeSlices int `json:"freeSlices"`
 	// Creatable is, per profile (smallest first), how many instances of it
@@ -43,7 +50,8 @@ func (o *options) migCommand() *cobra.Command {
 		Use:   "mig [--node NODE]",
 		Short: "Every GPU in MIG mode: its GPU instances and what could still be created",
 		Long: `mig lists the GPUs in MIG mode that the node agents publish, with the GPU instances on
-each (INSTANCES, a profile at the first memory slice it takes), the memory slices of 8
+each (INSTANCES, a profile at the first memory slice it takes; "(created)" for those
+resclass created for pods on a GPU marked for dynamic MIG, MODE Dynamic), the memory slices of 8
 no instance takes (FREE), the largest profile of which one could still be created
 (LARGEST), and per profile how many could be created now, one after the other
 (CAN CREATE). A GPU's profiles and placements are NVML's, as the agent read them; two
@@ -74,10 +82,14 @@ profiles may not both fit where either alone would, so the counts are not a sum.
 
 // migTable is mig's table of gpus.
 func migTable(t *table, gpus []MIGGPU) {
-	t.row("NODE\tGPU\tINSTANCES\tFREE\tLARGEST\tCAN CREATE")
+	t.row("NODE\tGPU\tMODE\tINSTANCES\tFREE\tLARGEST\tCAN CREATE")
 	for _, g := range gpus {
-		if g.Error != "" {
-			t.row("%s\t%s\t\t\t\t(unreadable: %s)", g.Node, g.GPU, g.Error)
+		switch {
+		case g.Error != "":
+			t.row("%s\t%s\t%s\t\t\t\t(unreadable: %s)", g.Node, g.GPU, g.Mode, g.Error)
+			continue
+		case g.Message != "" && len(g.Creatable) == 0:
+			t.row("%s\t%s\t%s\t\t\t\t(%s)", g.Node, g.GPU, g.Mode, g.Message)
 			continue
 		}
 		var can []string
@@ -86,14 +98,21 @@ func migTable(t *table, gpus []MIGGPU) {
 				can = append(can, fmt.Sprintf("%s×%d", c.Profile, c.Count))
 			}
 		}
-		instances, largest := strings.Join(g.Instances, ","), g.Largest
+		marked := make([]string, len(g.Instances))
+		for i, in := range g.Instances {
+			marked[i] = in
+			if slices.Contains(g.Created, in) {
+				marked[i] += "(created)"
+			}
+		}
+		instances, largest := strings.Join(marked, ","), g.Largest
 		if instances == "" {
 			instances = "-"
 		}
 		if largest == "" {
 			largest = "-"
 		}
-		t.row("%s\t%s\t%s\t%d/%d\t%s\t%s", g.Node, g.GPU, instances, g.FreeSlices, mig.Slots, largest, strings.Join(can, " "))
+		t.row("%s\t%s\t%s\t%s\t%d/%d\t%s\t%s", g.Node, g.GPU, g.Mode, instances, g.FreeSlices, mig.Slots, largest, strings.Join(can, " "))
 	}
 }
 
@@ -110,7 +129,19 @@ func migGPUs(nodes []v1alpha1.NodeDevices, node string) []MIGGPU {
 				continue
 			}
 			product := d.Attributes[v1alpha1.AttributeProduct].String()
-			g := MIGGPU{Node: nd.Name, GPU: d.ID, Product: product, Instances: []string{}, Creatable: []MIGCreatable{}}
+			g := MIGGPU{Node: nd.Name, GPU: d.ID, Product: product, Mode: string(d.MIG.Mode), Message: d.MIG.Message, Instances: []string{}, Creatable: []MIGCreatable{}}
+			if g.Mode == "" {
+				g.Mode = string(v1alpha1.MIGStatic)
+			}
+			for _, in := range d.MIG.Instances {
+				if in.Created {
+					g.Created = append(g.Created, fmt.Sprintf("%s@%d", in.Profile, in.Start))
+				}
+			}
+			if len(d.MIG.Profiles) == 0 && g.Message != "" {
+				out = append(out, g)
+				continue
+			}
 			gpu, err := mig.FromAPI(product, d.MIG)
 			if err != nil {
 				g.Error = err.Error()

@@ -2,10 +2,10 @@ package kubectlplugin
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -17,19 +17,7 @@ import (
 // creatable and how many of each; a geometry that describes no possible GPU
 // is shown as unreadable, not guessed at.
 func TestMIG(t *testing.T) {
-	geometry := func(instances ...v1alpha1.MIGInstance) *v1alpha1.DeviceMIG {
-		m := &v1alpha1.DeviceMIG{Instances: instances}
-		for _, p := range mig.A100_40GB.Profiles {
-			var placements []int32
-			for _, s := range p.Starts {
-				placements = append(placements, int32(s))
-			}
-			m.Profiles = append(m.Profiles, v1alpha1.MIGProfile{Name: p.Name, Slices: int32(p.Size), Compute: int32(p.Compute),
-				Memory: *resource.NewQuantity(p.MemoryMiB<<20, resource.BinarySI), Decoders: int32(p.Decoders), JPEGs: int32(p.JPEGs),
-				OFAs: int32(p.OFAs), Placements: placements, Max: int32(p.Max)})
-		}
-		return m
-	}
+	geometry := mig.A100_40GB.API
 	product := v1alpha1.StringAttribute("NVIDIA A100-SXM4-40GB")
 	gpu := func(id string, m *v1alpha1.DeviceMIG) v1alpha1.Device {
 		return v1alpha1.Device{ID: id, Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, MIG: m,
@@ -38,16 +26,24 @@ func TestMIG(t *testing.T) {
 	broken := geometry(v1alpha1.MIGInstance{Profile: "4g.20gb", Start: 0}, v1alpha1.MIGInstance{Profile: "3g.20gb", Start: 0})
 	n1 := v1alpha1.NodeDevices{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
 	n1.Status.Devices = []v1alpha1.Device{
-		gpu("GPU-b", geometry(v1alpha1.MIGInstance{Profile: "4g.20gb", Start: 0}, v1alpha1.MIGInstance{Profile: "1g.5gb", Start: 6})),
+		gpu("GPU-b", func() *v1alpha1.DeviceMIG {
+			m := geometry(v1alpha1.MIGInstance{Profile: "4g.20gb", Start: 0}, v1alpha1.MIGInstance{Profile: "1g.5gb", Start: 6, Created: true})
+			m.Mode = v1alpha1.MIGDynamic
+			return m
+		}()),
 		gpu("GPU-a", geometry()),
 		{ID: "GPU-c", Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true}, // not in MIG mode
 	}
 	n2 := v1alpha1.NodeDevices{ObjectMeta: metav1.ObjectMeta{Name: "n2"}}
-	n2.Status.Devices = []v1alpha1.Device{gpu("GPU-d", broken)}
+	n2.Status.Devices = []v1alpha1.Device{gpu("GPU-d", broken),
+		gpu("GPU-e", &v1alpha1.DeviceMIG{Mode: v1alpha1.MIGStatic, Message: "the GPU's MIG mode is off"})}
 
 	got := migGPUs([]v1alpha1.NodeDevices{n2, n1}, "")
-	if len(got) != 3 || got[0].GPU != "GPU-a" || got[1].GPU != "GPU-b" || got[2].GPU != "GPU-d" {
+	if len(got) != 4 || got[0].GPU != "GPU-a" || got[1].GPU != "GPU-b" || got[2].GPU != "GPU-d" || got[3].GPU != "GPU-e" {
 		t.Fatalf("GPUs %+v", got)
+	}
+	if got[0].Mode != "Static" || got[1].Mode != "Dynamic" || fmt.Sprint(got[1].Created) != "[1g.5gb@6]" {
+		t.Errorf("modes %s %s, created %v", got[0].Mode, got[1].Mode, got[1].Created)
 	}
 	count := func(g MIGGPU, profile string) int {
 		for _, c := range g.Creatable {
@@ -70,7 +66,7 @@ func TestMIG(t *testing.T) {
 	if d := got[2]; d.Error == "" || len(d.Creatable) != 0 {
 		t.Errorf("overlapping instances were read: %+v", d)
 	}
-	if only := migGPUs([]v1alpha1.NodeDevices{n2, n1}, "n2"); len(only) != 1 || only[0].Node != "n2" {
+	if only := migGPUs([]v1alpha1.NodeDevices{n2, n1}, "n2"); len(only) != 2 || only[0].Node != "n2" {
 		t.Errorf("--node n2: %+v", only)
 	}
 
@@ -88,8 +84,9 @@ func TestMIG(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"n1 GPU-b 4g.20gb@0,1g.5gb@6 3/8 2g.10gb 1g.5gb×2 1g.5gb+me×1 1g.10gb×1 2g.10gb×1",
-		"n2 GPU-d (unreadable: NVIDIA A100-SXM4-40GB: 3g.20gb at 0 does not fit (slices in use 00001111))",
+		"n1 GPU-b Dynamic 4g.20gb@0,1g.5gb@6(created) 3/8 2g.10gb 1g.5gb×2 1g.5gb+me×1 1g.10gb×1 2g.10gb×1",
+		"n2 GPU-d Static (unreadable: NVIDIA A100-SXM4-40GB: 3g.20gb at 0 does not fit (slices in use 00001111))",
+		"n2 GPU-e Static (the GPU's MIG mode is off)",
 	} {
 		if got := table[strings.Fields(want)[1]]; got != want {
 			t.Errorf("row %q, want %q", got, want)

@@ -577,6 +577,8 @@ func (r *running) publishPass(ctx context.Context) {
 	devices = append(devices, host...)
 	r.src.applyHealth(devices)
 	r.applySharing(logger, devices)
+	// The labels applySharing read: the Node's, or the last ones read.
+	applyMIGModes(r.sharing.labels, devices)
 	status := assemble(a.config.Kinds, devices, append(conds, hostConds...)...)
 	// Judged on the GPUs found, before DRA mode empties the published list.
 	isolated := r.isolation.check(int(status.Summary.GPUs))

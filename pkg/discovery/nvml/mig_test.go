@@ -13,7 +13,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
@@ -426,16 +425,7 @@ func TestMIGGeometry(t *testing.T) {
 	if got == nil {
 		t.Fatal("the GPU in MIG mode has no geometry")
 	}
-	var want []v1alpha1.MIGProfile
-	for _, p := range mig.A100_40GB.Profiles {
-		var placements []int32
-		for _, s := range p.Starts {
-			placements = append(placements, int32(s))
-		}
-		want = append(want, v1alpha1.MIGProfile{Name: p.Name, Slices: int32(p.Size), Compute: int32(p.Compute),
-			Memory: *resource.NewQuantity(p.MemoryMiB<<20, resource.BinarySI), Multiprocessors: int32(p.Multiprocessors),
-			Decoders: int32(p.Decoders), JPEGs: int32(p.JPEGs), OFAs: int32(p.OFAs), Placements: placements, Max: int32(p.Max)})
-	}
+	want := mig.A100_40GB.API().Profiles
 	if !apiequality.Semantic.DeepEqual(got.Profiles, want) {
 		t.Errorf("profiles\n%+v\nwant\n%+v", got.Profiles, want)
 	}

@@ -136,3 +136,20 @@ type MIGInstance struct {
 	// +optional
 	Created bool `json:"created,omitempty"`
 }
+
+// LabelGPUMIG is the Node label that sets how resclass partitions every GPU
+// of the node that is in MIG mode (docs/mig.md): "dynamic" (slices created
+// for pods, MIGDynamic) or "static" (the layout an operator made,
+// MIGStatic, also when absent). Like the sharing labels, it is outside
+// resclass.io/, so the node agent cannot set it.
+const LabelGPUMIG = "node.resclass.io/gpu-mig"
+
+// LabelGPUMIGDevicePrefix, followed by a GPU's UUID, is the Node label that
+// sets that GPU's MIG mode, over LabelGPUMIG.
+const LabelGPUMIGDevicePrefix = "gpu-mig.node.resclass.io/"
+
+// The values of LabelGPUMIG and of the per-GPU labels.
+const (
+	MIGLabelDynamic = "dynamic"
+	MIGLabelStatic  = "static"
+)
