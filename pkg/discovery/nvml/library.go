@@ -36,8 +36,9 @@ var LibraryDirs = []string{
 
 // requiredSymbols are the NVML functions the agent calls, each with the older
 // name go-nvml falls back to where it has one. Every one is in NVML since
-// driver 450 (Ampere, MIG); a library without one is not a driver the agent
-// supports. TestRequiredSymbolsAreWhatGoNVMLCalls derives the list from the
+// driver 470 (MIG placements, which dynamic MIG creates at; R450 and R460,
+// both past NVIDIA's support, lack nvmlDeviceCreateGpuInstanceWithPlacement);
+// a library without one is not a driver the agent supports. TestRequiredSymbolsAreWhatGoNVMLCalls derives the list from the
 // sources (this package's calls, go-nvml's methods and versioned fallbacks)
 // and fails when the two differ either way.
 var requiredSymbols = [][]string{
@@ -78,6 +79,15 @@ var requiredSymbols = [][]string{
 	{"nvmlDeviceGetRetiredPagesPendingStatus"},
 	{"nvmlDeviceGetRemappedRows"},
 	{"nvmlDeviceGetTotalEccErrors"},
+	// MIG slices made on demand (slices.go); placements since driver 470.
+	{"nvmlDeviceGetHandleByUUID"},
+	{"nvmlDeviceCreateGpuInstanceWithPlacement"},
+	{"nvmlGpuInstanceDestroy"},
+	{"nvmlGpuInstanceGetComputeInstanceProfileInfo"},
+	{"nvmlGpuInstanceCreateComputeInstance"},
+	{"nvmlGpuInstanceGetComputeInstances"},
+	{"nvmlComputeInstanceDestroy"},
+	{"nvmlComputeInstanceGetInfo_v2", "nvmlComputeInstanceGetInfo"},
 }
 
 // Library says where the NVML library is. The agent asks it again at every

@@ -89,7 +89,7 @@ func TestRequiredSymbolsAreWhatGoNVMLCalls(t *testing.T) {
 
 // receivers are go-nvml's implementations of the interfaces this package
 // uses: lib.Interface, lib.Device, lib.EventSet, lib.GpuInstance, lib.Return.
-var receivers = map[string]bool{"library": true, "nvmlDevice": true, "nvmlEventSet": true, "nvmlGpuInstance": true, "Return": true}
+var receivers = map[string]bool{"library": true, "nvmlDevice": true, "nvmlEventSet": true, "nvmlGpuInstance": true, "nvmlComputeInstance": true, "Return": true}
 
 func group(names []string) string {
 	s := slices.Clone(names)
