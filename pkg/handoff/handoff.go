@@ -107,6 +107,17 @@ type Config struct {
 	// KubeletPods, if set, tells the pod the kubelet admits among several
 	// that wait for the same devices; nil keeps to the guess of the order.
 	KubeletPods KubeletPods
+	// Slices, if set, makes the MIG slices assignments name (docs/mig.md)
+	// before Allocate answers; nil refuses a container given one.
+	Slices SliceMaker
+}
+
+// SliceMaker makes MIG slices for pods.
+type SliceMaker interface {
+	// Ensure makes the MIG slice sliceID (mig.SliceID) for pod, or finds
+	// the one made for it before, and returns its MIG device, which the
+	// allocator's devices and the CDI spec have by then.
+	Ensure(ctx context.Context, pod types.UID, sliceID string) (*v1alpha1.Device, error)
 }
 
 // Allocator answers the kubelet's allocation calls for every class endpoint of
@@ -320,7 +331,10 @@ func KubeletIDs(kinds *devicekind.Registry, d *v1alpha1.Device, poolSlots, share
 // or the id itself. Device ids never contain "/" (PCI addresses, UUIDs, pool
 // names).
 func DeviceID(kubeletID string) string {
-	id, _, _ := strings.Cut(kubeletID, "/")
+	id, _, _ := ParseKubeletID(kubeletID)
+	if id == "" {
+		id, _, _ = strings.Cut(kubeletID, "/")
+	}
 	return id
 }
 
@@ -649,7 +663,17 @@ func (a *Allocator) Allocate(ctx context.Context, resource string, kubeletIDs []
 	}) {
 		return nil, a.refuse(ctx, class, want, shares, kubeletIDs)
 	}
-	resp, err := a.response(m, class)
+	made, err := a.makeSlices(ctx, m)
+	if err != nil {
+		a.record(m, class, err.Error())
+		a.cfg.Metrics.outcome(class, "error")
+		if a.cfg.Recorder != nil {
+			a.cfg.Recorder.Eventf(m.pod.ref(), corev1.EventTypeWarning, ReasonMIGSliceFailed,
+				"container %s: the MIG slice the scheduler chose could not be made: %v; the pod fails admission, and its controller's replacement is placed again", m.container, err)
+		}
+		return nil, fmt.Errorf("%s: %w", resource, err)
+	}
+	resp, err := a.response(m, class, made)
 	if err != nil {
 		a.record(m, class, err.Error())
 		a.cfg.Metrics.outcome(class, "error")

@@ -1,6 +1,8 @@
 package handoff
 
 import (
+	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/mig"
 )
 
 // EnvClassDevicesPrefix starts the variable that names a class's devices
@@ -41,8 +44,23 @@ func ClassEnv(class string) string {
 
 // response is what container m gets for its devices of class: Edits, in the
 // kubelet's terms.
-func (a *Allocator) response(m match, class string) (*pluginapi.ContainerAllocateResponse, error) {
-	e, err := Edits(a.kinds, &a.handoff, class, m.devices, func(k devicekind.Kind) []*v1alpha1.Device { return a.containerDevices(m, k) })
+func (a *Allocator) response(m match, class string, made map[string]*v1alpha1.Device) (*pluginapi.ContainerAllocateResponse, error) {
+	// A MIG slice made for the container is its MIG device from here on.
+	h := a.handoff
+	h.Device = func(id string) *v1alpha1.Device {
+		if d := made[id]; d != nil {
+			return d
+		}
+		return a.device(id)
+	}
+	devices := make([]string, len(m.devices))
+	for i, id := range m.devices {
+		devices[i] = id
+		if d := made[id]; d != nil {
+			devices[i] = d.ID
+		}
+	}
+	e, err := Edits(a.kinds, &h, class, devices, func(k devicekind.Kind) []*v1alpha1.Device { return a.containerDevices(m, k, h.Device) })
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +89,7 @@ func (a *Allocator) response(m match, class string) (*pluginapi.ContainerAllocat
 // containerDevices are m's container's devices of kind k across all its
 // classes, in assignment order (classes sorted): see the note on the
 // environment above.
-func (a *Allocator) containerDevices(m match, k devicekind.Kind) []*v1alpha1.Device {
+func (a *Allocator) containerDevices(m match, k devicekind.Kind, device func(string) *v1alpha1.Device) []*v1alpha1.Device {
 	var out []*v1alpha1.Device
 	for _, c := range m.pod.assignment.Containers {
 		if c.Name != m.container {
@@ -79,11 +97,47 @@ func (a *Allocator) containerDevices(m match, k devicekind.Kind) []*v1alpha1.Dev
 		}
 		for _, cl := range slices.Sorted(maps.Keys(c.Classes)) {
 			for _, id := range c.Classes[cl] {
-				if d := a.device(id); d != nil && a.kinds.Kind(d.Kind) == k && !slices.Contains(out, d) {
+				if d := device(id); d != nil && a.kinds.Kind(d.Kind) == k && !slices.Contains(out, d) {
 					out = append(out, d)
 				}
 			}
 		}
 	}
 	return out
+}
+
+// ReasonMIGSliceFailed is the reason of the Warning Event on a pod whose MIG
+// slice could not be made.
+const ReasonMIGSliceFailed = "MIGSliceFailed"
+
+// makeSlices makes every MIG slice m's container is assigned, of every
+// class: each class's answer names the container's devices of every class
+// (the note above), so the first Allocate makes them all. It returns the
+// MIG device of each, by slice id.
+func (a *Allocator) makeSlices(ctx context.Context, m match) (map[string]*v1alpha1.Device, error) {
+	var made map[string]*v1alpha1.Device
+	for _, c := range m.pod.assignment.Containers {
+		if c.Name != m.container {
+			continue
+		}
+		for _, cl := range slices.Sorted(maps.Keys(c.Classes)) {
+			for _, id := range c.Classes[cl] {
+				if _, _, _, ok := mig.ParseSliceID(id); !ok {
+					continue
+				}
+				if a.cfg.Slices == nil {
+					return nil, fmt.Errorf("MIG slice %s: this node agent makes no MIG slices", id)
+				}
+				d, err := a.cfg.Slices.Ensure(ctx, m.pod.UID, id)
+				if err != nil {
+					return nil, fmt.Errorf("MIG slice %s: %w", id, err)
+				}
+				if made == nil {
+					made = map[string]*v1alpha1.Device{}
+				}
+				made[id] = d
+			}
+		}
+	}
+	return made, nil
 }

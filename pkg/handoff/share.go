@@ -7,9 +7,12 @@ import (
 	"strconv"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/mig"
 	"github.com/resclass/resclass/pkg/selector"
 )
 
@@ -68,8 +71,14 @@ const (
 
 // ParseKubeletID splits a kubelet id into its device's id and what it is of
 // it; ok is false for an id of no form the agent advertises. Device ids
-// never contain "/" (PCI addresses, UUIDs, pool names).
+// never contain "/" (PCI addresses, UUIDs, pool names), but for MIG slices
+// to create, whose ids are their own.
 func ParseKubeletID(kid string) (device string, kind slotKind, ok bool) {
+	// A MIG slice to create is advertised by its own id, which has "/"
+	// (mig.SliceID).
+	if _, _, _, slice := mig.ParseSliceID(kid); slice {
+		return kid, wholeID, true
+	}
 	device, rest, slotted := strings.Cut(kid, "/")
 	if device == "" {
 		return "", 0, false
@@ -113,6 +122,19 @@ func (a *Allocator) Holders(id string) []Holder {
 	out := make([]Holder, len(pods))
 	for i, p := range pods {
 		out[i] = Holder{Namespace: p.Namespace, Name: p.Name, Share: !holdsWhole(p.assignment, id)}
+	}
+	return out
+}
+
+// HeldBy lists the pods on this node whose assignment names id, whole or
+// in shares, in admission order.
+func (a *Allocator) HeldBy(id string) []types.UID {
+	objs, _ := a.informer.GetIndexer().ByIndex(byHeld, id)
+	var out []types.UID
+	for _, o := range objs {
+		if p := o.(*podInfo); p.assignment.Node == a.cfg.Node {
+			out = append(out, p.UID)
+		}
 	}
 	return out
 }

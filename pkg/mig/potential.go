@@ -24,6 +24,10 @@ var Inherited = []string{
 	v1alpha1.AttributePCIAddress,
 }
 
+// ErrPlacementTaken is a slice's creation refused because its memory slices
+// are taken: by an instance made behind the agent's back, most likely.
+var ErrPlacementTaken = errors.New("the placement is taken on the GPU")
+
 // sliceInfix separates a potential slice's GPU from its profile and start in
 // its id: "<GPU UUID>/mig/<profile>@<start>".
 const sliceInfix = "/mig/"

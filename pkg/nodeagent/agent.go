@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -266,6 +267,8 @@ type running struct {
 	publishing  workqueue.TypedRateLimiter[string] // backoff of failed publishes
 	opening     workqueue.TypedRateLimiter[string] // backoff of sources that do not open, by pass
 	plugins     *pluginSet
+	// slices makes MIG slices for pods, with plugins.
+	slices *migSlices
 	introspect  *introspectionSource
 	pub         *inventory.Publisher
 	nodeDevices interface {
@@ -382,7 +385,18 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 			return r, err
 		}
 		r.onStop(closeKubelet)
-		allocator := a.newAllocator(r.recorder, pf.Core().V1().Pods().Informer(), kubelet)
+		// MIG slices made on demand (docs/mig.md): the record of the slices
+		// made before is read first, so that none is taken for someone
+		// else's.
+		ms, err := newMIGSlices(a.config.PluginDir)
+		if err != nil {
+			logger.Error(err, "MIG ownership record")
+			r.recorder.Event(r.node, corev1.EventTypeWarning, reasonMIGRecordSetAside, err.Error())
+		}
+		ms.event = func(eventtype, reason, message string) { r.recorder.Event(r.node, eventtype, reason, message) }
+		allocator := a.newAllocator(r.recorder, pf.Core().V1().Pods().Informer(), kubelet, ms)
+		ms.heldBy, ms.synced = allocator.HeldBy, allocator.HasSynced
+		r.slices = ms
 		// The pods outlive ctx: a stopping agent drains its endpoints, and an
 		// Allocate in flight may be waiting for its pod to reach the cache.
 		// They stop after the endpoints (stops run last first).
@@ -412,7 +426,12 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 				logger.Error(err, "device plugins stopped")
 			}
 		})
-		r.plugins = &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.Kinds, a.config.HugepagePoolSlots), allocator: allocator, manager: manager, cdi: spec}
+		r.plugins = &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.Kinds, a.config.HugepagePoolSlots), allocator: allocator, manager: manager, cdi: spec, slices: ms}
+		ms.made = func() {
+			r.plugins.refresh()
+			// The GPU's instances, published again.
+			r.src.redescribeAll(r.queue)
+		}
 	}
 
 	// The introspection API (node-agent status).
@@ -579,6 +598,14 @@ func (r *running) publishPass(ctx context.Context) {
 	r.applySharing(logger, devices)
 	// The labels applySharing read: the Node's, or the last ones read.
 	applyMIGModes(r.sharing.labels, devices)
+	var owned map[string]bool
+	if r.slices != nil {
+		r.slices.setSources(r.src.slicer(), devices)
+		if r.slices.reconcile(logger) {
+			r.src.redescribeAll(r.queue)
+		}
+		owned = r.slices.mark(devices)
+	}
 	status := assemble(a.config.Kinds, devices, append(conds, hostConds...)...)
 	// Judged on the GPUs found, before DRA mode empties the published list.
 	isolated := r.isolation.check(int(status.Summary.GPUs))
@@ -591,7 +618,12 @@ func (r *running) publishPass(ctx context.Context) {
 	r.prev = a.reportHealth(ctx, r.recorder, r.node, r.introspect.HealthHub, r.prev, status.Devices)
 	a.metrics.observe(status.Devices)
 	if r.plugins != nil {
-		r.plugins.update(status.Devices)
+		r.plugins.update(status.Devices, owned)
+	}
+	// A slice made for a pod is the pod's: its MIG device is not published
+	// as a device of its own (the GPU's instances say it is there).
+	if len(owned) > 0 {
+		status.Devices = slices.DeleteFunc(status.Devices, func(d v1alpha1.Device) bool { return owned[d.ID] })
 	}
 	if r.dra != nil {
 		r.dra.update(ctx, status.Devices)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
+	"github.com/resclass/resclass/pkg/mig"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/deviceplugin"
 	"github.com/resclass/resclass/pkg/handoff"
@@ -50,11 +51,17 @@ func newClassMatcher(kinds *devicekind.Registry, poolSlots int) *classMatcher {
 }
 
 // endpoints returns resource name -> advertised devices.
-func (m *classMatcher) endpoints(classes []*v1alpha1.ResourceClass, devices []v1alpha1.Device) map[string][]deviceplugin.Device {
-	prepared := make([]*selector.Device, len(devices))
+// Potential MIG slices (mig.Potentials) are advertised to the classes with
+// createMIG that select them, by their slice ids.
+func (m *classMatcher) endpoints(classes []*v1alpha1.ResourceClass, devices, potentials []v1alpha1.Device) map[string][]deviceplugin.Device {
+	prepared := make([]*selector.Device, 0, len(devices)+len(potentials))
 	for i := range devices {
-		prepared[i] = selector.NewDevice(&devices[i])
+		prepared = append(prepared, selector.NewDevice(&devices[i]))
 	}
+	for i := range potentials {
+		prepared = append(prepared, selector.NewPotentialDevice(&potentials[i]))
+	}
+	devices = append(slices.Clip(devices), potentials...)
 	out := map[string][]deviceplugin.Device{}
 	served := map[string][]string{}
 	seen := map[string]bool{}
@@ -135,17 +142,31 @@ type pluginSet struct {
 	manager   *deviceplugin.Manager
 	// cdi keeps the CDI spec with a CDI strategy; nil otherwise.
 	cdi *cdiSpec
+	// slices makes MIG slices; nil on an agent that makes none.
+	slices *migSlices
+
+	// mu orders the work loop's updates with those a slice made asks for
+	// (refresh), from an Allocate.
+	mu sync.Mutex
+	// devices are the devices last described, and owned those of them that
+	// are MIG devices of slices made for pods (migSlices.mark).
+	devices []v1alpha1.Device
+	owned   map[string]bool
 }
 
 // newAllocator answers the kubelet's calls from the assignments of pods, the
 // informer of the node's pods (handoff.NodePods).
-func (a *Agent) newAllocator(recorder record.EventRecorder, pods cache.SharedIndexInformer, kubelet handoff.KubeletPods) *handoff.Allocator {
-	return handoff.New(handoff.Config{
+func (a *Agent) newAllocator(recorder record.EventRecorder, pods cache.SharedIndexInformer, kubelet handoff.KubeletPods, slices *migSlices) *handoff.Allocator {
+	cfg := handoff.Config{
 		Node: a.config.NodeName, HostRoot: a.config.HostRoot, PoolSlots: a.config.HugepagePoolSlots,
 		WaitForPod: a.config.WaitForPod, Recorder: recorder, Metrics: a.metrics.handoff,
 		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,
 		KubeletPods: kubelet,
-	}, pods)
+	}
+	if slices != nil {
+		cfg.Slices = slices
+	}
+	return handoff.New(cfg, pods)
 }
 
 // newKubeletPods is the client of the kubelet's PodResources API, nil without
@@ -206,15 +227,50 @@ func (a *Agent) drainTimeout() time.Duration {
 	return wait + a.config.PodResourcesTimeout + time.Second
 }
 
-// update serves the classes' endpoints for the current devices.
-func (p *pluginSet) update(devices []v1alpha1.Device) {
+// update serves the classes' endpoints for the current devices; owned are
+// the MIG devices of slices made for pods, which the allocator and the CDI
+// spec know and no endpoint advertises.
+func (p *pluginSet) update(devices []v1alpha1.Device, owned map[string]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.devices, p.owned = devices, owned
+	p.apply()
+}
+
+// refresh applies the devices again with the slices made since: a slice
+// made in Allocate is in the CDI spec and the allocator before its answer.
+func (p *pluginSet) refresh() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.apply()
+}
+
+func (p *pluginSet) apply() {
 	classes, _ := p.classes.List(labels.Everything())
 	slices.SortFunc(classes, func(a, b *v1alpha1.ResourceClass) int { return strings.Compare(a.Name, b.Name) })
+	all, advertised := p.devices, p.devices
+	var potentials []v1alpha1.Device
+	if p.slices != nil {
+		all = slices.Clone(p.devices)
+		for _, d := range p.slices.madeDevices() {
+			if !slices.ContainsFunc(all, func(x v1alpha1.Device) bool { return x.ID == d.ID }) {
+				all = append(all, d)
+			}
+		}
+		advertised = slices.DeleteFunc(slices.Clone(p.devices), func(d v1alpha1.Device) bool { return p.owned[d.ID] })
+		for i := range all {
+			if _, pots, err := mig.Potentials(&all[i]); err == nil {
+				for _, pot := range pots {
+					potentials = append(potentials, pot.Device)
+				}
+			}
+		}
+	}
 	// The CDI spec and the allocator first: a new endpoint's first Allocate
 	// must find its devices, and the runtime their CDI names.
-	p.cdi.update(devices)
-	p.allocator.SetDevices(devices)
-	p.manager.Set(p.matcher.endpoints(classes, devices))
+	p.cdi.update(all)
+	p.allocator.SetDevices(append(slices.Clip(all), potentials...))
+	p.manager.Set(p.matcher.endpoints(classes, advertised, potentials))
 }
 
 // cdiSpec keeps the CDI spec of the node's GPUs current: generated again when

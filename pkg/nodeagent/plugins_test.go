@@ -48,7 +48,7 @@ func TestClassMatcherEndpoints(t *testing.T) {
 		class("nics", "1", kindIs(v1alpha1.DeviceKindNIC)), // selects nothing here
 		class("broken", "1", v1alpha1.ResourceSelectorRequirement{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"lots"}}),
 	}
-	eps := m.endpoints(classes, devices)
+	eps := m.endpoints(classes, devices, nil)
 	if len(eps) != 3 {
 		t.Fatalf("endpoints %v, want any-gpu, also-gpu and pages", eps)
 	}
@@ -66,7 +66,7 @@ func TestClassMatcherEndpoints(t *testing.T) {
 
 	// A class compiles once per resourceVersion; a deleted one is dropped.
 	before := m.compiled["any-gpu"].class
-	m.endpoints(classes[:1], devices)
+	m.endpoints(classes[:1], devices, nil)
 	if m.compiled["any-gpu"].class != before {
 		t.Error("an unchanged class was compiled again")
 	}
@@ -74,7 +74,7 @@ func TestClassMatcherEndpoints(t *testing.T) {
 		t.Error("a deleted class stays compiled")
 	}
 	changed := class("any-gpu", "2", kindIs(v1alpha1.DeviceKindHugePages))
-	if eps := m.endpoints([]*v1alpha1.ResourceClass{changed}, devices); len(eps[v1alpha1.ResourceNamePrefix+"any-gpu"]) != 3 {
+	if eps := m.endpoints([]*v1alpha1.ResourceClass{changed}, devices, nil); len(eps[v1alpha1.ResourceNamePrefix+"any-gpu"]) != 3 {
 		t.Errorf("a changed class is not recompiled: %v", eps)
 	}
 }
@@ -143,7 +143,7 @@ func FuzzClassMatcher(f *testing.F) {
 				values = []string{value}
 			}
 			rc := class("fuzz", "1", v1alpha1.ResourceSelectorRequirement{Key: key, Operator: op, Values: values})
-			eps := newClassMatcher(kinds.Builtin, 2).endpoints([]*v1alpha1.ResourceClass{rc}, devices)
+			eps := newClassMatcher(kinds.Builtin, 2).endpoints([]*v1alpha1.ResourceClass{rc}, devices, nil)
 			c, errs := selector.Compile(&rc.Spec, field.NewPath("spec"))
 			var want []string
 			for i := range devices {
@@ -176,7 +176,7 @@ func TestOutOfRangeValuesAtTheAgent(t *testing.T) {
 		eps := newClassMatcher(kinds.Builtin, 1).endpoints([]*v1alpha1.ResourceClass{
 			class("hostile", "1", v1alpha1.ResourceSelectorRequirement{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGt, Values: []string{"1e999999999"}}),
 			class("big", "1", v1alpha1.ResourceSelectorRequirement{Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"40Gi"}}),
-		}, devices)
+		}, devices, nil)
 		if _, ok := eps[v1alpha1.ResourceNamePrefix+"hostile"]; ok {
 			t.Error("a class with an out-of-range value serves devices")
 		}
@@ -216,7 +216,7 @@ func TestClassMatcherShareSlotsPerClass(t *testing.T) {
 		withShare("gpu-tenth", "", 10),
 		withShare("too-big", "100Gi", 0), // fits no GPU: no endpoint
 	}
-	eps := newClassMatcher(kinds.Builtin, 3).endpoints(classes, devices)
+	eps := newClassMatcher(kinds.Builtin, 3).endpoints(classes, devices, nil)
 	ids := func(class string) []string {
 		var out []string
 		for _, d := range eps[v1alpha1.ResourceNamePrefix+class] {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 )
 
 // sources are the node's discovery sources, as the kinds say: those that are
@@ -217,4 +218,23 @@ func assemble(kinds *devicekind.Registry, devices []v1alpha1.Device, conditions 
 		meta.SetStatusCondition(&status.Conditions, c)
 	}
 	return status
+}
+
+// slicer is the open source that makes MIG slices (NVML), nil when none is
+// open.
+func (s *sources) slicer() nvidiagpu.Slicer {
+	for _, o := range s.opened {
+		if sl, ok := o.src.(nvidiagpu.Slicer); ok && o.src != nil {
+			return sl
+		}
+	}
+	return nil
+}
+
+// redescribeAll queues a description of every opened source: after a MIG
+// slice is made or destroyed, its GPU's instances are described again.
+func (s *sources) redescribeAll(q interface{ Add(string) }) {
+	for _, o := range s.opened {
+		q.Add(o.pass)
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/mig"
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvlink"
@@ -88,6 +89,23 @@ type Kind struct {
 type NVML interface {
 	Open(opts devicekind.DiscoverOptions) (devicekind.Source, error)
 	NotOpen(err error) metav1.Condition
+}
+
+// Slicer creates and destroys MIG slices on GPUs marked for dynamic MIG
+// (docs/mig.md): the NVML source, open, implements it. A source's
+// description never shows a slice half made: creation and description
+// exclude each other, so the agent's own repartition never marks a GPU
+// unhealthy.
+type Slicer interface {
+	// CreateSlice creates the slice of profile at start on gpu (as
+	// described) and describes its MIG device; a placement taken is
+	// mig.ErrPlacementTaken.
+	CreateSlice(gpu *v1alpha1.Device, profile string, start int) (gpuInstance uint32, device v1alpha1.Device, err error)
+	// DestroySlice destroys GPU instance gpuInstance of GPU gpu and its
+	// compute instances; one already gone is no error.
+	DestroySlice(gpu string, gpuInstance uint32) error
+	// SliceInstances lists gpu's GPU instances.
+	SliceInstances(gpu *v1alpha1.Device) ([]mig.Existing, error)
 }
 
 // errNoSource is why the GPUs are not discovered by a kind without a source.

@@ -18,10 +18,6 @@ import (
 // configuration capability (/proc/driver/nvidia/capabilities/mig/config),
 // which the privileged agent has.
 
-// ErrPlacementTaken is a creation refused because the slices are taken:
-// by an instance made behind the agent's back, most likely.
-var ErrPlacementTaken = errors.New("the placement is taken on the GPU")
-
 // Slice is a MIG slice the agent created: NVML's GPU instance id and the
 // MIG device, described as discovery describes one.
 type Slice struct {
@@ -31,7 +27,7 @@ type Slice struct {
 
 // CreateSlice creates the slice of profile at start on the GPU gpu
 // describes (as Discover described it: its MIG device inherits its
-// attributes). A placement already taken is ErrPlacementTaken. A GPU
+// attributes). A placement already taken is mig.ErrPlacementTaken. A GPU
 // instance whose compute instance cannot be made is destroyed again, so a
 // failure leaves nothing behind.
 func (d *Discoverer) CreateSlice(gpu *v1alpha1.Device, profile string, start int) (Slice, error) {
@@ -62,7 +58,7 @@ func (d *Discoverer) CreateSlice(gpu *v1alpha1.Device, profile string, start int
 	gi, ret := parent.CreateGpuInstanceWithPlacement(&info, &placement)
 	switch {
 	case ret == lib.ERROR_INSUFFICIENT_RESOURCES:
-		return Slice{}, fmt.Errorf("GPU %s: %s at %d: %w (%s)", gpu.ID, profile, start, ErrPlacementTaken, ret.Error())
+		return Slice{}, fmt.Errorf("GPU %s: %s at %d: %w (%s)", gpu.ID, profile, start, mig.ErrPlacementTaken, ret.Error())
 	case ret != lib.SUCCESS:
 		return Slice{}, fmt.Errorf("GPU %s: creating the GPU instance %s at %d: %s", gpu.ID, profile, start, ret.Error())
 	}

@@ -50,7 +50,7 @@ func TestSlicesCreatedAndDestroyed(t *testing.T) {
 	}
 	// 4g.40gb starts only at 0 and overlaps nothing there; 2g.20gb at 4
 	// overlaps the slice.
-	if _, err := d.CreateSlice(&gpu, "2g.20gb", 4); !errors.Is(err, ErrPlacementTaken) {
+	if _, err := d.CreateSlice(&gpu, "2g.20gb", 4); !errors.Is(err, mig.ErrPlacementTaken) {
 		t.Errorf("an overlapping slice: %v", err)
 	}
 	server.FailMIGCreate(uuid, lib.ERROR_UNKNOWN)

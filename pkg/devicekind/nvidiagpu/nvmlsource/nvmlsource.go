@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +19,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	nvmldiscovery "github.com/resclass/resclass/pkg/discovery/nvml"
+	"github.com/resclass/resclass/pkg/mig"
 )
 
 // NVML is the nvidia-gpu kind's source: how the node agent reads the GPUs.
@@ -58,6 +60,8 @@ func (cfg *NVML) Open(opts devicekind.DiscoverOptions) (devicekind.Source, error
 	return &source{gpus: gpus, health: cfg.Health}, nil
 }
 
+var _ nvidiagpu.Slicer = &source{}
+
 // NotOpen says why NVML is not open.
 func (*NVML) NotOpen(err error) metav1.Condition {
 	cond := metav1.Condition{Type: nvidiagpu.Condition, Status: metav1.ConditionFalse, Reason: "Failed", Message: err.Error()}
@@ -76,13 +80,20 @@ func (*NVML) NotOpen(err error) metav1.Condition {
 type source struct {
 	gpus   *nvmldiscovery.Discoverer
 	health nvmldiscovery.HealthOptions
+	// mu keeps a description from seeing a slice half made or half
+	// destroyed (nvidiagpu.Slicer), and a slice from being made on NVML
+	// closed.
+	mu     sync.Mutex
+	closed bool
 }
 
 // Describe describes the GPUs and MIG devices. NVML found gone (the driver
 // unloaded, the GPUs changed) is an error: the agent closes it and opens it
 // again.
 func (s *source) Describe() ([]v1alpha1.Device, metav1.Condition, error) {
+	s.mu.Lock()
 	gpus, err := s.gpus.Discover()
+	s.mu.Unlock()
 	if err != nil {
 		return nil, metav1.Condition{}, err
 	}
@@ -108,7 +119,46 @@ func (s *source) WatchHealth(ctx context.Context, report func(devicekind.HealthE
 }
 
 // Close shuts NVML down.
-func (s *source) Close() { _ = s.gpus.Close() }
+func (s *source) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	_ = s.gpus.Close()
+}
+
+// errClosed is a slice asked of NVML closed.
+var errClosed = errors.New("NVML is closed")
+
+// CreateSlice creates a MIG slice (nvmldiscovery.Discoverer.CreateSlice).
+func (s *source) CreateSlice(gpu *v1alpha1.Device, profile string, start int) (uint32, v1alpha1.Device, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, v1alpha1.Device{}, errClosed
+	}
+	sl, err := s.gpus.CreateSlice(gpu, profile, start)
+	return sl.GPUInstance, sl.Device, err
+}
+
+// DestroySlice destroys a MIG slice.
+func (s *source) DestroySlice(gpu string, gpuInstance uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	return s.gpus.DestroySlice(gpu, gpuInstance)
+}
+
+// SliceInstances lists a GPU's GPU instances.
+func (s *source) SliceInstances(gpu *v1alpha1.Device) ([]mig.Existing, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errClosed
+	}
+	return s.gpus.SliceInstances(gpu)
+}
 
 func countKind(devices []v1alpha1.Device, kind string) int {
 	n := 0
