@@ -261,14 +261,14 @@ type running struct {
 	// health watcher.
 	bg sync.WaitGroup
 
-	recorder    record.EventRecorder
-	src         *sources
-	queue       workqueue.TypedDelayingInterface[string]
-	publishing  workqueue.TypedRateLimiter[string] // backoff of failed publishes
-	opening     workqueue.TypedRateLimiter[string] // backoff of sources that do not open, by pass
-	plugins     *pluginSet
+	recorder   record.EventRecorder
+	src        *sources
+	queue      workqueue.TypedDelayingInterface[string]
+	publishing workqueue.TypedRateLimiter[string] // backoff of failed publishes
+	opening    workqueue.TypedRateLimiter[string] // backoff of sources that do not open, by pass
+	plugins    *pluginSet
 	// slices makes MIG slices for pods, with plugins.
-	slices *migSlices
+	slices      *migSlices
 	introspect  *introspectionSource
 	pub         *inventory.Publisher
 	nodeDevices interface {

@@ -16,11 +16,11 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
-	"github.com/resclass/resclass/pkg/mig"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/deviceplugin"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/kubeletpods"
+	"github.com/resclass/resclass/pkg/mig"
 	"github.com/resclass/resclass/pkg/selector"
 )
 

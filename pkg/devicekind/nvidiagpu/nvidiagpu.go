@@ -26,10 +26,10 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
-	"github.com/resclass/resclass/pkg/mig"
 	"github.com/resclass/resclass/pkg/cdispec"
 	"github.com/resclass/resclass/pkg/devicekind"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvlink"
+	"github.com/resclass/resclass/pkg/mig"
 	"github.com/resclass/resclass/pkg/mpsstate"
 )
 
