@@ -77,7 +77,7 @@ func newMIGSlices(dir string) (*migSlices, error) {
 	if err != nil {
 		aside := m.path + ".bad"
 		if rerr := os.Rename(m.path, aside); rerr != nil {
-			return m, fmt.Errorf("%w; setting it aside: %v", err, rerr)
+			return m, fmt.Errorf("%w; setting it aside: %w", err, rerr)
 		}
 		return m, fmt.Errorf("%w: set aside as %s; the slices it listed are left alone", err, aside)
 	}
@@ -186,7 +186,7 @@ func (m *migSlices) ensure(ctx context.Context, pod types.UID, sliceID string) (
 		// Unrecorded, it would never be destroyed: not made, then.
 		m.record.Instances = m.record.Instances[:len(m.record.Instances)-1]
 		if derr := src.DestroySlice(gpuID, gi); derr != nil {
-			return nil, false, fmt.Errorf("recording the slice: %w; destroying it again: %v", err, derr)
+			return nil, false, fmt.Errorf("recording the slice: %w; destroying it again: %w", err, derr)
 		}
 		return nil, false, fmt.Errorf("recording the slice: %w", err)
 	}

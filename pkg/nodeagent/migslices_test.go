@@ -1,0 +1,187 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/devicekind"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
+	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
+	"github.com/resclass/resclass/pkg/mig"
+)
+
+// migFixture is migSlices on the NVML mock, GPU 0 an A100-40GB in MIG mode
+// marked dynamic, and pods holding slices as holds says.
+type migFixture struct {
+	m     *migSlices
+	dgx   *nvmlmock.Server
+	gpu   string
+	holds map[string][]types.UID // slice id -> pods
+	dir   string
+}
+
+func newMIGFixture(t *testing.T) *migFixture {
+	t.Helper()
+	dgx, root := nvmlmock.New(), t.TempDir()
+	if err := dgx.WriteSysfs(root); err != nil {
+		t.Fatal(err)
+	}
+	gpu := dgx.Devices[0].(*dgxa100.Device).UUID
+	if err := dgx.EnableMIG(gpu, mig.A100_40GB); err != nil {
+		t.Fatal(err)
+	}
+	src, err := (&nvmlsource.NVML{Binding: dgx}).Open(devicekind.DiscoverOptions{HostRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(src.Close)
+	devices, _, err := src.Describe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyMIGModes(map[string]string{v1alpha1.LabelGPUMIGDevicePrefix + gpu: v1alpha1.MIGLabelDynamic}, devices)
+	f := &migFixture{dgx: dgx, gpu: gpu, holds: map[string][]types.UID{}, dir: t.TempDir()}
+	f.m, err = newMIGSlices(f.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.m.heldBy = func(id string) []types.UID { return f.holds[id] }
+	f.m.synced = func() bool { return true }
+	f.m.setSources(src.(nvidiagpu.Slicer), devices)
+	return f
+}
+
+// TestMIGSlicesMadeAndDestroyed: a slice is made once per pod and
+// recorded; a place another pod still holds is refused; a slice whose pod
+// is gone is destroyed, by reconcile or to make room; the record survives a
+// restart.
+func TestMIGSlicesMadeAndDestroyed(t *testing.T) {
+	f := newMIGFixture(t)
+	ctx := context.Background()
+	slice := mig.SliceID(f.gpu, "3g.20gb", 4)
+	d, err := f.m.Ensure(ctx, "pod-a", slice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.holds[slice] = []types.UID{"pod-a"}
+	again, err := f.m.Ensure(ctx, "pod-a", slice)
+	if err != nil || again.ID != d.ID {
+		t.Fatalf("asked again: %v, %v", again, err)
+	}
+	if got := f.dgx.MIGInstances(f.gpu); !slices.Equal(got, []string{"3g.20gb@4"}) {
+		t.Errorf("instances %v", got)
+	}
+	// Another pod, the same place, pod-a holding it: refused.
+	if _, err := f.m.Ensure(ctx, "pod-b", slice); !errors.Is(err, mig.ErrPlacementTaken) {
+		t.Errorf("a place another pod holds: %v", err)
+	}
+	// A restarted agent reads the record back and keeps what pod-a holds.
+	restarted, err := newMIGSlices(f.dir)
+	if err != nil || len(restarted.record.Instances) != 1 || restarted.record.Instances[0].Device != d.ID {
+		t.Fatalf("record read back: %+v, %v", restarted.record, err)
+	}
+	if f.m.reconcile(klog.Background()) {
+		t.Error("reconcile changed what a live pod holds")
+	}
+	// pod-a gone: pod-b gets the place, pod-a's slice destroyed first.
+	f.holds[slice] = nil
+	if _, err := f.m.Ensure(ctx, "pod-b", slice); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.m.record.Instances); n != 1 || f.m.record.Instances[0].Pod != "pod-b" {
+		t.Errorf("record %+v", f.m.record)
+	}
+	// pod-b gone too: reconcile destroys its slice.
+	if !f.m.reconcile(klog.Background()) {
+		t.Error("reconcile destroyed nothing")
+	}
+	if got := f.dgx.MIGInstances(f.gpu); len(got) != 0 || len(f.m.record.Instances) != 0 {
+		t.Errorf("instances %v, record %+v", got, f.m.record)
+	}
+}
+
+// TestMIGSlicesLeaveOthersAlone: an instance the agent did not make is
+// never destroyed; one of the record gone behind the agent's back is
+// forgotten; nothing is decided before the pods are known.
+func TestMIGSlicesLeaveOthersAlone(t *testing.T) {
+	f := newMIGFixture(t)
+	ctx := context.Background()
+	if _, err := f.m.Ensure(ctx, "pod-a", mig.SliceID(f.gpu, "1g.5gb", 0)); err != nil {
+		t.Fatal(err)
+	}
+	// Someone else's 3g.20gb at 4, made with the mock as nvidia-smi would.
+	dev := f.dgx.Devices[0].(*dgxa100.Device)
+	info, _ := dev.GetGpuInstanceProfileInfo(lib.GPU_INSTANCE_PROFILE_3_SLICE)
+	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &lib.GpuInstancePlacement{Start: 4, Size: 4}); ret != lib.SUCCESS {
+		t.Fatal(ret)
+	}
+	f.m.synced = func() bool { return false }
+	if f.m.reconcile(klog.Background()) || len(f.m.record.Instances) != 1 {
+		t.Fatal("reconciled before the pods were known")
+	}
+	f.m.synced = func() bool { return true }
+	if !f.m.reconcile(klog.Background()) {
+		t.Fatal("pod-a's slice not destroyed")
+	}
+	if got := f.dgx.MIGInstances(f.gpu); !slices.Equal(got, []string{"3g.20gb@4"}) {
+		t.Errorf("instances %v: the other's must stay", got)
+	}
+	// Made, then destroyed behind the agent's back: forgotten.
+	if _, err := f.m.Ensure(ctx, "pod-c", mig.SliceID(f.gpu, "1g.5gb", 0)); err != nil {
+		t.Fatal(err)
+	}
+	f.holds[mig.SliceID(f.gpu, "1g.5gb", 0)] = []types.UID{"pod-c"}
+	o := f.m.record.Instances[0]
+	if err := f.m.source().DestroySlice(o.GPU, o.GPUInstance); err != nil {
+		t.Fatal(err)
+	}
+	if !f.m.reconcile(klog.Background()) || len(f.m.record.Instances) != 0 {
+		t.Errorf("a slice gone behind the agent's back: record %+v", f.m.record)
+	}
+}
+
+// TestMIGSlicesRefused: slices only on GPUs marked dynamic, with NVML open;
+// a record that cannot be believed is set aside, and nothing it lists is
+// destroyed.
+func TestMIGSlicesRefused(t *testing.T) {
+	f := newMIGFixture(t)
+	ctx := context.Background()
+	other := f.dgx.Devices[1].(*dgxa100.Device).UUID
+	for slice, want := range map[string]string{
+		mig.SliceID(other, "1g.5gb", 0):   "is not marked for dynamic MIG",
+		mig.SliceID("GPU-x", "1g.5gb", 0): "no GPU GPU-x",
+		"GPU-x":                           "is not a MIG slice",
+	} {
+		if _, err := f.m.Ensure(ctx, "p", slice); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", slice, err, want)
+		}
+	}
+	f.m.slicer.Store(nil)
+	if _, err := f.m.Ensure(ctx, "p", mig.SliceID(f.gpu, "1g.5gb", 0)); err == nil || !strings.Contains(err.Error(), "NVML is not open") {
+		t.Errorf("NVML closed: %v", err)
+	}
+
+	path := filepath.Join(f.dir, MIGRecordFile)
+	if err := os.WriteFile(path, []byte(`{"version":"resclass.io/mig-owned/v1","sha256":"00","data":{}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := newMIGSlices(f.dir)
+	if err == nil || !strings.Contains(err.Error(), "set aside") || len(m.record.Instances) != 0 {
+		t.Fatalf("a forged record: %v, %+v", err, m.record)
+	}
+	if _, err := os.Stat(path + ".bad"); err != nil {
+		t.Errorf("not set aside: %v", err)
+	}
+}
