@@ -41,25 +41,25 @@ const agentNode = "gpu-node"
 // agent's RBAC identity on go-nvml's DGX A100 mock. The agent runs until stop
 // is called, which must happen before the cluster stops: its watches would hold
 // the apiserver's shutdown.
-func startNodeAgent(ctx context.Context, c *framework.Cluster, root string) (kn *framework.KubeletNode, gpus []string, stop func(), err error) {
+func startNodeAgent(ctx context.Context, c *framework.Cluster, root string) (kn *framework.KubeletNode, dgx *nvmlmock.Server, stop func(), err error) {
 	if _, err := c.ApplyManifest(ctx, filepath.Join(root, "deploy/node-agent/rbac.yaml")); err != nil {
 		return nil, nil, nil, err
 	}
 	if kn, err = c.AddKubeletNode(ctx, framework.NodeOptions{Name: agentNode}); err != nil {
 		return nil, nil, nil, err
 	}
-	gpus, stop, err = runMockAgent(ctx, c, kn, nil)
-	return kn, gpus, stop, err
+	dgx, stop, err = runMockAgent(ctx, c, kn, nil)
+	return kn, dgx, stop, err
 }
 
 // runMockAgent runs the node agent of kubelet node kn on a go-nvml DGX A100
 // mock of its own, with the agent's RBAC identity, its CDI spec in the
 // cluster's directory (never the host's /var/run/cdi) and tweak's changes to
-// its configuration. It returns the mock's GPUs and the stop, which must come
+// its configuration. It returns the mock and the stop, which must come
 // before the cluster stops: the agent's watches would hold the apiserver's
 // shutdown.
-func runMockAgent(ctx context.Context, c *framework.Cluster, kn *framework.KubeletNode, tweak func(*nodeagent.Config)) (gpus []string, stop func(), err error) {
-	dgx := nvmlmock.New()
+func runMockAgent(ctx context.Context, c *framework.Cluster, kn *framework.KubeletNode, tweak func(*nodeagent.Config)) (dgx *nvmlmock.Server, stop func(), err error) {
+	dgx = nvmlmock.New()
 	sysfs := filepath.Join(c.Dir, kn.Name+"-sysfs")
 	if err := dgx.WriteSysfs(sysfs); err != nil {
 		return nil, nil, err
@@ -89,7 +89,7 @@ func runMockAgent(ctx context.Context, c *framework.Cluster, kn *framework.Kubel
 	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, logr.Discard()))
 	done := make(chan struct{})
 	go func() { defer close(done); _ = agent.Run(agentCtx) }()
-	return dgx.UUIDs(), func() { cancel(); <-done }, nil
+	return dgx, func() { cancel(); <-done }, nil
 }
 
 // agentHandOff shows the agent node's allocatable, writes an assignment on a

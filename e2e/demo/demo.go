@@ -139,10 +139,11 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 	}
 
 	p.section("7. The node agent hands the assigned devices to the container")
-	agentKubelet, gpus, stopAgent, err := startNodeAgent(ctx, cluster, opts.root)
+	agentKubelet, dgx, stopAgent, err := startNodeAgent(ctx, cluster, opts.root)
 	if err != nil {
 		return err
 	}
+	gpus := dgx.UUIDs()
 	defer stopAgent()
 	if err := agentHandOff(ctx, p, cluster, agentKubelet, gpus); err != nil {
 		return err
@@ -173,7 +174,12 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		return err
 	}
 
-	p.section("12. A DRA-mode node: the same class through Dynamic Resource Allocation")
+	p.section("12. MIG slices made for pods, on demand")
+	if err := migOnDemand(ctx, p, cluster, agentKubelet, dgx); err != nil {
+		return err
+	}
+
+	p.section("13. A DRA-mode node: the same class through Dynamic Resource Allocation")
 	dra, err := startDRANode(ctx, cluster)
 	if err != nil {
 		return err
@@ -195,6 +201,7 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		p.line("  export PATH=%s:$PATH   # kubectl-resclass, the plugin", filepath.Join(opts.root, "_output", "bin"))
 		p.line("  kubectl resclass capacity --nodes; kubectl resclass why-pending train-big -n demo")
 		p.line("  kubectl get nodedevices %s -o yaml   # a GPU's sharing; kubectl label node %s %s=mps", agentNode, agentNode, v1alpha1.LabelGPUSharing)
+		p.line("  kubectl resclass mig; kubectl -n demo get pod infer-10g -o yaml   # a MIG slice made for a pod")
 		p.line("  kubectl get deviceclass %s -o yaml; kubectl get resourceslices; kubectl -n demo get resourceclaims", draClass)
 		if p.err != nil {
 			return p.err

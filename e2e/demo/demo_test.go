@@ -58,6 +58,12 @@ func TestDemo(t *testing.T) {
 		"demo/notebook-2: assignment shares GPU-",
 		"memory 20Gi, compute 50%",
 		"container env RESCLASS_SHARE_MEMORY=21474836480 RESCLASS_SHARE_COMPUTE=50",
+		// MIG slices made for pods
+		"mode Dynamic, profiles and",
+		"/mig/3g.20gb@4 -> CDI device resclass.io/gpu=MIG-",
+		"/mig/1g.10gb@0 -> CDI device resclass.io/gpu=MIG-",
+		"The GPU's instances, as published: 1g.10gb@0 (created), 3g.20gb@4 (created)\n",
+		"The GPU's instances, as published: 1g.10gb@0 (created)\n",
 		"allocatable 4, requested 3, available 1",
 		// a DRA-mode node, served by the stock resclass-dra profile
 		". node dra-node ready",

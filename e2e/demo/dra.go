@@ -61,7 +61,7 @@ func startDRANode(ctx context.Context, c *framework.Cluster) (*draSetup, error) 
 	}
 	// The kubelet's --root-dir, where it watches plugins_registry.
 	kubeletDir := filepath.Join(kn.Dir, "root")
-	gpus, stop, err := runMockAgent(ctx, c, kn, func(cfg *nodeagent.Config) {
+	dgx, stop, err := runMockAgent(ctx, c, kn, func(cfg *nodeagent.Config) {
 		cfg.DRA = nodeagent.DRAConfig{
 			PluginDataDir:   filepath.Join(kubeletDir, "plugins", dradevice.DriverName),
 			RegistrationDir: filepath.Join(kubeletDir, "plugins_registry"),
@@ -70,7 +70,7 @@ func startDRANode(ctx context.Context, c *framework.Cluster) (*draSetup, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &draSetup{kn: kn, gpus: len(gpus), cdiDir: filepath.Join(c.Dir, kn.Name+"-cdi"), stop: stop}, nil
+	return &draSetup{kn: kn, gpus: len(dgx.UUIDs()), cdiDir: filepath.Join(c.Dir, kn.Name+"-cdi"), stop: stop}, nil
 }
 
 // draNodeSection shows the same example class served on the DRA node: the

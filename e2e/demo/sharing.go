@@ -34,21 +34,9 @@ func sharedGPU(ctx context.Context, p *printer, c *framework.Cluster, kn *framew
 		return err
 	}
 	// A GPU no pod holds: a mode change would otherwise wait for its pod.
-	held := map[string]bool{}
-	pods, err := c.Client.CoreV1().Pods("demo").List(ctx, metav1.ListOptions{})
+	gpu, err := freeGPU(ctx, c, uuids)
 	if err != nil {
 		return err
-	}
-	for i := range pods.Items {
-		if a, found, err := assignment.FromPod(&pods.Items[i]); err == nil && found && a.Node == agentNode {
-			for _, id := range a.DeviceIDs() {
-				held[id] = true
-			}
-		}
-	}
-	gpu := uuids[len(uuids)-1]
-	for i := len(uuids) - 1; i >= 0 && held[gpu]; i-- {
-		gpu = uuids[i]
 	}
 	label := v1alpha1.LabelGPUSharingDevicePrefix + gpu
 	p.line("  The operator time-slices one free GPU of %s; sharing is chosen per GPU, by", agentNode)

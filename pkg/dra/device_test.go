@@ -78,6 +78,18 @@ func mig() v1alpha1.Device {
 		int("numaNode", 0).d
 }
 
+// mig20 is a 3g.20gb of the same GPU, the size docs/mig.md's example class
+// asks for, with a potential slice's media engines.
+func mig20() v1alpha1.Device {
+	b := newDev("nvidia-mig", "MIG-9a8b7c6d-1a2b-5c3d-8e9f-0a1b2c3d4e5f")
+	return b.str("parent", "GPU-6513270e-269e-4d37-b2a7-4de452e6b438").str("migProfile", "3g.20gb").
+		int("gpuInstanceID", 2).int("computeInstanceID", 0).qty("memory", "19968Mi").int("multiprocessors", 42).
+		int("decoders", 2).int("jpegs", 0).int("ofas", 0).
+		str("product", "NVIDIA A100-SXM4-40GB").str("architecture", "Ampere").ver("computeCapability", "8.0").
+		ver("driverVersion", "550.54.15").ver("cudaDriverVersion", "12.4").str("pciAddress", "0000:00:00.0").
+		int("numaNode", 0).d
+}
+
 type devBuilder struct{ d v1alpha1.Device }
 
 func newDev(kind, id string) *devBuilder {

@@ -235,7 +235,7 @@ func allDevices(t testing.TB) []testDevice {
 	}
 	unhealthy := h100()
 	unhealthy.ID, unhealthy.Healthy = "GPU-unhealthy", false
-	out = append(append(append(out, h100(), unhealthy, mig()), extraDevices()...), sharedDevices()...)
+	out = append(append(append(out, h100(), unhealthy, mig(), mig20()), extraDevices()...), sharedDevices()...)
 	prepared := prepare(t, out)
 	for _, d := range prepared {
 		if d.dra == nil {

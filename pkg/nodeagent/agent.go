@@ -267,8 +267,10 @@ type running struct {
 	publishing workqueue.TypedRateLimiter[string] // backoff of failed publishes
 	opening    workqueue.TypedRateLimiter[string] // backoff of sources that do not open, by pass
 	plugins    *pluginSet
-	// slices makes MIG slices for pods, with plugins.
+	// slices makes MIG slices for pods, with plugins; migLabels are the
+	// Node's MIG labels at the last pass (migLabels).
 	slices      *migSlices
+	migLabels   string
 	introspect  *introspectionSource
 	pub         *inventory.Publisher
 	nodeDevices interface {
@@ -598,6 +600,10 @@ func (r *running) publishPass(ctx context.Context) {
 	r.applySharing(logger, devices)
 	// The labels applySharing read: the Node's, or the last ones read.
 	applyMIGModes(r.sharing.labels, devices)
+	if key := migLabels(r.sharing.labels); key != r.migLabels {
+		r.migLabels = key
+		r.src.redescribeAll(r.queue)
+	}
 	var owned map[string]bool
 	if r.slices != nil {
 		r.slices.setSources(r.src.slicer(), devices)

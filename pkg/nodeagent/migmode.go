@@ -2,6 +2,9 @@ package nodeagent
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 )
@@ -46,4 +49,18 @@ func applyMIGModes(labels map[string]string, devices []v1alpha1.Device) {
 			d.MIG = &v1alpha1.DeviceMIG{Mode: v1alpha1.MIGStatic, Message: fmt.Sprintf("label %s asks for dynamic MIG, but the GPU's MIG mode is off: the node agent never turns it on (it needs a GPU reset); turn it on with nvidia-smi -mig 1", key)}
 		}
 	}
+}
+
+// migLabels are the Node's MIG labels, as one comparable string: when they
+// change, the agent describes the GPUs again at once, so that a GPU an
+// operator just put in MIG mode and marked is seen in MIG mode without
+// waiting for the resync.
+func migLabels(labels map[string]string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if k == v1alpha1.LabelGPUMIG || strings.HasPrefix(k, v1alpha1.LabelGPUMIGDevicePrefix) {
+			b.WriteString(k + "=" + labels[k] + "\n")
+		}
+	}
+	return b.String()
 }

@@ -1609,7 +1609,7 @@ func (h *holding) checkOn(n *nodeState, classes map[string]*classState) *inconsi
 			seen[id] = class
 		}
 	}
-	if why := n.checkSlices(slices.Collect(maps.Keys(seen))); why != nil {
+	if why := n.checkSlices(slices.Sorted(maps.Keys(seen))); why != nil {
 		return why
 	}
 	return h.checkShares(n, classes)
