@@ -16,6 +16,10 @@ import (
 //     GPUs (bin-packing), instances created and destroyed with the requests;
 //   - first-fit: the first GPU where the smallest accepted profile fits, at
 //     its lowest free start, created and destroyed likewise;
+//   - dra-first-fit: what the stock DRA allocator does with the devices
+//     resclass publishes on DRA nodes: the first GPU, in the fleet's
+//     order, and on it the first device in PublishOrder that the request
+//     accepts and that fits, created and destroyed likewise;
 //   - fixed: the mig-manager way, a layout chosen up front and never
 //     changed: the fleet's slices divided among the profiles in proportion
 //     to the stream's demand in slices, packed GPU by GPU; a request takes a
@@ -88,7 +92,8 @@ func BenchmarkMIGPlacement(b *testing.B) {
 		}, wholeOf(fl))
 	}
 
-	var ours, first, fixed arrivals.Result
+	var ours, first, dra, fixed arrivals.Result
+	order := table.PublishOrder()
 	for b.Loop() {
 		ours = dynamic(func(fl []*GPU, r request) (int, Instance, bool) {
 			best, found := -1, Choice{}
@@ -103,6 +108,16 @@ func BenchmarkMIGPlacement(b *testing.B) {
 			for gi, g := range fl {
 				if in, ok := firstFit(g, r.accept); ok {
 					return gi, in, true
+				}
+			}
+			return 0, Instance{}, false
+		})
+		dra = dynamic(func(fl []*GPU, r request) (int, Instance, bool) {
+			for gi, g := range fl {
+				for _, in := range order {
+					if r.accept(in.Profile) && g.Fits(in.Profile, in.Start) {
+						return gi, in, true
+					}
 				}
 			}
 			return 0, Instance{}, false
@@ -123,6 +138,7 @@ func BenchmarkMIGPlacement(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 	ours.Report(b, "ours")
 	first.Report(b, "first-fit")
+	dra.Report(b, "dra-first-fit")
 	fixed.Report(b, "fixed")
 	b.ReportMetric(float64(ours.Served)/float64(fixed.Served), "ratio")
 }

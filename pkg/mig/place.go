@@ -179,3 +179,36 @@ func (g *GPU) Clone() *GPU {
 func (g *GPU) Has(p *Profile, start int) bool {
 	return start >= 0 && start < Slots && g.at[start] == p
 }
+
+// PublishOrder is the order in which a GPU of t's potential slices are
+// published on DRA nodes (docs/mig.md, "DRA nodes"), where the stock
+// allocator takes the first device that a claim's class accepts and whose
+// slices are free: the smallest profile first (Less), and within a profile
+// its placements in the order Choose takes them, one after another, on an
+// empty GPU; placements Choose never reaches (past the profile's limit)
+// follow, lowest first. First fit over this order takes the smallest
+// profile a class accepts, at the placement ours would take on an empty
+// GPU.
+func (t *Table) PublishOrder() []Instance {
+	var out []Instance
+	for i := range t.Profiles {
+		p := &t.Profiles[i]
+		g := NewGPU(t)
+		taken := map[int]bool{}
+		for {
+			c, ok := g.Choose(func(q *Profile) bool { return q == p })
+			if !ok {
+				break
+			}
+			_ = g.Add(c.Profile, c.Start) // Choose chose it free
+			taken[c.Start] = true
+			out = append(out, c.Instance)
+		}
+		for _, s := range p.Starts {
+			if !taken[s] {
+				out = append(out, Instance{p, s})
+			}
+		}
+	}
+	return out
+}

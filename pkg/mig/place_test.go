@@ -263,3 +263,41 @@ func firstFit(g *GPU, accept func(*Profile) bool) (Instance, bool) {
 	}
 	return Instance{}, false
 }
+
+// TestPublishOrder: every profile and placement once, smallest profile
+// first, each profile's first placement the one Choose takes on an empty
+// GPU.
+func TestPublishOrder(t *testing.T) {
+	for _, table := range Builtin {
+		order := table.PublishOrder()
+		n := 0
+		for _, p := range table.Profiles {
+			n += len(p.Starts)
+		}
+		if len(order) != n {
+			t.Fatalf("%s: %d devices, want %d", table.Product, len(order), n)
+		}
+		seen := map[string]bool{}
+		for k, in := range order {
+			if seen[in.String()] {
+				t.Errorf("%s: %s twice", table.Product, in)
+			}
+			seen[in.String()] = true
+			if k > 0 && Less(in.Profile, order[k-1].Profile) {
+				t.Errorf("%s: %s after %s", table.Product, in, order[k-1])
+			}
+			if k == 0 || order[k-1].Profile != in.Profile {
+				c, _ := NewGPU(table).Choose(func(q *Profile) bool { return q == in.Profile })
+				if c.Start != in.Start {
+					t.Errorf("%s: %s first, Choose takes %s", table.Product, in, c.Instance)
+				}
+			}
+		}
+	}
+	// The A100's 1g.10gb: slices 4-6 first, which keep the 4g.40gb at 0
+	// creatable (6 first: slice 7 serves only the 7g.80gb), then the
+	// slices of the 4g.40gb.
+	if got, want := fmt.Sprint(A100_80GB.PublishOrder()[:7]), "[1g.10gb@6 1g.10gb@4 1g.10gb@5 1g.10gb@0 1g.10gb@1 1g.10gb@2 1g.10gb@3]"; got != want {
+		t.Errorf("A100-80GB 1g.10gb order %s, want %s", got, want)
+	}
+}
