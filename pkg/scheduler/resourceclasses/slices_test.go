@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/utils/ptr"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
@@ -156,4 +158,46 @@ func TestSlicesOrWholeGPUs(t *testing.T) {
 	}
 	refusal(t, c, gpuPod("p3", "either", 1), "n1")
 	refusal(t, c, gpuPod("p4", "either", 1), "n2")
+}
+
+// TestSlicePreemption: preemption's what-ifs see a victim's slice free: a
+// pod of the 40G class fits the full GPU once the holder of the 3g.40gb in
+// its way is removed, and no longer when it is added back; the cache keeps
+// the slice held.
+func TestSlicePreemption(t *testing.T) {
+	low := boundPod(t, "low", "n1", "n1", "mig-40g", "GPU-A/mig/3g.40gb@4")
+	other := boundPod(t, "other", "n1", "n1", "mig-40g", "GPU-A/mig/3g.40gb@0")
+	h := newHarness(t, FirstFit, []*v1alpha1.NodeDevices{nodeDevices("n1", dynamicGPU("GPU-A", 0))}, []*v1alpha1.ResourceClass{mig20g, mig40g}, low, other)
+	h.waitFor("the two holds", func() bool { return h.holds(low.UID) && h.holds(other.UID) })
+
+	high := gpuPod("high", "mig-40g", 1)
+	cs, st := h.fits(high, "n1")
+	wantCode(t, st, fwk.Unschedulable)
+	ni := h.nodes["n1"]
+	what := cs.Clone()
+	if st := h.fw.RunPreFilterExtensionRemovePod(h.ctx, what, high, podInfo(t, low), ni); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	if st := h.filter(what, high, "n1"); !st.IsSuccess() {
+		t.Errorf("low removed: %v, want high to fit on its slices", st)
+	}
+	if st := h.fw.RunPreFilterExtensionAddPod(h.ctx, what, high, podInfo(t, low), ni); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	wantCode(t, h.filter(what, high, "n1"), fwk.Unschedulable)
+	wantCode(t, h.filter(cs.Clone(), high, "n1"), fwk.Unschedulable)
+}
+
+// TestSlicesOfOverlappingClassesInOnePod: two classes that select slices of
+// one GPU, in one pod, get slices that do not overlap.
+func TestSlicesOfOverlappingClassesInOnePod(t *testing.T) {
+	c := sliceCache(nodeDevices("n1", dynamicGPU("GPU-A", 0)))
+	pod := testPod("two", ctr{name: "a", limits: map[corev1.ResourceName]string{cls("mig-20g"): "2"}}, ctr{name: "b", limits: map[corev1.ResourceName]string{cls("mig-40g"): "1"}})
+	a, _ := place(t, c, pod, "n1", BinPack)
+	got := fmt.Sprint(a.Devices("a", "mig-20g"), a.Devices("b", "mig-40g"))
+	if want := "[GPU-A/mig/1g.20gb@6 GPU-A/mig/1g.20gb@4] [GPU-A/mig/3g.40gb@0]"; got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+	// The GPU is full: 1g.20gb at 6 and 4, 3g.40gb at 0.
+	refusal(t, c, gpuPod("more", "mig-20g", 1), "n1")
 }
