@@ -65,22 +65,11 @@ func waitCondition(t *testing.T, ctx context.Context, class string, status metav
 
 func createClass(t *testing.T, ctx context.Context, name string, selectors ...[]v1alpha1.ResourceSelectorRequirement) *v1alpha1.ResourceClass {
 	t.Helper()
-	rcs, err := cluster.Resclass()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := &v1alpha1.ResourceClass{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	var spec v1alpha1.ResourceClassSpec
 	for _, exprs := range selectors {
-		rc.Spec.ResourceSelector = append(rc.Spec.ResourceSelector, v1alpha1.ResourcePropertySelector{MatchExpressions: exprs})
+		spec.ResourceSelector = append(spec.ResourceSelector, v1alpha1.ResourcePropertySelector{MatchExpressions: exprs})
 	}
-	rc, err = rcs.ResclassV1alpha1().ResourceClasses().Create(ctx, rc, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = rcs.ResclassV1alpha1().ResourceClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
-	})
-	return rc
+	return createClassSpec(t, ctx, name, spec)
 }
 
 func deleteClassAndWaitGone(t *testing.T, ctx context.Context, name string) {

@@ -74,18 +74,14 @@ func TestMIGOnDemand(t *testing.T) {
 	arc, akc := agentClients(t, nodeName)
 	cfg := mockGPUAgent(kn, dgx, root, t.TempDir())
 	start := func() (stop func()) {
-		actx, stopAgent := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if err := nodeagent.New(cfg, arc, akc).Run(actx); err != nil {
+		stopAgent, _ := runAgent(t, ctx, nodeagent.New(cfg, arc, akc))
+		return func() {
+			if err := stopAgent(); err != nil {
 				t.Errorf("agent: %v", err)
 			}
-		}()
-		return func() { stopAgent(); <-done }
+		}
 	}
 	stop := start()
-	t.Cleanup(func() { stop() })
 	// 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb and 7g.40gb at each placement on
 	// both GPUs (11 each), and the operator's 3g.20gb, an existing MIG
 	// device of 19968Mi.
@@ -231,20 +227,7 @@ func TestMIGOnDemand(t *testing.T) {
 // createMIGClass creates a class with createMIG that selects by exprs.
 func createMIGClass(t *testing.T, ctx context.Context, name string, exprs ...v1alpha1.ResourceSelectorRequirement) {
 	t.Helper()
-	rc, err := cluster.Resclass()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = rc.ResclassV1alpha1().ResourceClasses().Create(ctx, &v1alpha1.ResourceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       v1alpha1.ResourceClassSpec{ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: exprs}}, CreateMIG: true},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = rc.ResclassV1alpha1().ResourceClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
-	})
+	createClassSpec(t, ctx, name, v1alpha1.ResourceClassSpec{ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: exprs}}, CreateMIG: true})
 }
 
 // operatorSlice makes a 3g.20gb at 4 on gpu, with its compute instance, as

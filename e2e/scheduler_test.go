@@ -30,20 +30,27 @@ const resclassScheduler = "resclass-scheduler"
 // schedClass creates a ResourceClass of one selector term, removed after the test.
 func schedClass(t testing.TB, ctx context.Context, name string, exprs ...v1alpha1.ResourceSelectorRequirement) {
 	t.Helper()
-	rc, err := cluster.Resclass()
+	createClassSpec(t, ctx, name, v1alpha1.ResourceClassSpec{ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: exprs}}})
+}
+
+// createClassSpec creates a ResourceClass of spec, removed after the test.
+func createClassSpec(t testing.TB, ctx context.Context, name string, spec v1alpha1.ResourceClassSpec) *v1alpha1.ResourceClass {
+	t.Helper()
+	rcs, err := cluster.Resclass()
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = rc.ResclassV1alpha1().ResourceClasses().Create(ctx, &v1alpha1.ResourceClass{
+	rc, err := rcs.ResclassV1alpha1().ResourceClasses().Create(ctx, &v1alpha1.ResourceClass{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       v1alpha1.ResourceClassSpec{ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: exprs}}},
+		Spec:       spec,
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = rc.ResclassV1alpha1().ResourceClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = rcs.ResclassV1alpha1().ResourceClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
+	return rc
 }
 
 func req(key string, op v1alpha1.ResourceSelectorOperator, values ...string) v1alpha1.ResourceSelectorRequirement {

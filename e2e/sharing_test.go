@@ -277,23 +277,10 @@ func TestGPUSharing(t *testing.T) {
 // removed after the test.
 func shareClass(t *testing.T, ctx context.Context, name, memory string, compute int32, exprs ...v1alpha1.ResourceSelectorRequirement) {
 	t.Helper()
-	rc, err := cluster.Resclass()
-	if err != nil {
-		t.Fatal(err)
-	}
 	m := resource.MustParse(memory)
-	_, err = rc.ResclassV1alpha1().ResourceClasses().Create(ctx, &v1alpha1.ResourceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: v1alpha1.ResourceClassSpec{
-			ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: exprs}},
-			Share:            &v1alpha1.ResourceShare{Memory: &m, Compute: &compute},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = rc.ResclassV1alpha1().ResourceClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
+	createClassSpec(t, ctx, name, v1alpha1.ResourceClassSpec{
+		ResourceSelector: []v1alpha1.ResourcePropertySelector{{MatchExpressions: exprs}},
+		Share:            &v1alpha1.ResourceShare{Memory: &m, Compute: &compute},
 	})
 }
 

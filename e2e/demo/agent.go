@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/resclass/resclass/e2e/framework"
+	"github.com/resclass/resclass/e2e/framework/cri"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/client/clientset/versioned"
@@ -260,4 +261,35 @@ func short(uuid string) string {
 		return uuid[:12] + "…"
 	}
 	return uuid
+}
+
+// runPod creates demo/name on the agent node, its container main asking n
+// of class, and waits until the container is made: it returns what the
+// runtime got and the assignment the pod runs with.
+func runPod(ctx context.Context, c *framework.Cluster, kn *framework.KubeletNode, name, image, class string, n int64) (cri.Record, *assignment.Assignment, error) {
+	np := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "demo"},
+		Spec: corev1.PodSpec{SchedulerName: "resclass-scheduler", RestartPolicy: corev1.RestartPolicyNever,
+			NodeSelector: map[string]string{corev1.LabelHostname: agentNode},
+			Containers: []corev1.Container{{
+				Name: "main", Image: image,
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceName(v1alpha1.ResourceNamePrefix + class): *resource.NewQuantity(n, resource.DecimalSI)}},
+			}}},
+	}
+	if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, np, metav1.CreateOptions{}); err != nil {
+		return cri.Record{}, nil, err
+	}
+	rec, err := kn.WaitForRecord(ctx, "demo", name, "main")
+	if err != nil {
+		return cri.Record{}, nil, err
+	}
+	bound, err := c.Client.CoreV1().Pods("demo").Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return cri.Record{}, nil, err
+	}
+	a, found, err := assignment.FromPod(bound)
+	if err != nil || !found {
+		return cri.Record{}, nil, fmt.Errorf("demo/%s runs without a valid assignment (found %v): %w", name, found, err)
+	}
+	return rec, a, nil
 }

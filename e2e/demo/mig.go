@@ -2,16 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/resclass/resclass/e2e/framework"
@@ -47,9 +43,7 @@ func migOnDemand(ctx context.Context, p *printer, c *framework.Cluster, kn *fram
 	label := v1alpha1.LabelGPUMIGDevicePrefix + gpu
 	p.line("  The operator puts one free GPU of %s in MIG mode (nvidia-smi -mig 1: resclass", agentNode)
 	p.line("  never changes MIG mode) and marks it for MIG slices made on demand:")
-	p.line("    $ kubectl label node %s %s=%s", agentNode, label, v1alpha1.MIGLabelDynamic)
-	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{label: v1alpha1.MIGLabelDynamic}}})
-	if _, err := c.Client.CoreV1().Nodes().Patch(ctx, agentNode, types.MergePatchType, body, metav1.PatchOptions{}); err != nil {
+	if err := labelAgentNode(ctx, p, c, label, v1alpha1.MIGLabelDynamic); err != nil {
 		return err
 	}
 	instances := func() (*v1alpha1.DeviceMIG, error) {
@@ -98,29 +92,9 @@ func migOnDemand(ctx context.Context, p *printer, c *framework.Cluster, kn *fram
 	p.line("  class, at the placement that keeps the largest profile creatable; the agent makes")
 	p.line("  the slice when the kubelet admits the pod, and the container gets that MIG device:")
 	for _, pod := range []struct{ name, class string }{{"infer-20g", migClass20}, {"infer-10g", migClass10}} {
-		np := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: pod.name, Namespace: "demo"},
-			Spec: corev1.PodSpec{SchedulerName: "resclass-scheduler", RestartPolicy: corev1.RestartPolicyNever,
-				NodeSelector: map[string]string{corev1.LabelHostname: agentNode},
-				Containers: []corev1.Container{{
-					Name: "main", Image: "registry.example/infer:1",
-					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNamePrefix + corev1.ResourceName(pod.class): *resource.NewQuantity(1, resource.DecimalSI)}},
-				}}},
-		}
-		if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, np, metav1.CreateOptions{}); err != nil {
-			return err
-		}
-		rec, err := kn.WaitForRecord(ctx, "demo", pod.name, "main")
+		rec, a, err := runPod(ctx, c, kn, pod.name, "registry.example/infer:1", pod.class, 1)
 		if err != nil {
 			return err
-		}
-		bound, err := c.Client.CoreV1().Pods("demo").Get(ctx, pod.name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		a, found, err := assignment.FromPod(bound)
-		if err != nil || !found {
-			return fmt.Errorf("demo/%s runs without a valid assignment (found %v): %w", pod.name, found, err)
 		}
 		ids := a.Devices("main", pod.class)
 		if len(ids) != 1 || len(rec.CDIDevices) != 1 {

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
-	"github.com/resclass/resclass/pkg/assignment"
 	"github.com/resclass/resclass/pkg/handoff"
 )
 
@@ -41,9 +39,7 @@ func sharedGPU(ctx context.Context, p *printer, c *framework.Cluster, kn *framew
 	label := v1alpha1.LabelGPUSharingDevicePrefix + gpu
 	p.line("  The operator time-slices one free GPU of %s; sharing is chosen per GPU, by", agentNode)
 	p.line("  Node labels that tenants cannot write:")
-	p.line("    $ kubectl label node %s %s=%s", agentNode, label, v1alpha1.SharingLabelTimeSlicing)
-	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{label: v1alpha1.SharingLabelTimeSlicing}}})
-	if _, err := c.Client.CoreV1().Nodes().Patch(ctx, agentNode, types.MergePatchType, body, metav1.PatchOptions{}); err != nil {
+	if err := labelAgentNode(ctx, p, c, label, v1alpha1.SharingLabelTimeSlicing); err != nil {
 		return err
 	}
 	var published *v1alpha1.DeviceSharing
@@ -98,29 +94,9 @@ func sharedGPU(ctx context.Context, p *printer, c *framework.Cluster, kn *framew
 		name  string
 		units int64
 	}{{"notebook-1", 1}, {"notebook-2", 2}} {
-		np := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: pod.name, Namespace: "demo"},
-			Spec: corev1.PodSpec{SchedulerName: "resclass-scheduler", RestartPolicy: corev1.RestartPolicyNever,
-				NodeSelector: map[string]string{corev1.LabelHostname: agentNode},
-				Containers: []corev1.Container{{
-					Name: "main", Image: "registry.example/notebook:1",
-					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNamePrefix + shareClass: *resource.NewQuantity(pod.units, resource.DecimalSI)}},
-				}}},
-		}
-		if _, err := c.Client.CoreV1().Pods("demo").Create(ctx, np, metav1.CreateOptions{}); err != nil {
-			return err
-		}
-		rec, err := kn.WaitForRecord(ctx, "demo", pod.name, "main")
+		rec, a, err := runPod(ctx, c, kn, pod.name, "registry.example/notebook:1", shareClass, pod.units)
 		if err != nil {
 			return err
-		}
-		bound, err := c.Client.CoreV1().Pods("demo").Get(ctx, pod.name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		a, found, err := assignment.FromPod(bound)
-		if err != nil || !found {
-			return fmt.Errorf("demo/%s runs without a valid assignment (found %v): %w", pod.name, found, err)
 		}
 		if ids := a.Devices("main", shareClass); !slices.Equal(ids, []string{gpu}) {
 			return fmt.Errorf("demo/%s got %v, want the shared GPU %s", pod.name, ids, gpu)
@@ -135,4 +111,13 @@ func sharedGPU(ctx context.Context, p *printer, c *framework.Cluster, kn *framew
 	p.line("  container also gets its limits as MPS client limits (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,")
 	p.line("  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); docs/sharing.md says what each mode enforces.")
 	return classStatus(ctx, p, c, shareClass, 3)
+}
+
+// labelAgentNode sets a label on the agent node, as the operator's kubectl
+// label it prints.
+func labelAgentNode(ctx context.Context, p *printer, c *framework.Cluster, key, value string) error {
+	p.line("    $ kubectl label node %s %s=%s", agentNode, key, value)
+	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{key: value}}})
+	_, err := c.Client.CoreV1().Nodes().Patch(ctx, agentNode, types.MergePatchType, body, metav1.PatchOptions{})
+	return err
 }

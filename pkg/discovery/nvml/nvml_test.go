@@ -48,6 +48,14 @@ func dgxMock(t *testing.T) (*nvmlmock.Server, string) {
 // discover opens NVML on server and describes its GPUs.
 func discover(t *testing.T, server *dgxa100.Server, root string) []v1alpha1.Device {
 	t.Helper()
+	_, gpus := openDiscover(t, server, root)
+	return gpus
+}
+
+// openDiscover opens NVML on server, closed when the test ends, and
+// describes its GPUs.
+func openDiscover(t *testing.T, server lib.Interface, root string) (*Discoverer, []v1alpha1.Device) {
+	t.Helper()
 	d, err := Open(server, root)
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +65,7 @@ func discover(t *testing.T, server *dgxa100.Server, root string) []v1alpha1.Devi
 	if err != nil {
 		t.Fatal(err)
 	}
-	return gpus
+	return d, gpus
 }
 
 func TestDiscoverDGXA100(t *testing.T) {

@@ -11,8 +11,22 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/mig"
 )
+
+// migGPU is the mock's GPU index in MIG mode with table, NVML open on the
+// mock, and the GPU as described.
+func migGPU(t *testing.T, index int, table *mig.Table) (*nvmlmock.Server, *Discoverer, v1alpha1.Device) {
+	t.Helper()
+	server, root := dgxMock(t)
+	uuid := server.Devices[index].(*dgxa100.Device).UUID
+	if err := server.EnableMIG(uuid, table); err != nil {
+		t.Fatal(err)
+	}
+	d, devices := openDiscover(t, server, root)
+	return server, d, byID(t, devices, uuid)
+}
 
 // TestSlicesCreatedAndDestroyed: a slice is created at the placement asked
 // (GPU and compute instance), described as discovery describes its MIG
@@ -20,21 +34,8 @@ import (
 // taken is ErrPlacementTaken; a compute instance that cannot be made leaves
 // no GPU instance behind; destroying what is gone is no error.
 func TestSlicesCreatedAndDestroyed(t *testing.T) {
-	server, root := dgxMock(t)
-	uuid := server.Devices[2].(*dgxa100.Device).UUID
-	if err := server.EnableMIG(uuid, mig.A100_80GB); err != nil {
-		t.Fatal(err)
-	}
-	d, err := Open(server, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	devices, err := d.Discover()
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpu := byID(t, devices, uuid)
+	server, d, gpu := migGPU(t, 2, mig.A100_80GB)
+	uuid := gpu.ID
 
 	s, err := d.CreateSlice(&gpu, "3g.40gb", 4)
 	if err != nil {
@@ -89,21 +90,8 @@ func TestSlicesCreatedAndDestroyed(t *testing.T) {
 // TestSliceComputeFailureLeavesNothing: the compute instance refused, the
 // GPU instance made for it is destroyed again.
 func TestSliceComputeFailureLeavesNothing(t *testing.T) {
-	server, root := dgxMock(t)
-	uuid := server.Devices[0].(*dgxa100.Device).UUID
-	if err := server.EnableMIG(uuid, mig.H100_80GB); err != nil {
-		t.Fatal(err)
-	}
-	d, err := Open(server, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	devices, err := d.Discover()
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpu := byID(t, devices, uuid)
+	server, d, gpu := migGPU(t, 0, mig.H100_80GB)
+	uuid := gpu.ID
 	dev := server.Devices[0].(*dgxa100.Device)
 	create := dev.CreateGpuInstanceWithPlacementFunc
 	dev.CreateGpuInstanceWithPlacementFunc = func(info *lib.GpuInstanceProfileInfo, p *lib.GpuInstancePlacement) (lib.GpuInstance, lib.Return) {
