@@ -176,6 +176,12 @@ func Decode(s string) (*Assignment, error) {
 	if err := Validate(&a); err != nil {
 		return nil, fmt.Errorf("invalid assignment: %w", err)
 	}
+	// "shares":{} says what no shares says, and Encode writes it so.
+	for i := range a.Containers {
+		if len(a.Containers[i].Shares) == 0 {
+			a.Containers[i].Shares = nil
+		}
+	}
 	return &a, nil
 }
 

@@ -345,6 +345,8 @@ func FuzzDecode(f *testing.F) {
 		`{"node":"n","containers":[{"name":"c","classes":{"x":["a\bb","\u0041"]}}]}`,
 		`{"node":"n","containers":[{"name":"c","classes":{"x":["d"]},"shares":{"x":{"memory":1073741824,"compute":25}}}]}`,
 		`{"node":"n","containers":[{"name":"c","classes":{"x":["d"]},"shares":{"x":{"memory":1e40,"compute":"25"},"y":null}}]}`,
+		`{"version":2,"node":"n","containers":[{"name":"c","classes":{"m":["GPU-0/mig/2g.20gb@4","GPU-0/mig/1g.10gb+me@6"]}}]}`,
+		`{"version":2,"node":"n","containers":[{"name":"c","classes":{"m":["GPU-0/mig/2g.20gb@9"]}}]}`,
 		"\xff\xfe",
 		``,
 	} {
