@@ -396,6 +396,7 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 			r.recorder.Event(r.node, corev1.EventTypeWarning, reasonMIGRecordSetAside, err.Error())
 		}
 		ms.event = func(eventtype, reason, message string) { r.recorder.Event(r.node, eventtype, reason, message) }
+		ms.metrics = a.metrics
 		allocator := a.newAllocator(r.recorder, pf.Core().V1().Pods().Informer(), kubelet, ms)
 		ms.heldBy, ms.synced = allocator.HeldBy, allocator.HasSynced
 		r.slices = ms

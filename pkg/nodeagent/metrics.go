@@ -23,6 +23,10 @@ type metrics struct {
 	handoff       *handoff.Metrics
 	// cdiWrites counts CDI spec writes (written, error).
 	cdiWrites *prometheus.CounterVec
+	// migSlices counts MIG slices made for pods, by result; migOwned is
+	// how many the ownership record lists.
+	migSlices *prometheus.CounterVec
+	migOwned  prometheus.Gauge
 	// dra counts the DRA plugin's prepares and unprepares (DRA mode).
 	dra *draplugin.Metrics
 	// isolation is 1 for the node's GPU isolation state, 0 for the others.
@@ -73,9 +77,17 @@ func newMetrics() *metrics {
 		Name: "resclass_node_agent_kept_devices",
 		Help: "Devices published from their last description because the source's last pass failed or left them out, by source (nvml); they are removed once --device-grace-period passes without them being described.",
 	}, []string{"source"})
+	m.migSlices = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "resclass_node_agent_mig_slices_total",
+		Help: "MIG slices made for pods on GPUs marked for dynamic MIG, by result: made, failed (not made: the pod fails admission), destroyed (no pod held it), forgotten (gone behind the agent's back).",
+	}, []string{"result"})
+	m.migOwned = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "resclass_node_agent_mig_slices",
+		Help: "MIG slices the agent made that exist now, as its ownership record lists them.",
+	})
 	m.handoff = handoff.NewMetrics(m.registry)
 	m.dra = draplugin.NewMetrics(m.registry)
-	m.registry.MustRegister(m.keptDevices, m.isolation, m.cdiWrites, m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery)
+	m.registry.MustRegister(m.migSlices, m.migOwned, m.keptDevices, m.isolation, m.cdiWrites, m.registrations, m.restarts, m.devices, m.publishes, m.transitions, m.discovery)
 	return m
 }
 

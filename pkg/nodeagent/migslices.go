@@ -46,6 +46,8 @@ type migSlices struct {
 	made func()
 	// event records an Event on the Node.
 	event func(eventtype, reason, message string)
+	// metrics counts what it does; nil counts nothing.
+	metrics *metrics
 
 	mu     sync.Mutex
 	record mig.Record
@@ -134,10 +136,27 @@ func (m *migSlices) source() nvidiagpu.Slicer {
 // that holds it no more is destroyed first.
 func (m *migSlices) Ensure(ctx context.Context, pod types.UID, sliceID string) (*v1alpha1.Device, error) {
 	d, fresh, err := m.ensure(ctx, pod, sliceID)
-	if fresh && m.made != nil {
-		m.made()
+	switch {
+	case err != nil:
+		m.count("failed")
+	case fresh:
+		m.count("made")
+		if m.made != nil {
+			m.made()
+		}
 	}
 	return d, err
+}
+
+// count counts a slice by result and the record's slices.
+func (m *migSlices) count(result string) {
+	if m.metrics == nil {
+		return
+	}
+	m.metrics.migSlices.WithLabelValues(result).Inc()
+	m.mu.Lock()
+	m.metrics.migOwned.Set(float64(len(m.record.Instances)))
+	m.mu.Unlock()
 }
 
 func (m *migSlices) ensure(ctx context.Context, pod types.UID, sliceID string) (d *v1alpha1.Device, fresh bool, err error) {
@@ -201,6 +220,9 @@ func (m *migSlices) destroyLocked(src nvidiagpu.Slicer, o mig.Owned) error {
 		return err
 	}
 	m.forgetLocked(o)
+	if m.metrics != nil {
+		m.metrics.migSlices.WithLabelValues("destroyed").Inc()
+	}
 	return m.save()
 }
 
@@ -254,6 +276,9 @@ func (m *migSlices) reconcile(logger klog.Logger) bool {
 		logger.Info("MIG slice gone behind the agent's back: forgotten", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, "pod", o.Pod)
 		m.forgetLocked(o)
 		changed = true
+		if m.metrics != nil {
+			m.metrics.migSlices.WithLabelValues("forgotten").Inc()
+		}
 	}
 	for _, o := range destroy {
 		if err := src.DestroySlice(o.GPU, o.GPUInstance); err != nil {
@@ -266,6 +291,12 @@ func (m *migSlices) reconcile(logger klog.Logger) bool {
 		}
 		m.forgetLocked(o)
 		changed = true
+		if m.metrics != nil {
+			m.metrics.migSlices.WithLabelValues("destroyed").Inc()
+		}
+	}
+	if m.metrics != nil {
+		m.metrics.migOwned.Set(float64(len(m.record.Instances)))
 	}
 	if changed {
 		if err := m.save(); err != nil {

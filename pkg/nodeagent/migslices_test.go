@@ -11,6 +11,7 @@ import (
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -69,6 +70,7 @@ func newMIGFixture(t *testing.T) *migFixture {
 // restart.
 func TestMIGSlicesMadeAndDestroyed(t *testing.T) {
 	f := newMIGFixture(t)
+	f.m.metrics = newMetrics()
 	ctx := context.Background()
 	slice := mig.SliceID(f.gpu, "3g.20gb", 4)
 	d, err := f.m.Ensure(ctx, "pod-a", slice)
@@ -109,6 +111,10 @@ func TestMIGSlicesMadeAndDestroyed(t *testing.T) {
 	}
 	if got := f.dgx.MIGInstances(f.gpu); len(got) != 0 || len(f.m.record.Instances) != 0 {
 		t.Errorf("instances %v, record %+v", got, f.m.record)
+	}
+	counted := f.m.metrics.migSlices.WithLabelValues
+	if made, failed, destroyed, owned := testutil.ToFloat64(counted("made")), testutil.ToFloat64(counted("failed")), testutil.ToFloat64(counted("destroyed")), testutil.ToFloat64(f.m.metrics.migOwned); made != 2 || failed != 1 || destroyed != 2 || owned != 0 {
+		t.Errorf("metrics: made %v, failed %v, destroyed %v, owned %v; want 2, 1, 2, 0", made, failed, destroyed, owned)
 	}
 }
 
