@@ -629,8 +629,9 @@ func (r *running) publishPass(ctx context.Context) {
 	}
 	// A slice made for a pod is the pod's: its MIG device is not published
 	// as a device of its own (the GPU's instances say it is there).
+	// A copy: the endpoints keep the list they were given.
 	if len(owned) > 0 {
-		status.Devices = slices.DeleteFunc(status.Devices, func(d v1alpha1.Device) bool { return owned[d.ID] })
+		status.Devices = slices.DeleteFunc(slices.Clone(status.Devices), func(d v1alpha1.Device) bool { return owned[d.ID] })
 	}
 	if r.dra != nil {
 		r.dra.update(ctx, status.Devices)

@@ -156,15 +156,15 @@ type pluginSet struct {
 
 // newAllocator answers the kubelet's calls from the assignments of pods, the
 // informer of the node's pods (handoff.NodePods).
-func (a *Agent) newAllocator(recorder record.EventRecorder, pods cache.SharedIndexInformer, kubelet handoff.KubeletPods, slices *migSlices) *handoff.Allocator {
+func (a *Agent) newAllocator(recorder record.EventRecorder, pods cache.SharedIndexInformer, kubelet handoff.KubeletPods, ms *migSlices) *handoff.Allocator {
 	cfg := handoff.Config{
 		Node: a.config.NodeName, HostRoot: a.config.HostRoot, PoolSlots: a.config.HugepagePoolSlots,
 		WaitForPod: a.config.WaitForPod, Recorder: recorder, Metrics: a.metrics.handoff,
 		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,
 		KubeletPods: kubelet,
 	}
-	if slices != nil {
-		cfg.Slices = slices
+	if ms != nil {
+		cfg.Slices = ms
 	}
 	return handoff.New(cfg, pods)
 }
