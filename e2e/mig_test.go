@@ -133,6 +133,20 @@ func TestMIGOnDemand(t *testing.T) {
 		poll(t, ctx, time.Minute, what, func(context.Context) (bool, error) { return slices.Equal(instances(gpu), want), nil })
 	}
 
+	t.Run("the class's status counts slices of its smallest profile", func(t *testing.T) {
+		// The small class's smallest profile is the 1g.10gb: 4 on an empty
+		// A100-40GB, 2 where the operator's 3g.20gb takes slices 4-7; and
+		// the operator's 3g.20gb itself, an existing MIG device of 19968Mi.
+		rcs, err := cluster.Resclass()
+		if err != nil {
+			t.Fatal(err)
+		}
+		poll(t, ctx, time.Minute, "the small class's status", func(ctx context.Context) (bool, error) {
+			rc, err := rcs.ResclassV1alpha1().ResourceClasses().Get(ctx, small, metav1.GetOptions{})
+			return err == nil && rc.Status.Allocatable.Value() == 4+4+1 && rc.Status.Available.Value() == 4+2+1, err
+		})
+	})
+
 	t.Run("slices made for pods of two sizes, beside a whole GPU", func(t *testing.T) {
 		create(gpuPodOn(ns, "s1", resclassScheduler, nodeName, small, 1))
 		create(gpuPodOn(ns, "s2", resclassScheduler, nodeName, large, 1))
