@@ -21,6 +21,7 @@ import (
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/handoff"
+	"github.com/resclass/resclass/pkg/internal/sealed"
 )
 
 const (
@@ -263,11 +264,11 @@ func mustMarshal(t *testing.T, c *Checkpoint) []byte {
 }
 
 // A checkpoint that cannot be believed is set aside, reported, and the
-// plugin starts empty: never a crash loop. At most maxSetAside are kept.
+// plugin starts empty: never a crash loop. At most sealed.MaxSetAside are kept.
 func TestNewSetsABadCheckpointAside(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, CheckpointFile)
-	for i := range maxSetAside + 2 {
+	for i := range sealed.MaxSetAside + 2 {
 		bad := []byte("{not json")
 		if i%2 == 1 { // a torn file: the checksum does not match its data
 			bad = []byte(`{"version":"` + checkpointVersion + `","checksum":"00","data":{"claims":{}}}`)
@@ -288,7 +289,7 @@ func TestNewSetsABadCheckpointAside(t *testing.T) {
 		}
 		select {
 		case e := <-recorder.Events:
-			if !strings.Contains(e, "Warning "+ReasonCheckpointSetAside) || !strings.Contains(e, CheckpointFile+setAsideSuffix) {
+			if !strings.Contains(e, "Warning "+ReasonCheckpointSetAside) || !strings.Contains(e, CheckpointFile+sealed.SetAsideSuffix) {
 				t.Errorf("start %d: Event %q, want %s naming the file set aside", i, e, ReasonCheckpointSetAside)
 			}
 		default:
@@ -301,12 +302,12 @@ func TestNewSetsABadCheckpointAside(t *testing.T) {
 	}
 	var aside []string
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), CheckpointFile+setAsideSuffix) {
+		if strings.HasPrefix(e.Name(), CheckpointFile+sealed.SetAsideSuffix) {
 			aside = append(aside, e.Name())
 		}
 	}
-	if len(aside) != maxSetAside {
-		t.Errorf("set aside: %v, want the newest %d", aside, maxSetAside)
+	if len(aside) != sealed.MaxSetAside {
+		t.Errorf("set aside: %v, want the newest %d", aside, sealed.MaxSetAside)
 	}
 	// The plugin writes a good checkpoint again, which the next start reads.
 	good := &Checkpoint{Claims: map[types.UID]PreparedClaim{"uid-1": {Namespace: "ns", Name: "claim", Devices: []PreparedDevice{{Request: "gpu", Pool: testNode, Device: "gpu-0", ID: "GPU-0"}}}}}

@@ -38,8 +38,8 @@ type Record struct {
 
 const (
 	recordVersion = "resclass.io/mig-owned/v1"
-	// maxRecordBytes and maxOwned bound the file: 64 GPUs of 8 instances.
-	maxRecordBytes = 256 << 10
+	// MaxRecordBytes and maxOwned bound the file: 64 GPUs of 8 instances.
+	MaxRecordBytes = 256 << 10
 	maxOwned       = 512
 	maxIDLen       = 128
 )
@@ -62,7 +62,7 @@ func (r *Record) Marshal() ([]byte, error) {
 // instance (a GPU's start or instance id) listed twice.
 func ParseRecord(blob []byte) (*Record, error) {
 	var r Record
-	if err := sealed.Unmarshal(blob, recordVersion, maxRecordBytes, &r); err != nil {
+	if err := sealed.Unmarshal(blob, recordVersion, MaxRecordBytes, &r); err != nil {
 		return nil, fmt.Errorf("MIG ownership record: %w", err)
 	}
 	if err := r.validate(); err != nil {

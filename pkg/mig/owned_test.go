@@ -39,7 +39,7 @@ func TestRecordRoundTripAndRefusals(t *testing.T) {
 		{"an edit", bytes.Replace(blob, []byte("uid-2"), []byte("uid-9"), 1), "checksum"},
 		{"another version", bytes.Replace(blob, []byte("mig-owned/v1"), []byte("mig-owned/v9"), 1), "version"},
 		{"an unknown field", []byte(`{"version":"resclass.io/mig-owned/v1","checksum":"","data":{},"x":1}`), "unknown field"},
-		{"too large", make([]byte, maxRecordBytes+1), "bytes, at most"},
+		{"too large", make([]byte, MaxRecordBytes+1), "bytes, at most"},
 	} {
 		if _, err := ParseRecord(bad.blob); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%s: %v, want an error saying %q", bad.what, err, bad.want)

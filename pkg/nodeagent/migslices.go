@@ -6,17 +6,18 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
+	"github.com/resclass/resclass/pkg/internal/sealed"
 	"github.com/resclass/resclass/pkg/mig"
 )
 
@@ -64,11 +65,11 @@ const (
 )
 
 // newMIGSlices reads the ownership record in dir. A record that cannot be
-// believed is set aside (renamed, the reason logged and returned): the agent
-// then knows of no slice it made, and so destroys none.
+// believed is set aside (sealed.SetAside, the reason logged and returned):
+// the agent then knows of no slice it made, and so destroys none.
 func newMIGSlices(dir string) (*migSlices, error) {
 	m := &migSlices{path: filepath.Join(dir, MIGRecordFile), devices: map[string]v1alpha1.Device{}}
-	data, err := os.ReadFile(m.path)
+	data, err := sealed.ReadFile(m.path, mig.MaxRecordBytes)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return m, nil
@@ -77,11 +78,11 @@ func newMIGSlices(dir string) (*migSlices, error) {
 	}
 	r, err := mig.ParseRecord(data)
 	if err != nil {
-		aside := m.path + ".bad"
-		if rerr := os.Rename(m.path, aside); rerr != nil {
+		aside, rerr := sealed.SetAside(m.path, time.Now())
+		if rerr != nil {
 			return m, fmt.Errorf("%w; setting it aside: %w", err, rerr)
 		}
-		return m, fmt.Errorf("%w: set aside as %s; the slices it listed are left alone", err, aside)
+		return m, fmt.Errorf("%w: set aside as %s; the slices it listed are left alone", err, filepath.Base(aside))
 	}
 	m.record = *r
 	return m, nil
@@ -93,11 +94,7 @@ func (m *migSlices) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := m.path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, m.path)
+	return sealed.WriteFile(m.path, data)
 }
 
 // setSources records what the work loop last saw: the open NVML source

@@ -20,6 +20,7 @@ import (
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu"
 	"github.com/resclass/resclass/pkg/devicekind/nvidiagpu/nvmlsource"
 	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
+	"github.com/resclass/resclass/pkg/internal/sealed"
 	"github.com/resclass/resclass/pkg/mig"
 )
 
@@ -187,7 +188,7 @@ func TestMIGSlicesRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "set aside") || len(m.record.Instances) != 0 {
 		t.Fatalf("a forged record: %v, %+v", err, m.record)
 	}
-	if _, err := os.Stat(path + ".bad"); err != nil {
-		t.Errorf("not set aside: %v", err)
+	if aside, _ := filepath.Glob(path + sealed.SetAsideSuffix + "*"); len(aside) != 1 {
+		t.Errorf("set aside as %v, want one file", aside)
 	}
 }
