@@ -2,6 +2,7 @@ package mig
 
 import (
 	"fmt"
+	"maps"
 	"math/bits"
 )
 
@@ -168,10 +169,7 @@ func (c Choice) Better(d Choice) bool {
 // Clone is a copy of g that changes apart from it (the table shared).
 func (g *GPU) Clone() *GPU {
 	c := *g
-	c.count = make(map[string]int, len(g.count))
-	for k, v := range g.count {
-		c.count[k] = v
-	}
+	c.count = maps.Clone(g.count)
 	return &c
 }
 

@@ -22,12 +22,7 @@ func applyMIGModes(labels map[string]string, devices []v1alpha1.Device) {
 		if d.Kind != v1alpha1.DeviceKindNvidiaGPU {
 			continue
 		}
-		key := v1alpha1.LabelGPUMIGDevicePrefix + d.ID
-		v, marked := labels[key]
-		if !marked {
-			key = v1alpha1.LabelGPUMIG
-			v, marked = labels[key]
-		}
+		key, v, marked := deviceLabel(labels, v1alpha1.LabelGPUMIG, v1alpha1.LabelGPUMIGDevicePrefix, d.ID)
 		mode, message := v1alpha1.MIGStatic, ""
 		switch {
 		case !marked || v == v1alpha1.MIGLabelStatic:

@@ -215,13 +215,9 @@ func (s *sharingModes) settleLeft(id string, current, wanted v1alpha1.SharingMod
 // wantedSharingMode is the mode the labels ask for a GPU: its own label,
 // else the node's, else exclusive; why says so when a value names no mode.
 func wantedSharingMode(labels map[string]string, id string) (mode v1alpha1.SharingMode, why string) {
-	key := v1alpha1.LabelGPUSharingDevicePrefix + id
-	v, ok := labels[key]
+	key, v, ok := deviceLabel(labels, v1alpha1.LabelGPUSharing, v1alpha1.LabelGPUSharingDevicePrefix, id)
 	if !ok {
-		key = v1alpha1.LabelGPUSharing
-		if v, ok = labels[key]; !ok {
-			return v1alpha1.SharingExclusive, ""
-		}
+		return v1alpha1.SharingExclusive, ""
 	}
 	mode, ok = v1alpha1.SharingModeOfLabel(v)
 	if !ok {
@@ -229,6 +225,18 @@ func wantedSharingMode(labels map[string]string, id string) (mode v1alpha1.Shari
 			v1alpha1.SharingLabelExclusive, v1alpha1.SharingLabelTimeSlicing, v1alpha1.SharingLabelMPS)
 	}
 	return mode, why
+}
+
+// deviceLabel is device id's label of a per-device setting: the device's
+// own (devicePrefix followed by id) if the Node has it, else the node's
+// (nodeKey); ok is false when neither is set. key says which was read.
+func deviceLabel(labels map[string]string, nodeKey, devicePrefix, id string) (key, value string, ok bool) {
+	key = devicePrefix + id
+	if value, ok = labels[key]; ok {
+		return key, value, true
+	}
+	value, ok = labels[nodeKey]
+	return nodeKey, value, ok
 }
 
 // restore is the mode in force of a GPU the agent has no mode of (it just
