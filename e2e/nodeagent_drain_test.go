@@ -79,12 +79,19 @@ func TestNodeAgentDrainsAllocateOnSIGTERM(t *testing.T) {
 	}
 	answered := make(chan answer, 1)
 	go func() {
+		// WaitForReady: the socket exists before its server serves (and a
+		// self-check may restart it), and a call that fails fast on the
+		// connection never reaches the wire.
 		resp, err := pluginapi.NewDevicePluginClient(conn).Allocate(ctx, &pluginapi.AllocateRequest{
 			ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{gpu}}},
-		})
+		}, grpc.WaitForReady(true))
 		answered <- answer{resp, err}
 	}()
-	<-onWire
+	select {
+	case <-onWire:
+	case a := <-answered:
+		t.Fatalf("Allocate answered before it was sent: %v, %v", a.resp, a.err)
+	}
 
 	// SIGTERM.
 	stopped := make(chan error, 1)
