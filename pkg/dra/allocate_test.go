@@ -1,6 +1,7 @@
 package dra
 
 import (
+	"fmt"
 	"os"
 	"regexp"
 	"testing"
@@ -84,16 +85,24 @@ func validateClaim(t *testing.T, c *resourceapi.ResourceClaim) {
 // Kubernetes' validation.
 func allocator(t *testing.T, gpus []v1alpha1.Device, rcs ...*v1alpha1.ResourceClass) func(claims ...*resourceapi.ResourceClaim) []resourceapi.AllocationResult {
 	t.Helper()
-	_, ctx := ktesting.NewTestContext(t)
 	devices, refused := dradevice.Devices(gpus)
 	if len(refused) > 0 {
 		t.Fatal(refused)
 	}
 	validateSlice(t, devices)
-	slice := &resourceapi.ResourceSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: "node-1-resclass.io"},
-		Spec: resourceapi.ResourceSliceSpec{Driver: dradevice.DriverName, NodeName: ptr("node-1"),
-			Pool: resourceapi.ResourcePool{Name: "node-1", ResourceSliceCount: 1}, Devices: devices},
+	return allocatorOn(t, []resourceapi.ResourceSliceSpec{{Devices: devices}}, rcs...)
+}
+
+// allocatorOn is allocator over the slices of node-1's pool that specs
+// (their devices or counters) are.
+func allocatorOn(t *testing.T, specs []resourceapi.ResourceSliceSpec, rcs ...*v1alpha1.ResourceClass) func(claims ...*resourceapi.ResourceClaim) []resourceapi.AllocationResult {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	var slices []*resourceapi.ResourceSlice
+	for i, spec := range specs {
+		spec.Driver, spec.NodeName = dradevice.DriverName, ptr("node-1")
+		spec.Pool = resourceapi.ResourcePool{Name: "node-1", ResourceSliceCount: int64(len(specs))}
+		slices = append(slices, &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-1-resclass.io-%d", i)}, Spec: spec})
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}
 	cls := classes{}
@@ -104,7 +113,7 @@ func allocator(t *testing.T, gpus []v1alpha1.Device, rcs ...*v1alpha1.ResourceCl
 		}
 		cls[rc.Name] = dc
 	}
-	features := structured.Features{ConsumableCapacity: true, DeviceTaints: true, PrioritizedList: true}
+	features := structured.Features{ConsumableCapacity: true, DeviceTaints: true, PrioritizedList: true, PartitionableDevices: true}
 	state := structured.AllocatedState{
 		AllocatedDevices:         sets.New[structured.DeviceID](),
 		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
@@ -115,7 +124,7 @@ func allocator(t *testing.T, gpus []v1alpha1.Device, rcs ...*v1alpha1.ResourceCl
 		for _, c := range claims {
 			validateClaim(t, c)
 		}
-		a, err := structured.NewAllocator(ctx, features, state, cls, []*resourceapi.ResourceSlice{slice}, dracel.NewCache(10, dracel.Features{EnableConsumableCapacity: true}))
+		a, err := structured.NewAllocator(ctx, features, state, cls, slices, dracel.NewCache(10, dracel.Features{EnableConsumableCapacity: true}))
 		if err != nil {
 			t.Fatal(err)
 		}

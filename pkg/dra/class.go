@@ -128,7 +128,8 @@ func Selector(spec *v1alpha1.ResourceClassSpec) (string, error) {
 
 // servedAs is the CEL of pkg/selector's rule of who a device serves: a class
 // without a share selects only devices served whole (no sharing mode
-// published), a class with one only devices that serve shares and whose
+// published), and potential MIG slices only if it has createMIG (a share
+// class never has it); a class with a share only devices that serve shares and whose
 // share capacities each hold one unit of what the share takes (a capacity
 // the device does not publish holds none). The device publishes whole
 // bytes and percent (dradevice), as the selector counts them.
@@ -136,7 +137,11 @@ func servedAs(class *selector.Class) string {
 	mode := quote(dradevice.AttributeShareMode) + " in device.attributes[" + quote(dradevice.ShareDomain) + "]"
 	unit, ok := class.Share()
 	if !ok {
-		return "!(" + mode + ")"
+		if class.CreatesMIG() {
+			return "!(" + mode + ")"
+		}
+		potential := quote(dradevice.AttributePotential) + " in device.attributes[" + quote(dradevice.MIGDomain) + "]"
+		return "!(" + mode + ") && !(" + potential + ")"
 	}
 	parts := []string{mode}
 	capacity := "device.capacity[" + quote(dradevice.ShareDomain) + "]"

@@ -131,15 +131,16 @@ func validateSlice(t testing.TB, devices []resourceapi.Device) {
 
 func sliceErrors(t testing.TB, devices []resourceapi.Device) field.ErrorList {
 	t.Helper()
-	slice := &resourceapi.ResourceSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: "node-1-resclass.io-abcde"},
-		Spec: resourceapi.ResourceSliceSpec{
-			Driver:   dradevice.DriverName,
-			NodeName: ptr("node-1"),
-			Pool:     resourceapi.ResourcePool{Name: "node-1", ResourceSliceCount: 1},
-			Devices:  devices,
-		},
-	}
+	return specErrors(t, resourceapi.ResourceSliceSpec{Devices: devices})
+}
+
+// specErrors is what the apiserver's validation says of a slice of node-1's
+// pool with spec's devices or counters.
+func specErrors(t testing.TB, spec resourceapi.ResourceSliceSpec) field.ErrorList {
+	t.Helper()
+	spec.Driver, spec.NodeName = dradevice.DriverName, ptr("node-1")
+	spec.Pool = resourceapi.ResourcePool{Name: "node-1", ResourceSliceCount: 1}
+	slice := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "node-1-resclass.io-abcde"}, Spec: spec}
 	var in internal.ResourceSlice
 	if err := legacyscheme.Scheme.Convert(slice, &in, nil); err != nil {
 		t.Fatal(err)
