@@ -26,6 +26,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -95,6 +96,9 @@ type Config struct {
 	Recorder record.EventRecorder
 	// Metrics, if set, counts outcomes and latencies.
 	Metrics *Metrics
+	// Slices, if set, makes the MIG slices claims are allocated
+	// (slices.go); nil refuses such a claim.
+	Slices SliceMaker
 }
 
 // Plugin prepares and unprepares the claims of the agent's devices, and
@@ -112,6 +116,10 @@ type Plugin struct {
 	ids     map[string]string           // DRA device name -> resclass id
 	cp      *Checkpoint
 	cdi     *cdi.Cache
+	// setAside: the checkpoint read at start could not be believed.
+	setAside bool
+	// held is the checkpoint's claims by device, for HeldBy.
+	held atomic.Pointer[map[string][]types.UID]
 
 	helper *kubeletplugin.Helper
 	health *healthHub
@@ -172,7 +180,8 @@ func New(cfg Config) (*Plugin, error) {
 	}
 	// devices stays nil until the first SetDevices: Holdings tells "not
 	// known yet" from "none".
-	p := &Plugin{cfg: cfg, kinds: cfg.Kinds, cp: cp, cdi: cache, ids: map[string]string{}, health: newHealthHub()}
+	p := &Plugin{cfg: cfg, kinds: cfg.Kinds, cp: cp, cdi: cache, ids: map[string]string{}, health: newHealthHub(), setAside: aside != nil}
+	p.noteHeld()
 	p.handoff = handoff.NewHandoff(cfg.HostRoot, strategies, p.device)
 	return p, nil
 }
@@ -272,6 +281,9 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		if err != nil {
 			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
 			p.warn(claim, err)
+			// A slice made for it before another failed is not left
+			// behind; the kubelet's retry makes it again.
+			p.release(ctx, []types.UID{claim.UID})
 			continue
 		}
 		switch old, had := p.cp.Claims[claim.UID]; {
@@ -293,12 +305,15 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	if changed {
 		if err := p.cp.Save(p.checkpointPath()); err != nil {
 			// Nothing is prepared unless it is recorded: forget this call's
-			// new claims and fail the call.
+			// new claims and fail the call (a slice made for one of them is
+			// released).
 			for _, uid := range added {
 				delete(p.cp.Claims, uid)
 			}
+			p.release(ctx, added)
 			return nil, fmt.Errorf("writing the checkpoint: %w", err)
 		}
+		p.noteHeld()
 	}
 	return out, nil
 }
@@ -314,6 +329,15 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	}
 	pc := &PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, Pods: reservedPods(claim)}
 	byRequest := map[string][]int{} // request -> indexes into pc.Devices
+	// made maps the potential slices of the claim to the MIG devices made
+	// for them: what the handoff gives.
+	var made map[string]string
+	given := func(id string) string {
+		if m, ok := made[id]; ok {
+			return m
+		}
+		return id
+	}
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != p.cfg.DriverName {
 			continue
@@ -360,6 +384,17 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 				return nil, "conflict", fmt.Errorf("ResourceClaim %s/%s: %w", claim.Namespace, claim.Name, err)
 			}
 		}
+		// Made once it is known to be this claim's alone.
+		if isSlice(id) {
+			d, err := p.makeSlice(ctx, claim.UID, id)
+			if err != nil {
+				return nil, "error", err
+			}
+			if made == nil {
+				made = map[string]string{}
+			}
+			made[id] = d.ID
+		}
 		byRequest[r.Request] = append(byRequest[r.Request], len(pc.Devices))
 		pc.Devices = append(pc.Devices, PreparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device, ID: id, Share: share})
 	}
@@ -371,7 +406,7 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		idx := byRequest[request]
 		ids := make([]string, len(idx))
 		for i, j := range idx {
-			ids[i] = pc.Devices[j].ID
+			ids[i] = given(pc.Devices[j].ID)
 		}
 		class := p.cfg.ClassOf(deviceClassOf(claim, request))
 		for _, j := range idx {
@@ -390,7 +425,7 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		e, err := handoff.Edits(p.kinds, &p.handoff, class, ids, func(k devicekind.Kind) []*v1alpha1.Device {
 			var out []*v1alpha1.Device
 			for _, id := range all {
-				if d := p.devices[id]; d != nil && p.kinds.Kind(d.Kind) == k && !slices.Contains(out, d) {
+				if d := p.devices[given(id)]; d != nil && p.kinds.Kind(d.Kind) == k && !slices.Contains(out, d) {
 					out = append(out, d)
 				}
 			}
@@ -578,7 +613,17 @@ func (p *Plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 			maps.Copy(p.cp.Claims, removed)
 			return nil, fmt.Errorf("writing the checkpoint: %w", err)
 		}
+		p.noteHeld()
 	}
+	// Every claim unprepared, known or not: one prepared before a
+	// checkpoint set aside may hold a slice the record names.
+	uids := make([]types.UID, 0, len(claims))
+	for _, c := range claims {
+		if out[c.UID] == nil {
+			uids = append(uids, c.UID)
+		}
+	}
+	p.release(ctx, uids)
 	klog.FromContext(ctx).V(2).Info("unprepared", "claims", len(removed))
 	return out, nil
 }
@@ -596,13 +641,17 @@ func (p *Plugin) warn(claim *resourceapi.ResourceClaim, err error) {
 	if p.cfg.Recorder == nil {
 		return
 	}
-	p.cfg.Recorder.Eventf(claim, corev1.EventTypeWarning, ReasonPrepareFailed, "node %s: %v", p.cfg.NodeName, err)
+	reason := ReasonPrepareFailed
+	if errors.Is(err, errSlice) {
+		reason = handoff.ReasonMIGSliceFailed
+	}
+	p.cfg.Recorder.Eventf(claim, corev1.EventTypeWarning, reason, "node %s: %v", p.cfg.NodeName, err)
 	for _, r := range claim.Status.ReservedFor {
 		if r.Resource != "pods" || r.APIGroup != "" {
 			continue
 		}
 		pod := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: claim.Namespace, Name: r.Name, UID: r.UID}
-		p.cfg.Recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPrepareFailed, "ResourceClaim %s on node %s: %v", claim.Name, p.cfg.NodeName, err)
+		p.cfg.Recorder.Eventf(pod, corev1.EventTypeWarning, reason, "ResourceClaim %s on node %s: %v", claim.Name, p.cfg.NodeName, err)
 	}
 }
 

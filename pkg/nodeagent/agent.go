@@ -267,7 +267,8 @@ type running struct {
 	publishing workqueue.TypedRateLimiter[string] // backoff of failed publishes
 	opening    workqueue.TypedRateLimiter[string] // backoff of sources that do not open, by pass
 	plugins    *pluginSet
-	// slices makes MIG slices for pods, with plugins; migLabels are the
+	// slices makes MIG slices for pods, with plugins, or for claims, with
+	// dra; migLabels are the
 	// Node's MIG labels at the last pass (migLabels).
 	slices      *migSlices
 	migLabels   string
@@ -370,6 +371,7 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 			return r, err
 		}
 		r.onStop(r.dra.stop)
+		r.slices = r.dra.slices
 	} else if err := a.deleteStaleSlices(ctx); err != nil {
 		logger.Error(err, "device-plugin mode: ResourceSlices left from DRA mode not deleted")
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -50,16 +51,26 @@ var ErrModeChanged = errors.New("the node's device mode changed: restarting to s
 // which also publishes the ResourceSlices through the upstream helper, and
 // the CDI spec of the GPUs (named by the per-claim specs).
 type draSet struct {
-	plugin   *draplugin.Plugin
-	detach   func() // the plugin's device_holder series
-	kinds    *devicekind.Registry
-	cdi      *cdiSpec
+	plugin *draplugin.Plugin
+	detach func() // the plugin's device_holder series
+	kinds  *devicekind.Registry
+	// slices makes the MIG slices claims are allocated (docs/mig.md, "DRA
+	// nodes"), with its own ownership record in the plugin's directory.
+	slices   *migSlices
 	node     *corev1.Node
 	recorder record.EventRecorder
 	logger   klog.Logger
 	// refused is the last set of devices the mapping refused, so that a
 	// refusal is reported once, not at every poll.
 	refused string
+
+	// mu keeps the CDI spec's writes apart: the work loop's, and those of
+	// a prepare that made a slice (which holds the plugin's lock: mu is
+	// never held while taking it).
+	mu  sync.Mutex
+	cdi *cdiSpec
+	// devices are the devices last given to update, for the CDI spec.
+	devices []v1alpha1.Device
 }
 
 // startDRA starts the DRA kubelet plugin.
@@ -73,21 +84,37 @@ func (a *Agent) startDRA(ctx context.Context, node *corev1.Node, recorder record
 	if err != nil {
 		return nil, err
 	}
+	// The MIG ownership record of this mode is the DRA plugin's own: a
+	// node that changes mode leaves the other mode's slices alone
+	// (docs/mig.md, "DRA nodes").
+	ms, err := newMIGSlices(c.PluginDataDir)
+	if err != nil {
+		logger.Error(err, "MIG ownership record")
+		recorder.Event(node, corev1.EventTypeWarning, reasonMIGRecordSetAside, err.Error())
+	}
+	ms.event = func(eventtype, reason, message string) { recorder.Event(node, eventtype, reason, message) }
+	ms.metrics = a.metrics
 	plugin, err := draplugin.New(draplugin.Config{
 		NodeName: a.config.NodeName, DriverName: dradevice.DriverName, HostRoot: a.config.HostRoot,
 		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,
 		CDIDir: a.config.CDISpecDir, PluginDataDir: c.PluginDataDir, RegistrarDir: c.RegistrationDir,
-		Client: a.kube, Recorder: recorder, Metrics: a.metrics.dra,
+		Client: a.kube, Recorder: recorder, Metrics: a.metrics.dra, Slices: ms,
 	})
 	if err != nil {
 		return nil, err
 	}
+	// The claims prepared hold the slices; those prepared before a
+	// checkpoint that was set aside are not known, and their slices are
+	// then destroyed only when the kubelet unprepares them.
+	ms.heldBy, ms.synced = plugin.HeldBy, plugin.CheckpointBelieved
+	s := &draSet{plugin: plugin, kinds: a.config.Kinds, slices: ms, cdi: spec, node: node, recorder: recorder, logger: logger}
+	ms.made = s.writeCDI
 	if err := plugin.Start(ctx, a.kube, node.UID); err != nil {
 		return nil, err
 	}
 	logger.Info("DRA mode: serving the DRA kubelet plugin", "driver", dradevice.DriverName, "pluginDir", c.PluginDataDir)
-	detach := a.metrics.handoff.AttachHolders(plugin)
-	return &draSet{plugin: plugin, detach: detach, kinds: a.config.Kinds, cdi: spec, node: node, recorder: recorder, logger: logger}, nil
+	s.detach = a.metrics.handoff.AttachHolders(plugin)
+	return s, nil
 }
 
 func (s *draSet) stop() {
@@ -113,7 +140,10 @@ func draInventory(status v1alpha1.NodeDevicesStatus) v1alpha1.NodeDevicesStatus 
 // mode: its MIG devices are published) is left out, as is a device the
 // mapping refuses (reported once per change as an Event on the Node).
 func (s *draSet) update(ctx context.Context, devices []v1alpha1.Device) {
-	s.cdi.update(devices)
+	s.mu.Lock()
+	s.devices = devices
+	s.mu.Unlock()
+	s.writeCDI()
 	var allocatable []v1alpha1.Device
 	for i := range devices {
 		if s.kinds.Allocation(&devices[i]) != devicekind.Unallocatable {
@@ -127,7 +157,14 @@ func (s *draSet) update(ctx context.Context, devices []v1alpha1.Device) {
 			names[mapped[i].Name] = id
 		}
 	}
-	s.plugin.SetDevices(devices, names)
+	migs, potentials, migRefused := migPotentials(devices)
+	refused = append(refused, migRefused...)
+	for _, g := range migs {
+		for i := range g.Devices {
+			names[g.Devices[i].Name] = g.Potentials[i].ID
+		}
+	}
+	s.plugin.SetDevices(append(slices.Clip(devices), potentials...), names)
 	if key := errorsKey(refused); key != s.refused {
 		s.refused = key
 		for _, err := range refused {
@@ -135,21 +172,72 @@ func (s *draSet) update(ctx context.Context, devices []v1alpha1.Device) {
 			s.recorder.Event(s.node, corev1.EventTypeWarning, reasonNotPublishable, err.Error())
 		}
 	}
-	if err := s.plugin.Helper().PublishResources(ctx, driverResources(s.node.Name, mapped)); err != nil {
+	if err := s.plugin.Helper().PublishResources(ctx, driverResources(s.node.Name, mapped, migs)); err != nil {
 		s.logger.Error(err, "publishing the ResourceSlices")
 	}
+}
+
+// writeCDI writes the CDI spec of the devices last given to update and of
+// the MIG slices made since: a prepare that made a slice calls it before it
+// answers with the slice's CDI name.
+func (s *draSet) writeCDI() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all := s.devices
+	if made := s.slices.madeDevices(); len(made) > 0 {
+		all = slices.Clone(s.devices)
+		for _, d := range made {
+			if !slices.ContainsFunc(all, func(x v1alpha1.Device) bool { return x.ID == d.ID }) {
+				all = append(all, d)
+			}
+		}
+	}
+	s.cdi.update(all)
+}
+
+// migPotentials maps the potential MIG slices of the GPUs marked for dynamic
+// MIG (dradevice.MIGPotentials); a GPU whose slices cannot be mapped is
+// refused as a whole.
+func migPotentials(devices []v1alpha1.Device) (migs []*dradevice.MIGGPU, potentials []v1alpha1.Device, refused []error) {
+	for i := range devices {
+		g, err := dradevice.MIGPotentials(&devices[i])
+		switch {
+		case err != nil:
+			refused = append(refused, fmt.Errorf("the MIG slices of GPU %s %w: %w", devices[i].ID, dradevice.ErrRefused, err))
+		case g != nil:
+			migs = append(migs, g)
+			potentials = append(potentials, g.Potentials...)
+		}
+	}
+	return migs, potentials, refused
 }
 
 // driverResources is the node's one pool, named after the node, in slices of
 // at most ResourceSliceMaxDevicesWithAdvancedFeatures (64) devices: the most a
 // slice may hold once a device is tainted (unhealthy), so that a device
-// turning unhealthy never moves devices between slices.
-func driverResources(node string, devices []resourceapi.Device) resourceslice.DriverResources {
+// turning unhealthy never moves devices between slices. The GPUs marked for
+// dynamic MIG follow: their counter sets in slices of their own (at most
+// ResourceSliceMaxCounterSets, 8, each), and each GPU's potential slices in a
+// slice of its own (25 on an A100: within the 64 of a slice whose devices
+// consume counters).
+func driverResources(node string, devices []resourceapi.Device, migs []*dradevice.MIGGPU) resourceslice.DriverResources {
 	var out []resourceslice.Slice
 	for len(devices) > 0 {
 		n := min(len(devices), resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures)
 		out = append(out, resourceslice.Slice{Devices: devices[:n]})
 		devices = devices[n:]
+	}
+	for len(migs) > 0 {
+		n := min(len(migs), resourceapi.ResourceSliceMaxCounterSets)
+		var sets []resourceapi.CounterSet
+		for _, g := range migs[:n] {
+			sets = append(sets, g.Counters)
+		}
+		out = append(out, resourceslice.Slice{SharedCounters: sets})
+		for _, g := range migs[:n] {
+			out = append(out, resourceslice.Slice{Devices: g.Devices})
+		}
+		migs = migs[n:]
 	}
 	if len(out) == 0 {
 		out = []resourceslice.Slice{{}}

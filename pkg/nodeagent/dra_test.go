@@ -2,12 +2,15 @@ package nodeagent
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/dra/dradevice"
+	"github.com/resclass/resclass/pkg/mig"
 )
 
 // TestDriverResourcesSlices: one pool named after the node, in slices of at
@@ -19,7 +22,7 @@ func TestDriverResourcesSlices(t *testing.T) {
 		for i := range devices {
 			devices[i].Name = fmt.Sprintf("d-%d", i)
 		}
-		res := driverResources("node-1", devices)
+		res := driverResources("node-1", devices, nil)
 		pool, ok := res.Pools["node-1"]
 		if len(res.Pools) != 1 || !ok {
 			t.Fatalf("%d devices: pools %v", n, res.Pools)
@@ -61,4 +64,48 @@ func TestDRAInventory(t *testing.T) {
 	if len(status.Devices) != 1 {
 		t.Error("draInventory changed its argument's devices")
 	}
+}
+
+// TestDriverResourcesMIG: the counter sets of the GPUs marked for dynamic
+// MIG in slices of their own, at most 8 each, and each GPU's potential
+// slices in a slice of its own, after the other devices.
+func TestDriverResourcesMIG(t *testing.T) {
+	var migs []*dradevice.MIGGPU
+	for i := range 10 {
+		g, err := dradevice.MIGPotentials(dynamicGPU(fmt.Sprintf("GPU-%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		migs = append(migs, g)
+	}
+	res := driverResources("node-1", []resourceapi.Device{{Name: "nic-0"}}, migs)
+	var sets, perGPU []int
+	for _, s := range res.Pools["node-1"].Slices[1:] {
+		switch {
+		case len(s.SharedCounters) > 0 && len(s.Devices) > 0:
+			t.Fatal("a slice with counters and devices")
+		case len(s.SharedCounters) > 0:
+			sets = append(sets, len(s.SharedCounters))
+		default:
+			perGPU = append(perGPU, len(s.Devices))
+		}
+	}
+	if !slices.Equal(sets, []int{8, 2}) {
+		t.Errorf("counter sets by slice %v, want [8 2]", sets)
+	}
+	if len(perGPU) != 10 || slices.ContainsFunc(perGPU, func(n int) bool { return n != len(migs[0].Devices) }) {
+		t.Errorf("potential slices by slice %v, want 10 of %d", perGPU, len(migs[0].Devices))
+	}
+	if got := res.Pools["node-1"].Slices[0].Devices; len(got) != 1 || got[0].Name != "nic-0" {
+		t.Errorf("first slice %v, want the other devices", got)
+	}
+}
+
+func dynamicGPU(id string) *v1alpha1.Device {
+	m := mig.A100_40GB.API()
+	m.Mode = v1alpha1.MIGDynamic
+	return &v1alpha1.Device{ID: id, Kind: v1alpha1.DeviceKindNvidiaGPU, Healthy: true, MIG: m, Attributes: map[string]v1alpha1.DeviceAttribute{
+		v1alpha1.AttributeMIGEnabled: v1alpha1.BoolAttribute(true),
+		v1alpha1.AttributeProduct:    v1alpha1.StringAttribute(mig.A100_40GB.Product),
+	}}
 }

@@ -342,3 +342,34 @@ func (m *migSlices) madeDevices() []v1alpha1.Device {
 	}
 	return out
 }
+
+// Release destroys the slices made for owner that nothing holds now
+// (draplugin.SliceMaker): on a DRA node, once the kubelet unprepared the
+// claim they were made for. A slice not destroyed (NVML not open, an error)
+// is left to reconcile.
+func (m *migSlices) Release(ctx context.Context, owner types.UID) {
+	logger := klog.FromContext(ctx)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	src := m.source()
+	for _, o := range slices.Clone(m.record.Instances) {
+		if o.Pod != string(owner) || slices.Contains(m.heldBy(mig.SliceID(o.GPU, o.Profile, o.Start)), owner) {
+			continue
+		}
+		if src == nil {
+			logger.Info("MIG slice not destroyed: NVML is not open; tried again at a later pass", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, "owner", owner)
+			continue
+		}
+		if err := m.destroyLocked(src, o); err != nil {
+			logger.Error(err, "MIG slice not destroyed; tried again at a later pass", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, "owner", owner)
+			continue
+		}
+		logger.Info("MIG slice destroyed: released by its holder", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, "owner", owner)
+		if m.event != nil {
+			m.event("Normal", reasonMIGSliceDestroyed, fmt.Sprintf("MIG slice %s@%d on GPU %s destroyed: ResourceClaim %s, which it was made for, is unprepared", o.Profile, o.Start, o.GPU, owner))
+		}
+	}
+	if m.metrics != nil {
+		m.metrics.migOwned.Set(float64(len(m.record.Instances)))
+	}
+}

@@ -192,3 +192,36 @@ func TestMIGSlicesRefused(t *testing.T) {
 		t.Errorf("set aside as %v, want one file", aside)
 	}
 }
+
+// TestMIGSlicesReleased: on a DRA node the claim is the holder; its
+// unprepare releases the slices made for it, and only those no claim
+// holds.
+func TestMIGSlicesReleased(t *testing.T) {
+	f := newMIGFixture(t)
+	ctx := context.Background()
+	a, b := mig.SliceID(f.gpu, "1g.5gb", 0), mig.SliceID(f.gpu, "3g.20gb", 4)
+	for slice, claim := range map[string]types.UID{a: "claim-a", b: "claim-b"} {
+		if _, err := f.m.Ensure(ctx, claim, slice); err != nil {
+			t.Fatal(err)
+		}
+		f.holds[slice] = []types.UID{claim}
+	}
+	// Still prepared: kept.
+	f.m.Release(ctx, "claim-a")
+	if got := f.dgx.MIGInstances(f.gpu); len(got) != 2 {
+		t.Fatalf("a held slice released: instances %v", got)
+	}
+	f.holds[a] = nil
+	f.m.Release(ctx, "claim-a")
+	if got := f.dgx.MIGInstances(f.gpu); !slices.Equal(got, []string{"3g.20gb@4"}) {
+		t.Errorf("after claim-a's release: instances %v, want claim-b's only", got)
+	}
+	if len(f.m.record.Instances) != 1 || f.m.record.Instances[0].Pod != "claim-b" {
+		t.Errorf("record %+v", f.m.record)
+	}
+	// An owner with no slice: nothing happens.
+	f.m.Release(ctx, "claim-z")
+	if got := f.dgx.MIGInstances(f.gpu); len(got) != 1 {
+		t.Errorf("instances %v", got)
+	}
+}

@@ -1,0 +1,105 @@
+package draplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
+	"github.com/resclass/resclass/pkg/handoff"
+	"github.com/resclass/resclass/pkg/mig"
+)
+
+// MIG slices made on demand (docs/mig.md, "DRA nodes"): a claim allocated a
+// potential slice (a device whose id is mig.SliceID) gets the slice made at
+// prepare, by the node agent's SliceMaker, and handed off as that MIG
+// device; the claim's unprepare releases it. The claim is the slice's
+// holder: its UID is the owner the agent records, and the claims prepared
+// (the checkpoint) are what holds a slice.
+
+// SliceMaker makes and releases the MIG slices of claims.
+type SliceMaker interface {
+	// Ensure makes the slice for the claim whose UID is the owner, or
+	// finds the one made for it before (handoff.SliceMaker).
+	handoff.SliceMaker
+	// Release destroys the slices made for owner that no prepared claim
+	// holds: called once the claim is unprepared.
+	Release(ctx context.Context, owner types.UID)
+}
+
+// errSlice marks a prepare that failed making a slice: its Event has the
+// reason handoff.ReasonMIGSliceFailed, as on the device-plugin path.
+var errSlice = errors.New("the MIG slice the scheduler chose could not be made")
+
+// makeSlice makes the slice id for claim and returns its MIG device, which
+// the handoff of this prepare then sees under its own id. Called with p.mu
+// held.
+func (p *Plugin) makeSlice(ctx context.Context, claim types.UID, id string) (*v1alpha1.Device, error) {
+	if p.cfg.Slices == nil {
+		return nil, fmt.Errorf("%w: MIG slice %s: this node agent makes no MIG slices", errSlice, id)
+	}
+	d, err := p.cfg.Slices.Ensure(ctx, claim, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w: MIG slice %s: %w", errSlice, id, err)
+	}
+	// A copy: the map is the plugin's, the device the maker's.
+	made := d.DeepCopy()
+	if p.devices == nil {
+		p.devices = map[string]*v1alpha1.Device{}
+	}
+	p.devices[made.ID] = made
+	return made, nil
+}
+
+// isSlice says whether id is a potential slice's.
+func isSlice(id string) bool {
+	_, _, _, ok := mig.ParseSliceID(id)
+	return ok
+}
+
+// HeldBy lists the prepared claims that hold device id (a resclass id, a
+// slice's among them), by UID: what keeps a MIG slice made for a claim. It
+// takes no lock (the SliceMaker asks while a prepare holds the plugin's), and
+// sees the claims as of the last change of the checkpoint.
+func (p *Plugin) HeldBy(id string) []types.UID {
+	if m := p.held.Load(); m != nil {
+		return (*m)[id]
+	}
+	return nil
+}
+
+// CheckpointBelieved says whether the claims prepared before the agent's
+// start are known: false when the checkpoint was set aside, and the slices
+// made for those claims must then not be taken as unheld.
+func (p *Plugin) CheckpointBelieved() bool { return !p.setAside }
+
+// noteHeld publishes the holders of each device from the checkpoint; with
+// p.mu held, after each change.
+func (p *Plugin) noteHeld() {
+	m := map[string][]types.UID{}
+	for _, uid := range slices.Sorted(maps.Keys(p.cp.Claims)) {
+		for _, d := range p.cp.Claims[uid].Devices {
+			if !slices.Contains(m[d.ID], uid) {
+				m[d.ID] = append(m[d.ID], uid)
+			}
+		}
+	}
+	p.held.Store(&m)
+}
+
+// release lets the slice maker destroy the slices made for claims that are
+// not prepared now. Called with p.mu held.
+func (p *Plugin) release(ctx context.Context, claims []types.UID) {
+	if p.cfg.Slices == nil {
+		return
+	}
+	for _, uid := range claims {
+		if _, prepared := p.cp.Claims[uid]; !prepared {
+			p.cfg.Slices.Release(ctx, uid)
+		}
+	}
+}
