@@ -516,11 +516,19 @@ func resourceVersions(list []resourceapi.ResourceSlice) map[string]string {
 // class's DeviceClass, and the pod name using it, pinned to node.
 func draClaimPod(t *testing.T, ctx context.Context, ns, name, node string, count int64) {
 	t.Helper()
+	claimPod(t, ctx, ns, name, node, classDRA, count)
+}
+
+// claimPod creates the ResourceClaim name, of count devices of class's
+// DeviceClass, and the pod name using it, pinned to node, for the default
+// scheduler.
+func claimPod(t *testing.T, ctx context.Context, ns, name, node, class string, count int64) {
+	t.Helper()
 	claim := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
 			Name:    "gpus",
-			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: classDRA, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count},
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count},
 		}}}},
 	}
 	if _, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {

@@ -610,7 +610,10 @@ func (r *running) publishPass(ctx context.Context) {
 	var owned map[string]bool
 	if r.slices != nil {
 		r.slices.setSources(r.src.slicer(), devices)
-		if r.slices.reconcile(logger) {
+		// A slice destroyed here, or by a claim's unprepare, changes the
+		// GPU: described again.
+		r.slices.reconcile(logger)
+		if r.slices.takeRedescribe() {
 			r.src.redescribeAll(r.queue)
 		}
 		owned = r.slices.mark(devices)

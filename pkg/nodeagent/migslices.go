@@ -56,6 +56,13 @@ type migSlices struct {
 	// described when made or found: the allocator and the CDI spec need
 	// them before discovery lists them.
 	devices map[string]v1alpha1.Device
+	// gone are the MIG devices of slices destroyed or forgotten that the
+	// last description may still list: hidden as the record's are until a
+	// description no longer does, or a destroyed slice's device would be
+	// published, and given, as a device of its own.
+	gone map[string]bool
+	// redescribe says a slice was destroyed since the work loop last asked.
+	redescribe bool
 }
 
 // Reasons of the Events on the Node.
@@ -68,7 +75,7 @@ const (
 // believed is set aside (sealed.SetAside, the reason logged and returned):
 // the agent then knows of no slice it made, and so destroys none.
 func newMIGSlices(dir string) (*migSlices, error) {
-	m := &migSlices{path: filepath.Join(dir, MIGRecordFile), devices: map[string]v1alpha1.Device{}}
+	m := &migSlices{path: filepath.Join(dir, MIGRecordFile), devices: map[string]v1alpha1.Device{}, gone: map[string]bool{}}
 	data, err := sealed.ReadFile(m.path, mig.MaxRecordBytes)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -226,6 +233,20 @@ func (m *migSlices) destroyLocked(src nvidiagpu.Slicer, o mig.Owned) error {
 func (m *migSlices) forgetLocked(o mig.Owned) {
 	m.record.Instances = slices.DeleteFunc(m.record.Instances, func(x mig.Owned) bool { return x == o })
 	delete(m.devices, o.Device)
+	if o.Device != "" {
+		m.gone[o.Device] = true
+	}
+	m.redescribe = true
+}
+
+// takeRedescribe says whether a slice was destroyed since the last call:
+// the GPUs are then described again.
+func (m *migSlices) takeRedescribe() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.redescribe
+	m.redescribe = false
+	return r
 }
 
 // reconcile destroys the slices made for pods that hold them no more and
@@ -306,7 +327,8 @@ func (m *migSlices) reconcile(logger klog.Logger) bool {
 // mark marks, on the GPUs of devices, the instances the agent made
 // (Created), remembers their MIG devices as described, and returns those
 // devices' ids: they are not published as devices of their own, as they
-// are their pods'.
+// are their pods'. The devices of slices destroyed that devices still
+// lists (described before the destruction) are among them.
 func (m *migSlices) mark(devices []v1alpha1.Device) map[string]bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -314,8 +336,14 @@ func (m *migSlices) mark(devices []v1alpha1.Device) map[string]bool {
 	for _, o := range m.record.Instances {
 		owned[o.Device] = true
 	}
+	listed := map[string]bool{}
 	for i := range devices {
 		d := &devices[i]
+		if m.gone[d.ID] {
+			listed[d.ID] = true
+			owned[d.ID] = true
+			continue
+		}
 		switch {
 		case d.MIG != nil:
 			for j := range d.MIG.Instances {
@@ -326,6 +354,11 @@ func (m *migSlices) mark(devices []v1alpha1.Device) map[string]bool {
 			}
 		case d.Kind == v1alpha1.DeviceKindNvidiaMIG && owned[d.ID]:
 			m.devices[d.ID] = *d.DeepCopy()
+		}
+	}
+	for id := range m.gone {
+		if !listed[id] {
+			delete(m.gone, id)
 		}
 	}
 	return owned

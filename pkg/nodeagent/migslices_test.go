@@ -225,3 +225,30 @@ func TestMIGSlicesReleased(t *testing.T) {
 		t.Errorf("instances %v", got)
 	}
 }
+
+// TestMIGSlicesDestroyedStayHidden: the MIG device of a slice destroyed is
+// hidden while a description made before still lists it, so that it is
+// never published as a free device.
+func TestMIGSlicesDestroyedStayHidden(t *testing.T) {
+	f := newMIGFixture(t)
+	ctx := context.Background()
+	d, err := f.m.Ensure(ctx, "claim-a", mig.SliceID(f.gpu, "1g.5gb", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := []v1alpha1.Device{*d}
+	if owned := f.m.mark(stale); !owned[d.ID] {
+		t.Fatal("the slice's device is not hidden")
+	}
+	f.m.Release(ctx, "claim-a")
+	if !f.m.takeRedescribe() || f.m.takeRedescribe() {
+		t.Error("a destroyed slice asks for one description again")
+	}
+	if owned := f.m.mark(stale); !owned[d.ID] {
+		t.Error("a destroyed slice's device, still described, is published")
+	}
+	f.m.mark(nil) // described again: gone
+	if owned := f.m.mark(stale); owned[d.ID] {
+		t.Error("a device listed again after it was gone is still hidden")
+	}
+}
