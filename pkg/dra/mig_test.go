@@ -208,3 +208,24 @@ func TestMIGPotentialsAllocate(t *testing.T) {
 		t.Errorf("a class without createMIG given %v, want the operator's %s", ids, operators.ID)
 	}
 }
+
+// TestMIGPotentialsOfAnUnhealthyGPU: a GPU that turns unhealthy taints its
+// potential slices, so the allocator gives none of them to a new claim.
+func TestMIGPotentialsOfAnUnhealthyGPU(t *testing.T) {
+	sick := dynamicA100("GPU-0")
+	sick.Healthy = false
+	g, err := dradevice.MIGPotentials(&sick)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range g.Devices {
+		if len(d.Taints) != 1 || d.Taints[0].Key != dradevice.TaintUnhealthy {
+			t.Errorf("%s: taints %v, want %s", d.Name, d.Taints, dradevice.TaintUnhealthy)
+		}
+	}
+	small := migClass("mig-any-new", true, expr("kind", v1alpha1.ResourceSelectorOpIn, v1alpha1.DeviceKindNvidiaMIG))
+	specs, byName := migSlices(t, []v1alpha1.Device{sick})
+	if ids := given(t, allocatorOn(t, specs, small)(countClaim("a", small.Name, 1)), byName); ids != nil {
+		t.Errorf("a slice of an unhealthy GPU given: %v", ids)
+	}
+}
