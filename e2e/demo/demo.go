@@ -179,13 +179,16 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		return err
 	}
 
-	p.section("13. A DRA-mode node: the same class through Dynamic Resource Allocation")
+	p.section("13. A DRA-mode node: the same class, and MIG slices, through Dynamic Resource Allocation")
 	dra, err := startDRANode(ctx, cluster)
 	if err != nil {
 		return err
 	}
 	defer dra.stop()
 	if err := draNodeSection(ctx, p, cluster, dra); err != nil {
+		return err
+	}
+	if err := draMIG(ctx, p, cluster, dra); err != nil {
 		return err
 	}
 
@@ -203,6 +206,7 @@ func run(ctx context.Context, w io.Writer, opts options) (err error) {
 		p.line("  kubectl get nodedevices %s -o yaml   # a GPU's sharing; kubectl label node %s %s=mps", agentNode, agentNode, v1alpha1.LabelGPUSharing)
 		p.line("  kubectl resclass mig; kubectl -n demo get pod infer-10g -o yaml   # a MIG slice made for a pod")
 		p.line("  kubectl get deviceclass %s -o yaml; kubectl get resourceslices; kubectl -n demo get resourceclaims", draClass)
+		p.line("  kubectl get resourceslices -o yaml | grep -B2 -A8 sharedCounters   # a dynamic MIG GPU's counters on %s", draNode)
 		if p.err != nil {
 			return p.err
 		}

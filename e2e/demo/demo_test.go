@@ -80,6 +80,11 @@ func TestDemo(t *testing.T) {
 		"      resclass.io/claim=",
 		"      resclass.io/gpu=GPU-",
 		"      RESCLASS_DEVICES_NVIDIA_HIGH_MEM=GPU-",
+		// MIG slices made on demand on the DRA node
+		"limit: 9 counters) and its 25 potential slices",
+		"/mig/1g.10gb@6 -> CDI device resclass.io/gpu=MIG-",
+		"the GPU's instances, in NVML: 1g.10gb@6\n",
+		"the GPU's instances, in NVML: none\n",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("demo output lacks %q", want)

@@ -22,6 +22,7 @@ import (
 	"github.com/resclass/resclass/e2e/framework/cri"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/assignment"
+	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/dra/dradevice"
 	"github.com/resclass/resclass/pkg/draplugin"
 	"github.com/resclass/resclass/pkg/handoff"
@@ -39,6 +40,7 @@ const draClass = "nvidia.high.mem"
 // the claims' CDI specs, and how to stop the agent (before the cluster stops).
 type draSetup struct {
 	kn     *framework.KubeletNode
+	dgx    *nvmlmock.Server
 	gpus   int
 	cdiDir string
 	stop   func()
@@ -70,7 +72,7 @@ func startDRANode(ctx context.Context, c *framework.Cluster) (*draSetup, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &draSetup{kn: kn, gpus: len(dgx.UUIDs()), cdiDir: filepath.Join(c.Dir, kn.Name+"-cdi"), stop: stop}, nil
+	return &draSetup{kn: kn, dgx: dgx, gpus: len(dgx.UUIDs()), cdiDir: filepath.Join(c.Dir, kn.Name+"-cdi"), stop: stop}, nil
 }
 
 // draNodeSection shows the same example class served on the DRA node: the

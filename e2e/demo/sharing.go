@@ -116,8 +116,14 @@ func sharedGPU(ctx context.Context, p *printer, c *framework.Cluster, kn *framew
 // labelAgentNode sets a label on the agent node, as the operator's kubectl
 // label it prints.
 func labelAgentNode(ctx context.Context, p *printer, c *framework.Cluster, key, value string) error {
-	p.line("    $ kubectl label node %s %s=%s", agentNode, key, value)
+	return labelNode(ctx, p, c, agentNode, key, value)
+}
+
+// labelNode sets the label key=value on node, as the kubectl line it
+// prints does.
+func labelNode(ctx context.Context, p *printer, c *framework.Cluster, node, key, value string) error {
+	p.line("    $ kubectl label node %s %s=%s", node, key, value)
 	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{key: value}}})
-	_, err := c.Client.CoreV1().Nodes().Patch(ctx, agentNode, types.MergePatchType, body, metav1.PatchOptions{})
+	_, err := c.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, body, metav1.PatchOptions{})
 	return err
 }
