@@ -120,6 +120,10 @@ type Plugin struct {
 	setAside bool
 	// held is the checkpoint's claims by device, for HeldBy.
 	held atomic.Pointer[map[string][]types.UID]
+	// pending are the slices made during the prepare call in progress, by
+	// slice id: their claims hold them before the checkpoint says so.
+	pendMu  sync.Mutex
+	pending map[string]types.UID
 
 	helper *kubeletplugin.Helper
 	health *healthHub
@@ -270,6 +274,7 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	defer p.cfg.Metrics.observe("prepare", start)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	defer p.settled()
 	logger := klog.FromContext(ctx)
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	var added []types.UID

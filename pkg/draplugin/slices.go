@@ -42,6 +42,15 @@ func (p *Plugin) makeSlice(ctx context.Context, claim types.UID, id string) (*v1
 	if p.cfg.Slices == nil {
 		return nil, fmt.Errorf("%w: MIG slice %s: this node agent makes no MIG slices", errSlice, id)
 	}
+	// The claim holds the slice from now until the checkpoint says so or
+	// the prepare fails: the agent's reconciliation, which does not wait
+	// for the prepare, must not take it for unheld in between.
+	p.pendMu.Lock()
+	if p.pending == nil {
+		p.pending = map[string]types.UID{}
+	}
+	p.pending[id] = claim
+	p.pendMu.Unlock()
 	d, err := p.cfg.Slices.Ensure(ctx, claim, id)
 	if err != nil {
 		return nil, fmt.Errorf("%w: MIG slice %s: %w", errSlice, id, err)
@@ -66,10 +75,16 @@ func isSlice(id string) bool {
 // takes no lock (the SliceMaker asks while a prepare holds the plugin's), and
 // sees the claims as of the last change of the checkpoint.
 func (p *Plugin) HeldBy(id string) []types.UID {
+	var out []types.UID
 	if m := p.held.Load(); m != nil {
-		return (*m)[id]
+		out = slices.Clone((*m)[id])
 	}
-	return nil
+	p.pendMu.Lock()
+	defer p.pendMu.Unlock()
+	if uid, ok := p.pending[id]; ok && !slices.Contains(out, uid) {
+		out = append(out, uid)
+	}
+	return out
 }
 
 // CheckpointBelieved says whether the claims prepared before the agent's
@@ -91,12 +106,23 @@ func (p *Plugin) noteHeld() {
 	p.held.Store(&m)
 }
 
+// settled ends the hold of the slices made during a prepare call: the
+// checkpoint holds them now, or the claim was not prepared. With p.mu held.
+func (p *Plugin) settled() {
+	p.pendMu.Lock()
+	defer p.pendMu.Unlock()
+	clear(p.pending)
+}
+
 // release lets the slice maker destroy the slices made for claims that are
 // not prepared now. Called with p.mu held.
 func (p *Plugin) release(ctx context.Context, claims []types.UID) {
 	if p.cfg.Slices == nil {
 		return
 	}
+	p.pendMu.Lock()
+	maps.DeleteFunc(p.pending, func(_ string, uid types.UID) bool { return slices.Contains(claims, uid) })
+	p.pendMu.Unlock()
 	for _, uid := range claims {
 		if _, prepared := p.cp.Claims[uid]; !prepared {
 			p.cfg.Slices.Release(ctx, uid)

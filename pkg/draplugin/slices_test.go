@@ -22,9 +22,15 @@ type sliceMaker struct {
 	made     map[string]types.UID // slice -> owner
 	released []types.UID
 	fail     error
+	// unheld lists the slices asked for while the plugin did not count
+	// their claim among the holders.
+	unheld []string
 }
 
 func (m *sliceMaker) Ensure(_ context.Context, owner types.UID, id string) (*v1alpha1.Device, error) {
+	if !slices.Contains(m.p.HeldBy(id), owner) {
+		m.unheld = append(m.unheld, id)
+	}
 	if m.fail != nil {
 		return nil, m.fail
 	}
@@ -76,6 +82,11 @@ func TestPrepareMakesSlices(t *testing.T) {
 	}
 	if got := f.p.HeldBy(slice); !slices.Equal(got, []types.UID{"u1"}) {
 		t.Errorf("held by %v", got)
+	}
+	// While it was made the claim held it already: the agent's
+	// reconciliation runs beside a prepare.
+	if len(maker.unheld) > 0 {
+		t.Errorf("slices made while their claim did not hold them: %v", maker.unheld)
 	}
 	// Another claim allocated the same place while u1 holds it: refused.
 	if res := f.prepare(claim("u2", "mig", "slice-a"))["u2"]; res.Err == nil || !strings.Contains(res.Err.Error(), "already prepared") {

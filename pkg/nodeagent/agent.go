@@ -268,8 +268,8 @@ type running struct {
 	opening    workqueue.TypedRateLimiter[string] // backoff of sources that do not open, by pass
 	plugins    *pluginSet
 	// slices makes MIG slices for pods, with plugins, or for claims, with
-	// dra; migLabels are the
-	// Node's MIG labels at the last pass (migLabels).
+	// dra; migLabels are the Node's MIG labels at the last pass
+	// (migLabels).
 	slices      *migSlices
 	migLabels   string
 	introspect  *introspectionSource
