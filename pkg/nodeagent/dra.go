@@ -93,7 +93,7 @@ func (a *Agent) startDRA(ctx context.Context, node *corev1.Node, recorder record
 		recorder.Event(node, corev1.EventTypeWarning, reasonMIGRecordSetAside, err.Error())
 	}
 	ms.event = func(eventtype, reason, message string) { recorder.Event(node, eventtype, reason, message) }
-	ms.metrics = a.metrics
+	ms.metrics, ms.holder = a.metrics, "ResourceClaim"
 	plugin, err := draplugin.New(draplugin.Config{
 		NodeName: a.config.NodeName, DriverName: dradevice.DriverName, HostRoot: a.config.HostRoot,
 		DeviceListStrategies: a.config.DeviceListStrategies, Kinds: a.config.Kinds,

@@ -47,6 +47,9 @@ type migSlices struct {
 	made func()
 	// event records an Event on the Node.
 	event func(eventtype, reason, message string)
+	// holder names what holds a slice in messages: "pod", or "ResourceClaim"
+	// on a DRA node (the record's owner is then the claim's UID).
+	holder string
 	// metrics counts what it does; nil counts nothing.
 	metrics *metrics
 
@@ -182,7 +185,7 @@ func (m *migSlices) ensure(ctx context.Context, pod types.UID, sliceID string) (
 			return nil, false, fmt.Errorf("made before (MIG device %s), but not described yet", o.Device)
 		}
 		if slices.Contains(m.heldBy(mig.SliceID(o.GPU, o.Profile, o.Start)), types.UID(o.Pod)) {
-			return nil, false, fmt.Errorf("%w: by the slice %s@%d made for pod %s, which still holds it", mig.ErrPlacementTaken, o.Profile, o.Start, o.Pod)
+			return nil, false, fmt.Errorf("%w: by the slice %s@%d made for %s %s, which still holds it", mig.ErrPlacementTaken, o.Profile, o.Start, m.holderName(), o.Pod)
 		}
 		if src == nil {
 			return nil, false, errors.New("NVML is not open")
@@ -214,7 +217,7 @@ func (m *migSlices) ensure(ctx context.Context, pod types.UID, sliceID string) (
 		return nil, false, fmt.Errorf("recording the slice: %w", err)
 	}
 	m.devices[dev.ID] = dev
-	klog.FromContext(ctx).Info("MIG slice made", "slice", sliceID, "device", dev.ID, "gpuInstance", gi, "pod", pod)
+	klog.FromContext(ctx).Info("MIG slice made", "slice", sliceID, "device", dev.ID, "gpuInstance", gi, m.holderName(), pod)
 	return &dev, true, nil
 }
 
@@ -237,6 +240,14 @@ func (m *migSlices) forgetLocked(o mig.Owned) {
 		m.gone[o.Device] = true
 	}
 	m.redescribe = true
+}
+
+// holderName is what holds a slice, for messages.
+func (m *migSlices) holderName() string {
+	if m.holder == "" {
+		return "pod"
+	}
+	return m.holder
 }
 
 // takeRedescribe says whether a slice was destroyed since the last call:
@@ -291,7 +302,7 @@ func (m *migSlices) reconcile(logger klog.Logger) bool {
 	_, destroy, forget := mig.Reconcile(&m.record, existing, func(pod string) bool { return live[pod] })
 	changed := false
 	for _, o := range forget {
-		logger.Info("MIG slice gone behind the agent's back: forgotten", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, "pod", o.Pod)
+		logger.Info("MIG slice gone behind the agent's back: forgotten", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, m.holderName(), o.Pod)
 		m.forgetLocked(o)
 		changed = true
 		if m.metrics != nil {
@@ -303,9 +314,9 @@ func (m *migSlices) reconcile(logger klog.Logger) bool {
 			logger.Error(err, "MIG slice not destroyed; tried again at the next pass", "gpu", o.GPU, "profile", o.Profile, "start", o.Start)
 			continue
 		}
-		logger.Info("MIG slice destroyed: no pod holds it", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, "pod", o.Pod)
+		logger.Info("MIG slice destroyed: nothing holds it", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, m.holderName(), o.Pod)
 		if m.event != nil {
-			m.event("Normal", reasonMIGSliceDestroyed, fmt.Sprintf("MIG slice %s@%d on GPU %s destroyed: pod %s, which it was made for, holds it no more", o.Profile, o.Start, o.GPU, o.Pod))
+			m.event("Normal", reasonMIGSliceDestroyed, fmt.Sprintf("MIG slice %s@%d on GPU %s destroyed: %s %s, which it was made for, holds it no more", o.Profile, o.Start, o.GPU, m.holderName(), o.Pod))
 		}
 		m.forgetLocked(o)
 		changed = true
