@@ -2,6 +2,7 @@ package dra
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -110,6 +111,8 @@ func TestMIGPotentialsAllocate(t *testing.T) {
 	small := migClass("mig-10g", true, kindMIG, expr("memory", v1alpha1.ResourceSelectorOpGtEq, "9G"))
 	media := migClass("mig-me", true, kindMIG, expr("migProfile", v1alpha1.ResourceSelectorOpIn, "1g.5gb+me"))
 	existing := migClass("mig-any", false, kindMIG)
+	whole := migClass("gpu-any", false, expr("kind", v1alpha1.ResourceSelectorOpIn, v1alpha1.DeviceKindNvidiaGPU))
+	anything := migClass("anything", false, expr("memory", v1alpha1.ResourceSelectorOpGtEq, "1G"))
 
 	// GPU 0 holds the operator's 3g.20gb at 4 (memory slices 4-7), whose
 	// MIG device is published as a device of its own.
@@ -119,7 +122,7 @@ func TestMIGPotentialsAllocate(t *testing.T) {
 
 	// What pkg/selector says each class selects among them, the judge of
 	// the DeviceClasses' CEL on the same devices.
-	for _, rc := range []*v1alpha1.ResourceClass{small, media, existing} {
+	for _, rc := range []*v1alpha1.ResourceClass{small, media, existing, whole, anything} {
 		class, errs := selector.Compile(&rc.Spec, nil)
 		if len(errs) > 0 {
 			t.Fatal(errs)
@@ -139,6 +142,18 @@ func TestMIGPotentialsAllocate(t *testing.T) {
 					t.Errorf("class %s on %s: the DeviceClass says %v, pkg/selector %v", rc.Name, res.ID, got, want)
 				}
 			}
+		}
+	}
+
+	// Only a class that may select MIG devices pays for excluding the
+	// potential ones.
+	for rc, want := range map[*v1alpha1.ResourceClass]bool{existing: true, anything: true, whole: false, small: false} {
+		expr, err := Selector(&rc.Spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(expr, dradevice.MIGDomain); got != want {
+			t.Errorf("class %s: its selector tests %s: %v, want %v", rc.Name, dradevice.MIGDomain, got, want)
 		}
 	}
 
