@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
@@ -32,6 +33,7 @@ type migFixture struct {
 	gpu   string
 	holds map[string][]types.UID // slice id -> pods
 	dir   string
+	src   devicekind.Source
 }
 
 func newMIGFixture(t *testing.T) *migFixture {
@@ -54,7 +56,7 @@ func newMIGFixture(t *testing.T) *migFixture {
 		t.Fatal(err)
 	}
 	applyMIGModes(map[string]string{v1alpha1.LabelGPUMIGDevicePrefix + gpu: v1alpha1.MIGLabelDynamic}, devices)
-	f := &migFixture{dgx: dgx, gpu: gpu, holds: map[string][]types.UID{}, dir: t.TempDir()}
+	f := &migFixture{dgx: dgx, gpu: gpu, holds: map[string][]types.UID{}, dir: t.TempDir(), src: src}
 	f.m, err = newMIGSlices(f.dir)
 	if err != nil {
 		t.Fatal(err)
@@ -250,5 +252,51 @@ func TestMIGSlicesDestroyedStayHidden(t *testing.T) {
 	f.m.mark(nil) // described again: gone
 	if owned := f.m.mark(stale); owned[d.ID] {
 		t.Error("a device listed again after it was gone is still hidden")
+	}
+}
+
+// TestMIGSliceHalfMade: while a slice is half made (its GPU instance exists,
+// its compute instance not yet), a description of the GPUs waits, and then
+// sees the slice whole; a pod deleted meanwhile leaves a slice nobody
+// holds, which the next pass destroys.
+func TestMIGSliceHalfMade(t *testing.T) {
+	f := newMIGFixture(t)
+	slice := mig.SliceID(f.gpu, "3g.20gb", 4)
+	f.holds[slice] = []types.UID{"pod-a"}
+	type described struct {
+		devices []v1alpha1.Device
+		err     error
+	}
+	done := make(chan described, 1)
+	waited := false
+	f.dgx.OnMIGCreate(f.gpu, func() {
+		go func() {
+			d, _, err := f.src.Describe()
+			done <- described{d, err}
+		}()
+		select {
+		case got := <-done:
+			done <- got // for the checks below
+		case <-time.After(300 * time.Millisecond):
+			waited = true // an upper bound on the wait: the description is held back
+		}
+		f.holds[slice] = nil // pod-a deleted while its slice is made
+	})
+	d, err := f.m.Ensure(context.Background(), "pod-a", slice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !waited {
+		t.Error("a description ran while the slice was half made")
+	}
+	got := <-done
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	if !slices.ContainsFunc(got.devices, func(x v1alpha1.Device) bool { return x.ID == d.ID && x.Healthy }) {
+		t.Errorf("the description after the making lacks the healthy MIG device %s", d.ID)
+	}
+	if !f.m.reconcile(klog.Background()) || len(f.dgx.MIGInstances(f.gpu)) != 0 || len(f.m.record.Instances) != 0 {
+		t.Errorf("a slice whose pod was deleted while it was made: instances %v, record %+v", f.dgx.MIGInstances(f.gpu), f.m.record)
 	}
 }

@@ -74,6 +74,9 @@ type migGPU struct {
 	instances []*gpuInstance // by id order
 	nextGI    uint32
 	failNext  lib.Return // the next creation's answer, SUCCESS when none is set
+	// midway, if set, runs once between the next GPU instance's creation
+	// and its compute instance's (OnMIGCreate).
+	midway func()
 }
 
 // gpuInstance is one GPU instance and its compute instances.
@@ -217,6 +220,17 @@ func (s *Server) FailMIGCreate(gpuUUID string, ret lib.Return) {
 	}
 }
 
+// OnMIGCreate runs f once, the next time a compute instance is created on
+// GPU gpuUUID: its GPU instance exists, its MIG device not yet. Tests
+// stage what happens while a slice is half made.
+func (s *Server) OnMIGCreate(gpuUUID string, f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g := s.mig[gpuUUID]; g != nil {
+		g.midway = f
+	}
+}
+
 // MIGInstances lists the GPU instances on GPU uuid as "<profile>@<start>",
 // for tests to compare.
 func (s *Server) MIGInstances(gpuUUID string) []string {
@@ -301,6 +315,13 @@ func (s *Server) createGI(g *migGPU, id uint32, p *mig.Profile, start int) (lib.
 // createCI creates the one compute instance a GPU instance takes here (all
 // its compute slices), a MIG device with its own UUID.
 func (s *Server) createCI(gi *gpuInstance, info *lib.ComputeInstanceProfileInfo) (lib.ComputeInstance, lib.Return) {
+	s.mu.Lock()
+	midway := gi.gpu.midway
+	gi.gpu.midway = nil
+	s.mu.Unlock()
+	if midway != nil {
+		midway()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	g := gi.gpu
