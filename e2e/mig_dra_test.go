@@ -10,7 +10,6 @@ import (
 	"time"
 
 	lib "github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -51,14 +50,7 @@ func TestMIGOnDemandDRA(t *testing.T) {
 		small = "e2e-dra-mig-10g" // at least 9G of a MIG slice: 1g.10gb
 		large = "e2e-dra-mig-20g" // at least 19G: 3g.20gb
 	)
-	dgx, root := mockDGX(t)
-	uuids := dgx.UUIDs()
-	for _, id := range uuids[:2] {
-		if err := dgx.EnableMIG(id, mig.A100_40GB); err != nil {
-			t.Fatal(err)
-		}
-	}
-	operatorSlice(t, dgx.Devices[1].(*dgxa100.Device))
+	dgx, root, uuids := migDGX(t)
 	migs := req("kind", v1alpha1.ResourceSelectorOpIn, v1alpha1.DeviceKindNvidiaMIG)
 	createMIGClass(t, ctx, small, migs, req("memory", v1alpha1.ResourceSelectorOpGtEq, "9G"))
 	createMIGClass(t, ctx, large, migs, req("memory", v1alpha1.ResourceSelectorOpGtEq, "19G"))

@@ -16,6 +16,7 @@ import (
 	"github.com/resclass/resclass/e2e/framework"
 	"github.com/resclass/resclass/pkg/apis/resclass/v1alpha1"
 	"github.com/resclass/resclass/pkg/cdispec"
+	"github.com/resclass/resclass/pkg/discovery/nvml/nvmlmock"
 	"github.com/resclass/resclass/pkg/handoff"
 	"github.com/resclass/resclass/pkg/mig"
 	"github.com/resclass/resclass/pkg/nodeagent"
@@ -51,14 +52,7 @@ func TestMIGOnDemand(t *testing.T) {
 		large = "e2e-mig-20g"   // at least 19G: 3g.20gb
 		whole = "e2e-mig-whole" // a whole GPU
 	)
-	dgx, root := mockDGX(t)
-	uuids := dgx.UUIDs()
-	for _, id := range uuids[:2] {
-		if err := dgx.EnableMIG(id, mig.A100_40GB); err != nil {
-			t.Fatal(err)
-		}
-	}
-	operatorSlice(t, dgx.Devices[1].(*dgxa100.Device))
+	dgx, root, uuids := migDGX(t)
 	migs := req("kind", v1alpha1.ResourceSelectorOpIn, v1alpha1.DeviceKindNvidiaMIG)
 	createMIGClass(t, ctx, small, migs, req("memory", v1alpha1.ResourceSelectorOpGtEq, "9G"))
 	createMIGClass(t, ctx, large, migs, req("memory", v1alpha1.ResourceSelectorOpGtEq, "19G"))
@@ -236,6 +230,22 @@ func TestMIGOnDemand(t *testing.T) {
 			t.Errorf("instances after the failure: %v", got)
 		}
 	})
+}
+
+// migDGX is the DGX A100 mock and its sysfs root, GPUs 0 and 1
+// A100-40GBs in MIG mode, GPU 1 with an operator's 3g.20gb at 4, and its
+// GPUs' UUIDs.
+func migDGX(t *testing.T) (*nvmlmock.Server, string, []string) {
+	t.Helper()
+	dgx, root := mockDGX(t)
+	uuids := dgx.UUIDs()
+	for _, id := range uuids[:2] {
+		if err := dgx.EnableMIG(id, mig.A100_40GB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	operatorSlice(t, dgx.Devices[1].(*dgxa100.Device))
+	return dgx, root, uuids
 }
 
 // createMIGClass creates a class with createMIG that selects by exprs.
