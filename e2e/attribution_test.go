@@ -30,12 +30,8 @@ import (
 // capacity` prints, and class_pending_pods counts the Pending pod; once the
 // pods are deleted the holder series are gone and held and pending are 0.
 func TestDeviceAttribution(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := agentTest(t, 4*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	const nodeName = "attribution-node"
 	const (
 		whole = "e2e-attr-whole"

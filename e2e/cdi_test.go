@@ -37,12 +37,8 @@ import (
 // library as containerd and CRI-O use it, in the spec the agent wrote, to the
 // GPU's own device node.
 func TestDeviceListStrategies(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := agentTest(t, 3*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	const class = "e2e-cdi-gpu"
 	schedClass(t, ctx, class, v1alpha1.ResourceSelectorRequirement{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{"nvidia-gpu"}})
 

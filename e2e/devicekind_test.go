@@ -31,12 +31,8 @@ import (
 // and the real kubelet hands the chosen device to the container with the
 // kind's environment and device node.
 func TestDeviceKindSeam(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := agentTest(t, 3*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	const class = "e2e-big-fpga"
 	schedClass(t, ctx, class,
 		v1alpha1.ResourceSelectorRequirement{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{testkind.Name}},

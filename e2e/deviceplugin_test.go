@@ -45,12 +45,8 @@ const (
 // GPUs. Then the kubelet restarts, a GPU fails and recovers, the agent restarts,
 // and pods whose assignment is wrong or missing are refused.
 func TestDevicePluginHandOff(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := agentTest(t, 4*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	for name, exprs := range map[string][]v1alpha1.ResourceSelectorRequirement{
 		classHighMem: {{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{"nvidia-gpu"}}, {Key: "memory", Operator: v1alpha1.ResourceSelectorOpGtEq, Values: []string{"30G"}}},
 		classAnyGPU:  {{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{"nvidia-gpu"}}},

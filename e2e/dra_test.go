@@ -52,12 +52,8 @@ const classDRA = "e2e-dra-gpu"
 // restart; unprepare follows pod deletion; the agent may write only its own
 // node's slices; the node goes back to device-plugin mode.
 func TestDRANode(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := agentTest(t, 4*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	schedClass(t, ctx, classDRA, req("kind", v1alpha1.ResourceSelectorOpIn, "nvidia-gpu"), req("memory", v1alpha1.ResourceSelectorOpGtEq, "30G"))
 	deviceClass(t, ctx, classDRA)
 

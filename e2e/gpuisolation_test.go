@@ -33,12 +33,8 @@ import (
 // Event on the Node per change (not one per pass), the agent's metric, and
 // kubectl resclass capacity naming the node while it is not isolated.
 func TestNodeAgentGPUIsolation(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := agentTest(t, 3*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	rc, err := cluster.Resclass()
 	if err != nil {
 		t.Fatal(err)

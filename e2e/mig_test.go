@@ -40,12 +40,8 @@ import (
 //   - a slice that cannot be made: the pod fails admission with a Warning
 //     Event saying why, and nothing is left on the GPU.
 func TestMIGOnDemand(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := agentTest(t, 5*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	const nodeName = "mig-node"
 	const (
 		small = "e2e-mig-10g"   // at least 9G of a MIG slice: 1g.10gb

@@ -42,12 +42,8 @@ func (sent) HandleConn(context.Context, stats.ConnStats)                       {
 // the pod's devices when the pod is bound meanwhile; then the agent exits.
 // It used to stop its endpoints outright, failing that pod's admission.
 func TestNodeAgentDrainsAllocateOnSIGTERM(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := agentTest(t, 3*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	const node, class = "drain-on-sigterm", "e2e-drain-gpu"
 	schedClass(t, ctx, class, v1alpha1.ResourceSelectorRequirement{Key: "kind", Operator: v1alpha1.ResourceSelectorOpIn, Values: []string{"nvidia-gpu"}})
 	arc, akc := robustNode(t, ctx, node)

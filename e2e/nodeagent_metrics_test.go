@@ -26,12 +26,8 @@ import (
 // resclass-node-agent-metrics-reader role (403), and answers one bound to it;
 // the probe paths stay open.
 func TestNodeAgentMetricsNeedAuthorization(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := agentTest(t, 2*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

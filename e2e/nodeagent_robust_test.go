@@ -72,12 +72,8 @@ func nvmlCondition(nd *v1alpha1.NodeDevices) *metav1.Condition {
 // goes away again, a GPU NVML cannot name, a GPU that falls off the bus, an
 // apiserver that is down when the agent starts, and the agent being stopped.
 func TestNodeAgentRobustness(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := agentTest(t, 4*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	rc, err := cluster.Resclass()
 	if err != nil {
 		t.Fatal(err)

@@ -53,12 +53,8 @@ func agentClients(t *testing.T, node string) (versioned.Interface, kubernetes.In
 // mixed node (the mock GPUs plus this machine's real NICs and hugepage pools) and
 // a NIC-only node (this machine, whose NVML is absent).
 func TestNodeAgents(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := agentTest(t, 3*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	rc, err := cluster.Resclass()
 	if err != nil {
 		t.Fatal(err)
@@ -317,6 +313,20 @@ func waitEventOn(t *testing.T, ctx context.Context, namespace, kind, name, reaso
 		t.Fatalf("no %s Event on %s %s with %q: %v; seen %s", reason, kind, name, text, err, fmt.Sprint(seen))
 	}
 	return found
+}
+
+// agentTest begins a test that runs node agents: a context bounded by
+// timeout (cancel it when the test returns), the cluster's logs if it fails,
+// and the agent's RBAC (deploy/node-agent/rbac.yaml) applied.
+func agentTest(t *testing.T, timeout time.Duration) (context.Context, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	diagnoseOnFailure(t, cluster)
+	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	return ctx, cancel
 }
 
 // mockDGX is go-nvml's mock of a DGX A100 and a host root holding the sysfs

@@ -121,12 +121,8 @@ func (w widgetSource) Close() {
 // goes away (forgetting what its watcher said), and closes it when it stops.
 // TestNodeAgentRobustness follows the NVML kind the same way.
 func TestOpenerSeam(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := agentTest(t, 2*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	rc, err := cluster.Resclass()
 	if err != nil {
 		t.Fatal(err)

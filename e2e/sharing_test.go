@@ -48,12 +48,8 @@ import (
 //     ends;
 //   - the classes' status counts units.
 func TestGPUSharing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := agentTest(t, 5*time.Minute)
 	defer cancel()
-	diagnoseOnFailure(t, cluster)
-	if _, err := cluster.ApplyManifest(ctx, "../deploy/node-agent/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
 	const nodeName = "share-node"
 	const (
 		small = "e2e-share-10g" // 10Gi and 25% of a time-sliced or MPS GPU
