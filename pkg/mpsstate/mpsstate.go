@@ -20,6 +20,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/resclass/resclass/pkg/internal/sealed"
 )
 
 // DefaultDir is where the daemons' pipe and log directories and their state
@@ -140,8 +142,9 @@ func (s State) Serving(now time.Time) (bool, string) {
 	return true, ""
 }
 
-// Write writes a GPU's state below dir, atomically (a reader sees the old
-// file or the new one), making the GPU's directory if needed.
+// Write writes a GPU's state below dir, atomically (sealed.WriteFile: a
+// reader sees the old file or the new one), making the GPU's directory if
+// needed.
 func Write(dir, uuid string, s State) error {
 	p, err := Path(dir, uuid)
 	if err != nil {
@@ -154,17 +157,5 @@ func Write(dir, uuid string, s State) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(p), "."+FileName+"-*")
-	if err != nil {
-		return err
-	}
-	defer func() { _ = os.Remove(tmp.Name()) }()
-	if _, err := tmp.Write(b); err != nil {
-		_ = tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), p)
+	return sealed.WriteFile(p, b)
 }
