@@ -432,11 +432,14 @@ func (a *Agent) start(ctx context.Context, node *corev1.Node) (*running, error) 
 			}
 		})
 		r.plugins = &pluginSet{classes: classes.Lister(), matcher: newClassMatcher(a.config.Kinds, a.config.HugepagePoolSlots), allocator: allocator, manager: manager, cdi: spec, slices: ms}
-		ms.made = func() {
-			r.plugins.refresh()
-			// The GPU's instances, published again.
-			r.src.redescribeAll(r.queue)
-		}
+		ms.made = r.plugins.refresh
+	}
+
+	// A slice made or destroyed changes its GPU's instances: described
+	// again (the queue and the sources' passes are safe from Allocate's and
+	// the DRA plugin's goroutines).
+	if r.slices != nil {
+		r.slices.changed = func() { r.src.redescribeAll(r.queue) }
 	}
 
 	// The introspection API (node-agent status).
@@ -610,12 +613,7 @@ func (r *running) publishPass(ctx context.Context) {
 	var owned map[string]bool
 	if r.slices != nil {
 		r.slices.setSources(r.src.slicer(), devices)
-		// A slice destroyed here, or by a claim's unprepare, changes the
-		// GPU: described again.
 		r.slices.reconcile(logger)
-		if r.slices.takeRedescribe() {
-			r.src.redescribeAll(r.queue)
-		}
 		owned = r.slices.mark(devices)
 	}
 	status := assemble(a.config.Kinds, devices, append(conds, hostConds...)...)

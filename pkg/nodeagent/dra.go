@@ -183,16 +183,7 @@ func (s *draSet) update(ctx context.Context, devices []v1alpha1.Device) {
 func (s *draSet) writeCDI() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	all := s.devices
-	if made := s.slices.madeDevices(); len(made) > 0 {
-		all = slices.Clone(s.devices)
-		for _, d := range made {
-			if !slices.ContainsFunc(all, func(x v1alpha1.Device) bool { return x.ID == d.ID }) {
-				all = append(all, d)
-			}
-		}
-	}
-	s.cdi.update(all)
+	s.cdi.update(s.slices.withMade(s.devices))
 }
 
 // migPotentials maps the potential MIG slices of the GPUs marked for dynamic

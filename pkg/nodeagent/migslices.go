@@ -45,6 +45,9 @@ type migSlices struct {
 	// made tells the allocator and the CDI spec about a MIG device made,
 	// before the answer that names it.
 	made func()
+	// changed asks for the GPUs to be described again: a slice was made or
+	// destroyed. It may be called from any goroutine.
+	changed func()
 	// event records an Event on the Node.
 	event func(eventtype, reason, message string)
 	// holder names what holds a slice in messages: "pod", or "ResourceClaim"
@@ -64,8 +67,6 @@ type migSlices struct {
 	// description no longer does, or a destroyed slice's device would be
 	// published, and given, as a device of its own.
 	gone map[string]bool
-	// redescribe says a slice was destroyed since the work loop last asked.
-	redescribe bool
 }
 
 // Reasons of the Events on the Node.
@@ -98,8 +99,12 @@ func newMIGSlices(dir string) (*migSlices, error) {
 	return m, nil
 }
 
-// save writes the record, whole or not at all.
+// save writes the record, whole or not at all, and counts its slices.
+// With m.mu held.
 func (m *migSlices) save() error {
+	if m.metrics != nil {
+		m.metrics.migOwned.Set(float64(len(m.record.Instances)))
+	}
 	data, err := m.record.Marshal()
 	if err != nil {
 		return err
@@ -151,19 +156,23 @@ func (m *migSlices) Ensure(ctx context.Context, pod types.UID, sliceID string) (
 		if m.made != nil {
 			m.made()
 		}
+		m.change()
 	}
 	return d, err
 }
 
-// count counts a slice by result and the record's slices.
+// count counts a slice by result.
 func (m *migSlices) count(result string) {
-	if m.metrics == nil {
-		return
+	if m.metrics != nil {
+		m.metrics.migSlices.WithLabelValues(result).Inc()
 	}
-	m.metrics.migSlices.WithLabelValues(result).Inc()
-	m.mu.Lock()
-	m.metrics.migOwned.Set(float64(len(m.record.Instances)))
-	m.mu.Unlock()
+}
+
+// change asks for the GPUs to be described again.
+func (m *migSlices) change() {
+	if m.changed != nil {
+		m.changed()
+	}
 }
 
 func (m *migSlices) ensure(ctx context.Context, pod types.UID, sliceID string) (d *v1alpha1.Device, fresh bool, err error) {
@@ -227,10 +236,11 @@ func (m *migSlices) destroyLocked(src nvidiagpu.Slicer, o mig.Owned) error {
 		return err
 	}
 	m.forgetLocked(o)
-	if m.metrics != nil {
-		m.metrics.migSlices.WithLabelValues("destroyed").Inc()
+	m.count("destroyed")
+	if err := m.save(); err != nil {
+		return fmt.Errorf("destroyed, but the ownership record is not written: %w", err)
 	}
-	return m.save()
+	return nil
 }
 
 func (m *migSlices) forgetLocked(o mig.Owned) {
@@ -239,7 +249,7 @@ func (m *migSlices) forgetLocked(o mig.Owned) {
 	if o.Device != "" {
 		m.gone[o.Device] = true
 	}
-	m.redescribe = true
+	m.change()
 }
 
 // holderName is what holds a slice, for messages.
@@ -248,16 +258,6 @@ func (m *migSlices) holderName() string {
 		return "pod"
 	}
 	return m.holder
-}
-
-// takeRedescribe says whether a slice was destroyed since the last call:
-// the GPUs are then described again.
-func (m *migSlices) takeRedescribe() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r := m.redescribe
-	m.redescribe = false
-	return r
 }
 
 // reconcile destroys the slices made for pods that hold them no more and
@@ -300,39 +300,36 @@ func (m *migSlices) reconcile(logger klog.Logger) bool {
 		}
 	}
 	_, destroy, forget := mig.Reconcile(&m.record, existing, func(pod string) bool { return live[pod] })
-	changed := false
 	for _, o := range forget {
 		logger.Info("MIG slice gone behind the agent's back: forgotten", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, m.holderName(), o.Pod)
 		m.forgetLocked(o)
-		changed = true
-		if m.metrics != nil {
-			m.metrics.migSlices.WithLabelValues("forgotten").Inc()
-		}
+		m.count("forgotten")
 	}
-	for _, o := range destroy {
-		if err := src.DestroySlice(o.GPU, o.GPUInstance); err != nil {
-			logger.Error(err, "MIG slice not destroyed; tried again at the next pass", "gpu", o.GPU, "profile", o.Profile, "start", o.Start)
-			continue
-		}
-		logger.Info("MIG slice destroyed: nothing holds it", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, m.holderName(), o.Pod)
-		if m.event != nil {
-			m.event("Normal", reasonMIGSliceDestroyed, fmt.Sprintf("MIG slice %s@%d on GPU %s destroyed: %s %s, which it was made for, holds it no more", o.Profile, o.Start, o.GPU, m.holderName(), o.Pod))
-		}
-		m.forgetLocked(o)
-		changed = true
-		if m.metrics != nil {
-			m.metrics.migSlices.WithLabelValues("destroyed").Inc()
-		}
-	}
-	if m.metrics != nil {
-		m.metrics.migOwned.Set(float64(len(m.record.Instances)))
-	}
-	if changed {
+	if len(forget) > 0 {
 		if err := m.save(); err != nil {
 			logger.Error(err, "writing the MIG ownership record")
 		}
 	}
+	changed := len(forget) > 0
+	for _, o := range destroy {
+		m.destroyed(logger, src, o, fmt.Sprintf("%s %s, which it was made for, holds it no more", m.holderName(), o.Pod))
+		changed = true
+	}
 	return changed
+}
+
+// destroyed destroys o (destroyLocked), says so in the log and an Event on
+// the Node, why being the Event's reason; a failure is logged and left to a
+// later pass. With m.mu held.
+func (m *migSlices) destroyed(logger klog.Logger, src nvidiagpu.Slicer, o mig.Owned, why string) {
+	if err := m.destroyLocked(src, o); err != nil {
+		logger.Error(err, "MIG slice", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, m.holderName(), o.Pod)
+		return
+	}
+	logger.Info("MIG slice destroyed", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, m.holderName(), o.Pod, "why", why)
+	if m.event != nil {
+		m.event("Normal", reasonMIGSliceDestroyed, fmt.Sprintf("MIG slice %s@%d on GPU %s destroyed: %s", o.Profile, o.Start, o.GPU, why))
+	}
 }
 
 // mark marks, on the GPUs of devices, the instances the agent made
@@ -375,16 +372,22 @@ func (m *migSlices) mark(devices []v1alpha1.Device) map[string]bool {
 	return owned
 }
 
-// madeDevices are the MIG devices of the slices made, for the allocator
-// and the CDI spec.
-func (m *migSlices) madeDevices() []v1alpha1.Device {
+// withMade is devices and, after them, the MIG devices of the slices made
+// that devices does not list (made since the last description): what the
+// allocator and the CDI spec must know. devices itself when there are none.
+func (m *migSlices) withMade(devices []v1alpha1.Device) []v1alpha1.Device {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]v1alpha1.Device, 0, len(m.devices))
+	var extra []v1alpha1.Device
 	for _, id := range slices.Sorted(maps.Keys(m.devices)) {
-		out = append(out, m.devices[id])
+		if !slices.ContainsFunc(devices, func(x v1alpha1.Device) bool { return x.ID == id }) {
+			extra = append(extra, m.devices[id])
+		}
 	}
-	return out
+	if len(extra) == 0 {
+		return devices
+	}
+	return append(slices.Clip(devices), extra...)
 }
 
 // Release destroys the slices made for owner that nothing holds now
@@ -401,19 +404,9 @@ func (m *migSlices) Release(ctx context.Context, owner types.UID) {
 			continue
 		}
 		if src == nil {
-			logger.Info("MIG slice not destroyed: NVML is not open; tried again at a later pass", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, "owner", owner)
+			logger.Info("MIG slice not destroyed: NVML is not open; tried again at a later pass", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, m.holderName(), owner)
 			continue
 		}
-		if err := m.destroyLocked(src, o); err != nil {
-			logger.Error(err, "MIG slice not destroyed; tried again at a later pass", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, "owner", owner)
-			continue
-		}
-		logger.Info("MIG slice destroyed: released by its holder", "gpu", o.GPU, "profile", o.Profile, "start", o.Start, "owner", owner)
-		if m.event != nil {
-			m.event("Normal", reasonMIGSliceDestroyed, fmt.Sprintf("MIG slice %s@%d on GPU %s destroyed: ResourceClaim %s, which it was made for, is unprepared", o.Profile, o.Start, o.GPU, owner))
-		}
-	}
-	if m.metrics != nil {
-		m.metrics.migOwned.Set(float64(len(m.record.Instances)))
+		m.destroyed(logger, src, o, fmt.Sprintf("%s %s, which it was made for, is unprepared", m.holderName(), owner))
 	}
 }

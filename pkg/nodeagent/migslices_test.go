@@ -242,9 +242,11 @@ func TestMIGSlicesDestroyedStayHidden(t *testing.T) {
 	if owned := f.m.mark(stale); !owned[d.ID] {
 		t.Fatal("the slice's device is not hidden")
 	}
+	changes := 0
+	f.m.changed = func() { changes++ }
 	f.m.Release(ctx, "claim-a")
-	if !f.m.takeRedescribe() || f.m.takeRedescribe() {
-		t.Error("a destroyed slice asks for one description again")
+	if changes != 1 {
+		t.Errorf("a destroyed slice asked for %d descriptions again, want 1", changes)
 	}
 	if owned := f.m.mark(stale); !owned[d.ID] {
 		t.Error("a destroyed slice's device, still described, is published")

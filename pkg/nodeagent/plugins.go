@@ -251,12 +251,7 @@ func (p *pluginSet) apply() {
 	all, advertised := p.devices, p.devices
 	var potentials []v1alpha1.Device
 	if p.slices != nil {
-		all = slices.Clone(p.devices)
-		for _, d := range p.slices.madeDevices() {
-			if !slices.ContainsFunc(all, func(x v1alpha1.Device) bool { return x.ID == d.ID }) {
-				all = append(all, d)
-			}
-		}
+		all = p.slices.withMade(p.devices)
 		advertised = slices.DeleteFunc(slices.Clone(p.devices), func(d v1alpha1.Device) bool { return p.owned[d.ID] })
 		for i := range all {
 			if _, pots, err := mig.Potentials(&all[i]); err == nil {

@@ -224,7 +224,7 @@ func assemble(kinds *devicekind.Registry, devices []v1alpha1.Device, conditions 
 // open.
 func (s *sources) slicer() nvidiagpu.Slicer {
 	for _, o := range s.opened {
-		if sl, ok := o.src.(nvidiagpu.Slicer); ok && o.src != nil {
+		if sl, ok := o.src.(nvidiagpu.Slicer); ok {
 			return sl
 		}
 	}
@@ -232,7 +232,8 @@ func (s *sources) slicer() nvidiagpu.Slicer {
 }
 
 // redescribeAll queues a description of every opened source: after a MIG
-// slice is made or destroyed, its GPU's instances are described again.
+// slice is made or destroyed, its GPU's instances are described again. Safe
+// from any goroutine: the sources and their passes are fixed at start.
 func (s *sources) redescribeAll(q interface{ Add(string) }) {
 	for _, o := range s.opened {
 		q.Add(o.pass)
