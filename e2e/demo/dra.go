@@ -109,12 +109,9 @@ func draNodeSection(ctx context.Context, p *printer, c *framework.Cluster, d *dr
 
 	var list []resourceapi.ResourceSlice
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		l, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, draNode).String()})
-		if err != nil {
-			return false, err
-		}
-		list = l.Items
-		return len(dradevice.IDs(list)) == d.gpus, nil
+		var err error
+		list, err = draNodeSlices(ctx, c)
+		return len(dradevice.IDs(list)) == d.gpus, err
 	})
 	if err != nil {
 		return fmt.Errorf("%s's ResourceSlices never listed its %d GPUs: %w", draNode, d.gpus, err)
@@ -239,17 +236,7 @@ func draPodResult(ctx context.Context, p *printer, c *framework.Cluster, d *draS
 	if claim.Status.Allocation == nil {
 		return fmt.Errorf("claim demo/%s is not allocated", claimName)
 	}
-	ids := dradevice.IDs(list)
-	byName := map[string]string{}
-	for id, n := range ids {
-		byName[n] = id
-	}
-	var allocated []string
-	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver == dradevice.DriverName {
-			allocated = append(allocated, byName[r.Device])
-		}
-	}
+	allocated := allocatedIDs(claim, list)
 	gpus := "GPUs"
 	if len(allocated) == 1 {
 		gpus = "GPU"
@@ -272,6 +259,31 @@ func draPodResult(ctx context.Context, p *printer, c *framework.Cluster, d *draS
 		p.line("      %s=%s", k, env[k])
 	}
 	return nil
+}
+
+// draNodeSlices are the ResourceSlices of the DRA node.
+func draNodeSlices(ctx context.Context, c *framework.Cluster) ([]resourceapi.ResourceSlice, error) {
+	l, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, draNode).String()})
+	if err != nil {
+		return nil, err
+	}
+	return l.Items, nil
+}
+
+// allocatedIDs are the resclass ids of the devices of driver resclass.io
+// the allocated claim was given, as list publishes them.
+func allocatedIDs(claim *resourceapi.ResourceClaim, list []resourceapi.ResourceSlice) []string {
+	byName := map[string]string{}
+	for id, n := range dradevice.IDs(list) {
+		byName[n] = id
+	}
+	var out []string
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == dradevice.DriverName {
+			out = append(out, byName[r.Device])
+		}
+	}
+	return out
 }
 
 // claimEnv is the environment the claim CDI devices of rec give the

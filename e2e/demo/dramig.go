@@ -12,7 +12,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/resclass/resclass/e2e/framework"
@@ -29,14 +28,7 @@ import (
 // slice made when the kubelet prepares its claim, and destroyed when the
 // pod ends.
 func draMIG(ctx context.Context, p *printer, c *framework.Cluster, d *draSetup) error {
-	slicesOf := func() ([]resourceapi.ResourceSlice, error) {
-		l, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, draNode).String()})
-		if err != nil {
-			return nil, err
-		}
-		return l.Items, nil
-	}
-	list, err := slicesOf()
+	list, err := draNodeSlices(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -75,7 +67,7 @@ func draMIG(ctx context.Context, p *printer, c *framework.Cluster, d *draSetup) 
 	var counters *resourceapi.CounterSet
 	var potentials []resourceapi.Device
 	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		list, err = slicesOf()
+		list, err = draNodeSlices(ctx, c)
 		if err != nil {
 			return false, err
 		}
@@ -138,17 +130,16 @@ func draMIG(ctx context.Context, p *printer, c *framework.Cluster, d *draSetup) 
 	if err != nil {
 		return err
 	}
-	byName := map[string]string{}
-	for id, n := range dradevice.IDs(list) {
-		byName[n] = id
+	if claim.Status.Allocation == nil {
+		return fmt.Errorf("claim demo/%s is not allocated", claim.Name)
 	}
-	if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
-		return fmt.Errorf("claim demo/%s: allocation %+v, want one device", claim.Name, claim.Status.Allocation)
+	allocated := allocatedIDs(claim, list)
+	if len(allocated) != 1 {
+		return fmt.Errorf("claim demo/%s was allocated %v, want one device", claim.Name, allocated)
 	}
-	allocated := byName[claim.Status.Allocation.Devices.Results[0].Device]
-	_, profile, start, ok := mig.ParseSliceID(allocated)
+	_, profile, start, ok := mig.ParseSliceID(allocated[0])
 	if !ok {
-		return fmt.Errorf("claim demo/%s was allocated %s, not a potential slice", claim.Name, allocated)
+		return fmt.Errorf("claim demo/%s was allocated %s, not a potential slice", claim.Name, allocated[0])
 	}
 	var made string
 	for _, dev := range rec.CDIDevices {
