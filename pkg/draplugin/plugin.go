@@ -26,7 +26,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -118,11 +117,12 @@ type Plugin struct {
 	cdi     *cdi.Cache
 	// setAside: the checkpoint read at start could not be believed.
 	setAside bool
-	// held is the checkpoint's claims by device, for HeldBy.
-	held atomic.Pointer[map[string][]types.UID]
-	// pending are the slices made during the prepare call in progress, by
-	// slice id: their claims hold them before the checkpoint says so.
-	pendMu  sync.Mutex
+	// held is the checkpoint's claims by device, and pending the slices
+	// made during the prepare call in progress, by slice id, whose claims
+	// hold them before the checkpoint says so: what HeldBy answers, under
+	// heldMu, not p.mu.
+	heldMu  sync.Mutex
+	held    map[string][]types.UID
 	pending map[string]types.UID
 
 	helper *kubeletplugin.Helper

@@ -45,12 +45,12 @@ func (p *Plugin) makeSlice(ctx context.Context, claim types.UID, id string) (*v1
 	// The claim holds the slice from now until the checkpoint says so or
 	// the prepare fails: the agent's reconciliation, which does not wait
 	// for the prepare, must not take it for unheld in between.
-	p.pendMu.Lock()
+	p.heldMu.Lock()
 	if p.pending == nil {
 		p.pending = map[string]types.UID{}
 	}
 	p.pending[id] = claim
-	p.pendMu.Unlock()
+	p.heldMu.Unlock()
 	d, err := p.cfg.Slices.Ensure(ctx, claim, id)
 	if err != nil {
 		return nil, fmt.Errorf("%w: MIG slice %s: %w", errSlice, id, err)
@@ -70,17 +70,15 @@ func isSlice(id string) bool {
 	return ok
 }
 
-// HeldBy lists the prepared claims that hold device id (a resclass id, a
-// slice's among them), by UID: what keeps a MIG slice made for a claim. It
-// takes no lock (the SliceMaker asks while a prepare holds the plugin's), and
-// sees the claims as of the last change of the checkpoint.
+// HeldBy lists the claims that hold device id (a resclass id, a slice's
+// among them), by UID: those of the checkpoint, as of its last change, and
+// the one a slice is being made for. What keeps a MIG slice made for a
+// claim. It does not take the plugin's lock, which a prepare holds while
+// the SliceMaker asks.
 func (p *Plugin) HeldBy(id string) []types.UID {
-	var out []types.UID
-	if m := p.held.Load(); m != nil {
-		out = slices.Clone((*m)[id])
-	}
-	p.pendMu.Lock()
-	defer p.pendMu.Unlock()
+	p.heldMu.Lock()
+	defer p.heldMu.Unlock()
+	out := slices.Clone(p.held[id])
 	if uid, ok := p.pending[id]; ok && !slices.Contains(out, uid) {
 		out = append(out, uid)
 	}
@@ -103,14 +101,16 @@ func (p *Plugin) noteHeld() {
 			}
 		}
 	}
-	p.held.Store(&m)
+	p.heldMu.Lock()
+	defer p.heldMu.Unlock()
+	p.held = m
 }
 
 // settled ends the hold of the slices made during a prepare call: the
 // checkpoint holds them now, or the claim was not prepared. With p.mu held.
 func (p *Plugin) settled() {
-	p.pendMu.Lock()
-	defer p.pendMu.Unlock()
+	p.heldMu.Lock()
+	defer p.heldMu.Unlock()
 	clear(p.pending)
 }
 
@@ -120,9 +120,9 @@ func (p *Plugin) release(ctx context.Context, claims []types.UID) {
 	if p.cfg.Slices == nil {
 		return
 	}
-	p.pendMu.Lock()
+	p.heldMu.Lock()
 	maps.DeleteFunc(p.pending, func(_ string, uid types.UID) bool { return slices.Contains(claims, uid) })
-	p.pendMu.Unlock()
+	p.heldMu.Unlock()
 	for _, uid := range claims {
 		if _, prepared := p.cp.Claims[uid]; !prepared {
 			p.cfg.Slices.Release(ctx, uid)
